@@ -1,0 +1,177 @@
+"""Attention: one class covers MHA, GQA and MQA, self- and cross-attention, two backends.
+
+n_kv_heads key/value heads are shared by groups of n_heads // n_kv_heads query heads:
+MHA has n_kv_heads == n_heads (Vaswani et al. 2017), MQA one (Shazeer 2019), GQA in between
+(Ainslie et al. 2023). Masks are built once per forward by `attention_mask` and shared by all layers.
+Constructor shape: `(d_model, n_heads, n_kv_heads, bias, dropout, backend, cross)`.
+"""
+
+from __future__ import annotations
+
+import math
+from functools import lru_cache
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from zoo.layers.position import Position
+from zoo.registry import ATTENTION
+
+BACKENDS = ("sdpa", "math")
+
+
+class KVCache:
+    """Keys and values of one attention layer during decoding, in a buffer grown by doubling,
+    so appending a token costs no copy of the past (B, H_kv, T, hd)."""
+
+    def __init__(self):
+        self.k: torch.Tensor | None = None
+        self.v: torch.Tensor | None = None
+        self.len = 0
+
+    def append(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        t = k.shape[2]
+        if self.k is None or self.len + t > self.k.shape[2]:
+            cap = max(self.len + t, 2 * (0 if self.k is None else self.k.shape[2]), 64)
+            new_k, new_v = (k.new_empty(*k.shape[:2], cap, k.shape[3]) for _ in range(2))
+            if self.k is not None:
+                new_k[:, :, : self.len], new_v[:, :, : self.len] = self.keys, self.values
+            self.k, self.v = new_k, new_v
+        self.k[:, :, self.len: self.len + t], self.v[:, :, self.len: self.len + t] = k, v
+        self.len += t
+        return self.keys, self.values
+
+    @property
+    def keys(self) -> torch.Tensor:
+        return self.k[:, :, : self.len]
+
+    @property
+    def values(self) -> torch.Tensor:
+        return self.v[:, :, : self.len]
+
+    def nbytes(self) -> int:
+        return 0 if self.k is None else 2 * self.keys.numel() * self.k.element_size()
+
+
+class Attention(nn.Module):
+    def __init__(self, d_model: int, n_heads: int, n_kv_heads: int | None = None, bias: bool = True,
+                 dropout: float = 0.0, backend: str = "sdpa", cross: bool = False):
+        super().__init__()
+        n_kv_heads = n_kv_heads or n_heads
+        self.n_heads, self.n_kv_heads, self.head_dim = n_heads, n_kv_heads, d_model // n_heads
+        self.backend, self.dropout = backend, dropout
+        q_dim, kv_dim = n_heads * self.head_dim, n_kv_heads * self.head_dim
+        self.split = (q_dim, kv_dim, kv_dim)
+        if cross:  # queries from the decoder, keys and values from the encoder's output
+            self.q, self.kv = nn.Linear(d_model, q_dim, bias=bias), nn.Linear(d_model, 2 * kv_dim, bias=bias)
+        else:  # one fused projection: a single matrix product for q, k and v
+            self.qkv = nn.Linear(d_model, q_dim + 2 * kv_dim, bias=bias)
+        self.out = nn.Linear(q_dim, d_model, bias=bias)
+        self.out_dropout = nn.Dropout(dropout)
+        self.record = False  # when True, use the math backend and keep `weights` (B, H, Tq, Tk)
+        self.weights: torch.Tensor | None = None
+
+    def forward(self, x: torch.Tensor, pos: Position, mask: torch.Tensor | None = None,
+                is_causal: bool = False, context: torch.Tensor | None = None,
+                cache: KVCache | None = None, offset: int = 0) -> torch.Tensor:
+        B, T, _ = x.shape
+        if context is None:
+            q, k, v = self.qkv(x).split(self.split, dim=-1)
+            q, k, v = self._heads(q), self._heads(k), self._heads(v)  # (B, H, T, hd)
+            q, k = pos.rotate(q, k, offset)
+            if cache is not None:
+                k, v = cache.append(k, v)
+        else:
+            q = self._heads(self.q(x))
+            if cache is not None and cache.len:  # the encoder output is fixed: project it once
+                k, v = cache.keys, cache.values
+            else:
+                k, v = (self._heads(t) for t in self.kv(context).chunk(2, dim=-1))
+                if cache is not None:
+                    cache.append(k, v)
+        y = self._attend(q, k, v, mask, is_causal)
+        return self.out_dropout(self.out(y.transpose(1, 2).reshape(B, T, -1)))
+
+    def _heads(self, t: torch.Tensor) -> torch.Tensor:
+        return t.unflatten(-1, (-1, self.head_dim)).transpose(1, 2)
+
+    def _attend(self, q, k, v, mask, is_causal) -> torch.Tensor:
+        dropout = self.dropout if self.training else 0.0
+        if self.backend == "sdpa" and not self.record:
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout,
+                                                  is_causal=is_causal,
+                                                  enable_gqa=self.n_kv_heads != self.n_heads)
+        # math: softmax(q k^T / sqrt(d_k)) v, written out so the weights can be kept.
+        groups = self.n_heads // self.n_kv_heads
+        k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
+        scores = (q @ k.transpose(-2, -1)) / math.sqrt(self.head_dim)
+        if is_causal:
+            mask = attention_mask(q.shape[2], k.shape[2], True, None, q.device)
+        if mask is not None:
+            scores = scores.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else scores + mask
+        weights = scores.float().softmax(dim=-1).to(q.dtype)
+        if self.record:
+            self.weights = weights.detach()
+        return F.dropout(weights, dropout) @ v
+
+
+@ATTENTION.register("mha")
+def mha(d_model: int, n_heads: int, bias: bool = True, dropout: float = 0.0, backend: str = "sdpa",
+        cross: bool = False) -> Attention:
+    return Attention(d_model, n_heads, n_heads, bias, dropout, backend, cross)
+
+
+@ATTENTION.register("mqa")
+def mqa(d_model: int, n_heads: int, bias: bool = True, dropout: float = 0.0, backend: str = "sdpa",
+        cross: bool = False) -> Attention:
+    return Attention(d_model, n_heads, 1, bias, dropout, backend, cross)
+
+
+@ATTENTION.register("gqa")
+def gqa(d_model: int, n_heads: int, n_kv_heads: int, bias: bool = True, dropout: float = 0.0,
+        backend: str = "sdpa", cross: bool = False) -> Attention:
+    return Attention(d_model, n_heads, n_kv_heads, bias, dropout, backend, cross)
+
+
+def kv_heads(name: str, n_heads: int, n_kv_heads: int | None) -> int:
+    """How many key/value heads an attention variant has (for counting and KV-cache sizing)."""
+    return {"mha": n_heads, "mqa": 1}.get(name, n_kv_heads or n_heads)
+
+
+@lru_cache(maxsize=32)
+def attention_mask(t_q: int, t_k: int, causal: bool, window: int | None,
+                   device: torch.device) -> torch.Tensor | None:
+    """Which keys each query may see, (t_q, t_k) bool, or None when it sees all of them.
+
+    Queries are the last t_q of the t_k positions (bottom-right aligned, as with a KV cache).
+    Causal: key j <= query i. Window w: the query sees keys within distance < w, itself included."""
+    if not causal and window is None:
+        return None
+    q_pos = torch.arange(t_k - t_q, t_k, device=device)[:, None]
+    k_pos = torch.arange(t_k, device=device)[None, :]
+    allowed = torch.ones(t_q, t_k, dtype=torch.bool, device=device)
+    if causal:
+        allowed &= k_pos <= q_pos
+    if window is not None:
+        allowed &= (q_pos - k_pos).abs() < window
+    return allowed
+
+
+def attention_bias(t_q: int, t_k: int, causal: bool, window: int | None, pos: Position,
+                   padding: torch.Tensor | None, device: torch.device, dtype: torch.dtype):
+    """The (mask, is_causal) pair every layer's attention gets, built once per forward.
+
+    Plain causal self-attention passes no mask and lets the kernel mask (is_causal); a position
+    bias (ALiBi) and key padding (B, t_k; True = real token) are folded in when present."""
+    bias = pos.score_bias(t_q, t_k, t_k - t_q)
+    if causal and window is None and bias is None and padding is None and t_q in (1, t_k):
+        return None, t_q > 1  # one new token sees every cached key: no mask at all
+    mask = attention_mask(t_q, t_k, causal, window, device)
+    if padding is not None:
+        pad = padding[:, None, None, :]  # (B, 1, 1, t_k)
+        mask = pad if mask is None else mask & pad
+    if bias is not None:
+        bias = bias.to(dtype)
+        mask = bias if mask is None else bias.masked_fill(~mask, float("-inf"))
+    return mask, False

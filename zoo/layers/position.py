@@ -1,0 +1,148 @@
+"""Position schemes behind one protocol, so every call site is the same for every scheme.
+
+- `embed(x, offset)`: an absolute scheme adds a vector per position to the token embeddings.
+- `rotate(q, k, offset)`: a rotary scheme rotates queries and keys (B, H, T, hd).
+- `score_bias(t_q, t_k, offset)`: a bias scheme returns (H, t_q, t_k) added to attention scores.
+Each method is a no-op (or returns None) where the scheme does not apply. `offset` is the
+position of the first token, non-zero when decoding with a KV cache.
+Constructor shape: `(d_model, n_heads, max_seq_len, **own_options)`.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from zoo.registry import POSITION
+
+
+class Position(nn.Module):
+    """No positional information: attention is permutation-equivariant (`none`)."""
+
+    max_len: int | None = None  # a hard limit on positions, or None when any length works
+
+    def __init__(self, d_model: int, n_heads: int, max_seq_len: int):
+        super().__init__()
+
+    def embed(self, x: torch.Tensor, offset: int = 0) -> torch.Tensor:
+        return x
+
+    def rotate(self, q: torch.Tensor, k: torch.Tensor, offset: int = 0):
+        return q, k
+
+    def score_bias(self, t_q: int, t_k: int, offset: int = 0) -> torch.Tensor | None:
+        return None
+
+
+POSITION.register("none", Position)
+
+
+@POSITION.register("learned")
+class LearnedPosition(Position):
+    """A trained vector per position (GPT-2, BERT); cannot go past max_seq_len."""
+
+    def __init__(self, d_model: int, n_heads: int, max_seq_len: int):
+        super().__init__(d_model, n_heads, max_seq_len)
+        self.max_len = max_seq_len
+        self.weight = nn.Parameter(torch.zeros(max_seq_len, d_model))
+
+    def embed(self, x: torch.Tensor, offset: int = 0) -> torch.Tensor:
+        t = x.shape[-2]
+        if offset + t > self.max_len:
+            raise ValueError(f"position {offset + t - 1} is past max_seq_len={self.max_len} of learned "
+                             "positions; use position=rope, alibi, sinusoidal or none to go longer")
+        return x + self.weight[offset:offset + t]
+
+
+class _GrowingTable(Position):
+    """A scheme whose per-position table is computed once and regrown (doubled) only on demand."""
+
+    def __init__(self, d_model: int, n_heads: int, max_seq_len: int):
+        super().__init__(d_model, n_heads, max_seq_len)
+        self.register_buffer("table", self._table(max_seq_len), persistent=False)
+
+    def _rows(self, offset: int, t: int) -> torch.Tensor:
+        if offset + t > self.table.shape[0]:
+            n = max(offset + t, 2 * self.table.shape[0])
+            self.table = self._table(n).to(self.table.device)
+        return self.table[offset:offset + t]
+
+    def _table(self, n: int) -> torch.Tensor:
+        raise NotImplementedError
+
+
+@POSITION.register("sinusoidal")
+class SinusoidalPosition(_GrowingTable):
+    """Fixed sin/cos waves of geometric wavelengths (Vaswani et al. 2017), added to embeddings."""
+
+    def __init__(self, d_model: int, n_heads: int, max_seq_len: int, base: float = 10000.0):
+        self.d_model, self.base = d_model, base
+        super().__init__(d_model, n_heads, max_seq_len)
+
+    def _table(self, n: int) -> torch.Tensor:
+        pos = torch.arange(n, dtype=torch.float32)[:, None]
+        inv_freq = self.base ** (-torch.arange(0, self.d_model, 2, dtype=torch.float32) / self.d_model)
+        table = torch.zeros(n, self.d_model)
+        table[:, 0::2] = torch.sin(pos * inv_freq)
+        table[:, 1::2] = torch.cos(pos * inv_freq)[:, : self.d_model // 2]
+        return table
+
+    def embed(self, x: torch.Tensor, offset: int = 0) -> torch.Tensor:
+        return x + self._rows(offset, x.shape[-2]).to(x.dtype)
+
+
+@POSITION.register("rope")
+class RotaryPosition(_GrowingTable):
+    """RoPE (Su et al. 2021): rotate each (i, i + hd/2) pair of q and k by angle pos * theta^(-2i/hd),
+    so q.k depends only on the offset between positions. Half-split layout, as in Llama."""
+
+    def __init__(self, d_model: int, n_heads: int, max_seq_len: int, theta: float = 10000.0):
+        self.head_dim, self.theta = d_model // n_heads, theta
+        super().__init__(d_model, n_heads, max_seq_len)
+
+    def _table(self, n: int) -> torch.Tensor:
+        inv_freq = self.theta ** (-torch.arange(0, self.head_dim, 2, dtype=torch.float32) / self.head_dim)
+        angles = torch.outer(torch.arange(n, dtype=torch.float32), inv_freq).repeat(1, 2)  # (n, hd)
+        return torch.stack([angles.cos(), angles.sin()], dim=1)  # (n, 2, hd)
+
+    def rotate(self, q: torch.Tensor, k: torch.Tensor, offset: int = 0):
+        cos, sin = self._rows(offset, q.shape[-2]).to(q.dtype).unbind(1)  # (T, hd) each
+        return _rotate(q, cos, sin), _rotate(k, cos, sin)
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    x1, x2 = x.chunk(2, dim=-1)
+    return x * cos + torch.cat((-x2, x1), dim=-1) * sin
+
+
+@POSITION.register("alibi")
+class ALiBiPosition(Position):
+    """ALiBi (Press et al. 2022): no embeddings; each head penalises scores linearly with distance,
+    -slope_h * |i - j|, with geometric slopes. Extrapolates to longer inputs than trained on."""
+
+    def __init__(self, d_model: int, n_heads: int, max_seq_len: int):
+        super().__init__(d_model, n_heads, max_seq_len)
+        self.register_buffer("slopes", alibi_slopes(n_heads), persistent=False)
+        self._cache: tuple[tuple, torch.Tensor] | None = None
+
+    def score_bias(self, t_q: int, t_k: int, offset: int = 0) -> torch.Tensor:
+        key = (t_q, t_k, offset, self.slopes.device)
+        if self._cache is None or self._cache[0] != key:
+            # Query i sits at offset + i; keys are the t_k positions ending with the last query.
+            q_pos = torch.arange(offset, offset + t_q, device=self.slopes.device)
+            k_pos = torch.arange(offset + t_q - t_k, offset + t_q, device=self.slopes.device)
+            dist = (q_pos[:, None] - k_pos[None, :]).abs()
+            self._cache = (key, -self.slopes[:, None, None] * dist)  # (H, t_q, t_k)
+        return self._cache[1]
+
+
+def alibi_slopes(n_heads: int) -> torch.Tensor:
+    """Slopes 2^(-8/n), 2^(-16/n), ...; for a non-power-of-two n, the paper's interleaving."""
+    def powers(n: int) -> list[float]:
+        return [2 ** (-8 * (i + 1) / n) for i in range(n)]
+
+    p = 2 ** math.floor(math.log2(n_heads))
+    slopes = powers(p) + powers(2 * p)[0::2][: n_heads - p]
+    return torch.tensor(slopes, dtype=torch.float32)

@@ -1,0 +1,28 @@
+"""Decoder-only language model (GPT, Llama): a causal stack and a next-token head."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from zoo.models.stack import Cache, Stack
+from zoo.registry import MODEL
+
+
+@MODEL.register("decoder_only")
+class DecoderOnly(nn.Module):
+    def __init__(self, cfg: dict):
+        super().__init__()
+        self.cfg = cfg
+        self.embed = nn.Embedding(cfg["vocab_size"], cfg["d_model"])
+        self.decoder = Stack(cfg, self.embed, cfg["n_layers"], causal=True)
+        self.head = nn.Linear(cfg["d_model"], cfg["vocab_size"], bias=False)
+        if cfg["tie_embeddings"]:
+            self.head.weight = self.embed.weight
+
+    def forward(self, tokens: torch.Tensor, cache: Cache | None = None) -> torch.Tensor:
+        """tokens (B, T) -> next-token logits (B, T, vocab)."""
+        return self.head(self.decoder(tokens, cache=cache))
+
+    def new_cache(self) -> Cache:
+        return self.decoder.new_cache()

@@ -1,0 +1,39 @@
+"""Encoder-decoder (original Transformer, T5, BART): a bidirectional encoder, a causal decoder that
+cross-attends to it, one shared token embedding and a tied output head."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from zoo.models.stack import Cache, Stack
+from zoo.registry import MODEL
+
+
+@MODEL.register("encoder_decoder")
+class EncoderDecoder(nn.Module):
+    def __init__(self, cfg: dict):
+        super().__init__()
+        self.cfg = cfg
+        self.embed = nn.Embedding(cfg["vocab_size"], cfg["d_model"])
+        self.encoder = Stack(cfg, self.embed, cfg["n_layers"], causal=False)
+        n_dec = cfg.get("n_decoder_layers") or cfg["n_layers"]
+        self.decoder = Stack(cfg, self.embed, n_dec, causal=True, cross=True)
+        self.head = nn.Linear(cfg["d_model"], cfg["vocab_size"], bias=False)
+        if cfg["tie_embeddings"]:
+            self.head.weight = self.embed.weight
+
+    def encode(self, src: torch.Tensor, src_padding: torch.Tensor | None = None) -> torch.Tensor:
+        return self.encoder(src, padding=src_padding)
+
+    def decode(self, tgt: torch.Tensor, memory: torch.Tensor, src_padding: torch.Tensor | None = None,
+               cache: Cache | None = None) -> torch.Tensor:
+        return self.head(self.decoder(tgt, memory=memory, memory_padding=src_padding, cache=cache))
+
+    def forward(self, src: torch.Tensor, tgt: torch.Tensor,
+                src_padding: torch.Tensor | None = None) -> torch.Tensor:
+        """src (B, S), tgt (B, T) decoder input -> next-token logits (B, T, vocab)."""
+        return self.decode(tgt, self.encode(src, src_padding), src_padding)
+
+    def new_cache(self) -> Cache:
+        return self.decoder.new_cache()

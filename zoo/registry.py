@@ -1,0 +1,60 @@
+"""Registries: components are chosen by name, once, at build time.
+
+Each kind of component (attention, position, norm, residual placement, FFN, model) has one
+`Registry`. Components register where they are defined; configs and checkpoints name them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+
+class UnknownNameError(KeyError):
+    """An unknown component name; a KeyError whose message prints as one plain line."""
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+class Registry:
+    """A name -> constructor table with errors that list the valid names."""
+
+    def __init__(self, kind: str):
+        self.kind = kind
+        self._entries: dict[str, Callable[..., Any]] = {}
+
+    def register(self, name: str, fn: Callable[..., Any] | None = None):
+        """Register `fn` under `name`; usable as a decorator or called directly."""
+
+        def add(f: Callable[..., Any]) -> Callable[..., Any]:
+            if name in self._entries:
+                raise KeyError(f"{self.kind}: '{name}' is already registered")
+            self._entries[name] = f
+            return f
+
+        return add if fn is None else add(fn)
+
+    def get(self, name: str) -> Callable[..., Any]:
+        if name not in self._entries:
+            raise UnknownNameError(f"{self.kind}: unknown name '{name}'; valid: {', '.join(self.names())}")
+        return self._entries[name]
+
+    def names(self) -> list[str]:
+        return sorted(self._entries)
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._entries
+
+    def __repr__(self) -> str:
+        return f"Registry({self.kind}: {', '.join(self.names())})"
+
+
+ATTENTION = Registry("attention")
+POSITION = Registry("position")
+NORM = Registry("norm")
+RESIDUAL = Registry("residual")  # norm placement: pre, post, sandwich
+FFN = Registry("ffn")
+MODEL = Registry("model")
+
+REGISTRIES = {r.kind: r for r in (ATTENTION, POSITION, NORM, RESIDUAL, FFN, MODEL)}
