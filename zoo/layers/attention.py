@@ -158,6 +158,11 @@ def attention_mask(t_q: int, t_k: int, causal: bool, window: int | None,
     return allowed
 
 
+@lru_cache(maxsize=32)
+def _diagonal(t_q: int, t_k: int, device: torch.device) -> torch.Tensor:
+    return torch.eye(t_k, dtype=torch.bool, device=device)[t_k - t_q:]
+
+
 def attention_bias(t_q: int, t_k: int, causal: bool, window: int | None, pos: Position,
                    padding: torch.Tensor | None, device: torch.device, dtype: torch.dtype):
     """The (mask, is_causal) pair every layer's attention gets, built once per forward.
@@ -169,9 +174,25 @@ def attention_bias(t_q: int, t_k: int, causal: bool, window: int | None, pos: Po
         return None, t_q > 1  # one new token sees every cached key: no mask at all
     mask = attention_mask(t_q, t_k, causal, window, device)
     if padding is not None:
-        pad = padding[:, None, None, :]  # (B, 1, 1, t_k)
+        # Every query keeps its own key, so a padded query never has all keys masked (NaN rows).
+        pad = padding[:, None, None, :] | _diagonal(t_q, t_k, device)  # (B, 1, t_q, t_k)
         mask = pad if mask is None else mask & pad
     if bias is not None:
         bias = bias.to(dtype)
         mask = bias if mask is None else bias.masked_fill(~mask, float("-inf"))
     return mask, False
+
+
+@torch.no_grad()
+def attention_maps(model: nn.Module, *inputs, **kw) -> dict[str, torch.Tensor]:
+    """Run `model(*inputs, **kw)` once and return every attention layer's weights (B, H, Tq, Tk),
+    keyed by module name (e.g. 'decoder.blocks.0.attn.f'), computed with the math backend."""
+    layers = {name: m for name, m in model.named_modules() if isinstance(m, Attention)}
+    try:
+        for m in layers.values():
+            m.record = True
+        model(*inputs, **kw)
+        return {name: m.weights for name, m in layers.items()}
+    finally:
+        for m in layers.values():
+            m.record, m.weights = False, None

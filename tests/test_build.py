@@ -1,0 +1,94 @@
+"""build_model: configs, validation errors, initialisation, analytic counts."""
+
+import pytest
+import torch
+
+from tests.conftest import tiny_cfg
+from zoo import ConfigError, build_model, count_params, flops_per_token, resolve_config
+
+
+def test_chapter_rule_attention_4d2_ffn_8d2_per_layer():
+    d, layers = 128, 6
+    cfg = dict(name="decoder_only", vocab_size=100, d_model=d, n_layers=layers, n_heads=8, bias=False,
+               attention={"name": "mha"}, ffn={"name": "gelu"}, position={"name": "rope"})
+    counts = count_params(cfg)
+    assert counts["attention"] == layers * 4 * d * d
+    assert counts["ffn"] == layers * 8 * d * d
+    assert counts["ffn"] / (counts["ffn"] + counts["attention"]) == pytest.approx(2 / 3)
+    model = build_model(cfg)
+    assert sum(p.numel() for p in model.decoder.blocks[0].attn.f.parameters()) == 4 * d * d
+    assert sum(p.numel() for p in model.decoder.blocks[0].ffn.f.parameters()) == 8 * d * d
+
+
+def test_counts_by_component_match_the_model():
+    cfg = tiny_cfg("encoder_decoder", tie_embeddings=False)
+    counts, model = count_params(cfg), build_model(cfg)
+    attention = sum(p.numel() for n, p in model.named_parameters() if ".attn.f." in n or ".cross.f." in n)
+    ffn = sum(p.numel() for n, p in model.named_parameters() if ".ffn.f." in n)
+    assert (counts["attention"], counts["ffn"]) == (attention, ffn)
+    assert counts["total"] == sum(p.numel() for p in model.parameters())
+
+
+def test_flops_per_token_follows_6n_plus_12ltd():
+    cfg = dict(name="decoder_only", vocab_size=65, d_model=128, n_layers=4, n_heads=4, max_seq_len=64, bias=False)
+    n = count_params(cfg)
+    non_embedding = n["attention"] + n["ffn"] + 65 * 128  # the tied head is still a matrix product
+    assert flops_per_token(cfg)["train"] == 6 * non_embedding + 12 * 4 * 64 * 128
+    assert flops_per_token(cfg, seq_len=32)["forward"] == 2 * non_embedding + 4 * 4 * 32 * 128
+
+
+def test_defaults_fill_in_and_dictconfig_works():
+    from omegaconf import OmegaConf
+
+    cfg = resolve_config(OmegaConf.create({"vocab_size": 10, "ffn": {"name": "swiglu"}}))
+    assert cfg["name"] == "decoder_only" and cfg["ffn"] == {"name": "swiglu", "d_ff": None}
+    assert cfg["norm"] == {"placement": "pre", "type": "layernorm", "eps": 1e-5}
+
+
+@pytest.mark.parametrize("over,key", [
+    ({"name": "gpt"}, "model.name: unknown model 'gpt'; valid: decoder_only, encoder_decoder, encoder_only"),
+    ({"d_model": 30}, "model.d_model: 30 is not divisible by n_heads=4"),
+    ({"attention": {"name": "gqa", "n_kv_heads": 3}}, "model.attention.n_kv_heads: n_heads=4 is not divisible"),
+    ({"attention": {"name": "gqa"}}, "model.attention.n_kv_heads: must be a positive integer"),
+    ({"attention": {"name": "mha", "n_kv_heads": 2}}, "model.attention.n_kv_heads: not an option of 'mha'"),
+    ({"attention": {"name": "mha", "window": 0}}, "model.attention.window: must be a positive integer"),
+    ({"attention": {"name": "mha", "backend": "flash"}}, "model.attention.backend: unknown 'flash'"),
+    ({"attention": {"name": "flash"}}, "model.attention.name: unknown attention 'flash'; valid: gqa, mha, mqa"),
+    ({"position": {"name": "rotary"}}, "model.position.name: unknown position 'rotary'"),
+    ({"position": {"name": "rope"}, "d_model": 36, "n_heads": 4}, "model.position.name: rope needs an even head"),
+    ({"position": {"name": "learned", "theta": 5.0}}, "model.position.theta: not an option of 'LearnedPosition'"),
+    ({"norm": {"type": "batchnorm"}}, "model.norm.type: unknown norm 'batchnorm'; valid: layernorm, rmsnorm"),
+    ({"norm": {"placement": "middle"}}, "model.norm.placement: unknown residual 'middle'"),
+    ({"ffn": {"name": "swish"}}, "model.ffn.name: unknown ffn 'swish'"),
+    ({"ffn": {"name": "gelu", "d_ff": -1}}, "model.ffn.d_ff: must be a positive integer or null"),
+    ({"dropout": 1.0}, "model.dropout: must be in [0, 1)"),
+    ({"n_layers": 0}, "model.n_layers: must be a positive integer"),
+    ({"vocab_size": None}, "model.vocab_size: must be a positive integer"),
+    ({"d_modle": 64}, "model.d_modle: unknown key"),
+])
+def test_bad_configs_fail_with_one_line_naming_the_key(over, key):
+    cfg = {**tiny_cfg(), **over}
+    with pytest.raises(ConfigError) as e:
+        build_model(cfg)
+    assert str(e.value).startswith(key) and "\n" not in str(e.value)
+
+
+def test_same_seed_same_weights_and_swaps_keep_other_components():
+    base = tiny_cfg()
+    a, b = build_model(base, seed=3).state_dict(), build_model(base, seed=3).state_dict()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    c = build_model(base, seed=4).state_dict()
+    assert not torch.equal(a["embed.weight"], c["embed.weight"])
+    for over, changed in [({"ffn": {"name": "swiglu"}}, ".ffn.f."), ({"position": {"name": "rope"}}, "position")]:
+        swapped = build_model({**base, **over}, seed=3).state_dict()
+        shared = [k for k in a if changed not in k]
+        assert shared and all(torch.equal(a[k], swapped[k]) for k in shared), over
+
+
+def test_initialisation_is_as_documented():
+    model = build_model(tiny_cfg(n_layers=8, d_model=64, init_std=0.02))
+    blk = model.decoder.blocks[3]
+    assert blk.attn.f.qkv.weight.std().item() == pytest.approx(0.02, rel=0.1)
+    assert blk.ffn.f.down.weight.std().item() == pytest.approx(0.02 / 4, rel=0.1)  # / sqrt(2 * 8)
+    assert (blk.attn.f.qkv.bias == 0).all() and (blk.attn.norm.weight == 1).all()
+    assert model.head.weight is model.embed.weight  # tied by default

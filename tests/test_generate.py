@@ -1,0 +1,88 @@
+"""KV-cached decoding equals full recomputation; sampling does what its name says."""
+
+import pytest
+import torch
+
+from tests.conftest import tiny_cfg
+from zoo import build_model
+from zoo.generate import generate, sample_next
+from zoo.registry import POSITION
+
+ATTENTIONS = [{"name": "mha"}, {"name": "gqa", "n_kv_heads": 2}, {"name": "mqa"}, {"name": "mha", "window": 4}]
+
+
+def _logits(model, tokens, cache=None, src=None):
+    if src is None:
+        return model(tokens, cache=cache)
+    return model.decode(tokens, model.encode(src), cache=cache)
+
+
+@pytest.mark.parametrize("attention", ATTENTIONS, ids=str)
+@pytest.mark.parametrize("position", POSITION.names())
+@pytest.mark.parametrize("lineage", ["decoder_only", "encoder_decoder"])
+def test_cached_logits_equal_full_recomputation(lineage, attention, position):
+    model = build_model(tiny_cfg(lineage, attention=attention, position={"name": position})).eval()
+    seq = torch.randint(0, 37, (2, 20))
+    src = torch.randint(0, 37, (2, 9)) if lineage == "encoder_decoder" else None
+    with torch.no_grad():
+        full = _logits(model, seq, src=src)
+        cache = model.new_cache()
+        steps = [_logits(model, seq[:, :6], cache, src)]  # prefill a prompt, then one token at a time
+        steps += [_logits(model, seq[:, t:t + 1], cache, src) for t in range(6, 20)]
+    torch.testing.assert_close(torch.cat(steps, dim=1), full, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("position", POSITION.names())
+@pytest.mark.parametrize("lineage", ["decoder_only", "encoder_decoder"])
+def test_cached_greedy_generation_equals_uncached(lineage, position):
+    model = build_model(tiny_cfg(lineage, position={"name": position}, init_std=0.3))
+    prompt = torch.randint(0, 37, (3, 4))
+    src = torch.randint(0, 37, (3, 7)) if lineage == "encoder_decoder" else None
+    a = generate(model, prompt, 24, src=src)
+    b = generate(model, prompt, 24, src=src, use_cache=False)
+    assert a.shape == (3, 28) and torch.equal(a, b)
+    assert len(set(a[:, 4:].flatten().tolist())) > 1  # not a constant output
+
+
+def test_learned_positions_stop_with_a_clear_error_past_max_seq_len():
+    model = build_model(tiny_cfg(max_seq_len=16))
+    with pytest.raises(ValueError, match="max_seq_len=16"):
+        generate(model, torch.zeros(1, 10, dtype=torch.long), 7)
+    assert generate(model, torch.zeros(1, 10, dtype=torch.long), 6).shape == (1, 16)
+
+
+@pytest.mark.parametrize("position", ["rope", "alibi", "sinusoidal", "none"])
+def test_other_positions_continue_past_max_seq_len(position):
+    model = build_model(tiny_cfg(max_seq_len=16, position={"name": position}))
+    out = generate(model, torch.zeros(1, 10, dtype=torch.long), 40)
+    assert out.shape == (1, 50)
+    # and the cached tokens past max_seq_len still equal recomputation
+    assert torch.equal(out, generate(model, torch.zeros(1, 10, dtype=torch.long), 40, use_cache=False))
+
+
+def test_encoder_only_does_not_generate():
+    with pytest.raises(ValueError, match="does not generate"):
+        generate(build_model(tiny_cfg("encoder_only")), torch.zeros(1, 3, dtype=torch.long), 2)
+
+
+def test_eos_stops_generation():
+    model = build_model(tiny_cfg())
+    greedy = generate(model, torch.zeros(2, 3, dtype=torch.long), 5)
+    eos = int(greedy[0, 3])  # the first greedy token: make it the end token
+    out = generate(model, torch.zeros(2, 3, dtype=torch.long), 20, eos_id=eos)
+    assert out.shape[1] == 4 and (out[:, 3] == eos).all()
+
+
+def test_sampling_filters():
+    logits = torch.tensor([[4.0, 3.0, 2.0, 1.0, 0.0]]).repeat(2000, 1)
+    g = torch.Generator().manual_seed(0)
+    assert (sample_next(logits, 0.0) == 0).all()
+    topk = sample_next(logits, 1.0, top_k=2, generator=g)
+    assert set(topk.tolist()) == {0, 1}
+    # softmax([4,3,2,1,0]) = .64 .23 .09 .03 .01: top_p=0.8 keeps the first two, 0.9 the first three
+    assert set(sample_next(logits, 1.0, top_p=0.8, generator=g).tolist()) == {0, 1}
+    assert set(sample_next(logits, 1.0, top_p=0.9, generator=g).tolist()) == {0, 1, 2}
+    # temperature: high temperature spreads mass, low concentrates it
+    hot = sample_next(logits, 100.0, generator=g)
+    cold = sample_next(logits, 0.1, generator=g)
+    assert (hot == 4).sum() > 200 and (cold == 0).float().mean() > 0.99

@@ -1,0 +1,207 @@
+"""Properties that a wrong implementation of a component would break."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from tests.conftest import tiny_cfg
+from zoo import build_model
+from zoo.block import NO_POSITION
+from zoo.layers.attention import attention_maps
+from zoo.layers.position import ALiBiPosition, RotaryPosition, SinusoidalPosition
+from zoo.registry import ATTENTION, POSITION
+
+ATTENTIONS = [{"name": "mha"}, {"name": "gqa", "n_kv_heads": 2}, {"name": "mqa"}, {"name": "mha", "window": 3}]
+
+
+@pytest.mark.parametrize("attention", ATTENTIONS, ids=lambda a: str(a))
+@pytest.mark.parametrize("position", POSITION.names())
+@pytest.mark.parametrize("lineage", ["decoder_only", "encoder_decoder"])
+def test_causality(lineage, attention, position):
+    """Changing tokens after t changes no decoder output at positions <= t."""
+    model = build_model(tiny_cfg(lineage, attention=attention, position={"name": position})).eval()
+    a = torch.randint(0, 37, (2, 12))
+    b = a.clone()
+    b[:, 7:] = torch.randint(0, 37, (2, 5))
+    src = torch.randint(0, 37, (2, 9))
+    out_a, out_b = (model(x) if lineage == "decoder_only" else model(src, x) for x in (a, b))
+    torch.testing.assert_close(out_a[:, :7], out_b[:, :7], atol=1e-6, rtol=0)
+    assert (out_a[:, 7:] - out_b[:, 7:]).abs().max() > 1e-3  # the future did change something
+
+
+@pytest.mark.parametrize("attention", ATTENTIONS[:3], ids=lambda a: a["name"])
+def test_permutation_equivariance_without_positions(attention):
+    """With no positions and no mask, attention is a set operation: permuting the input permutes the output."""
+    model = build_model(tiny_cfg("encoder_only", attention=attention, position={"name": "none"})).eval()
+    tokens = torch.randint(0, 37, (2, 10))
+    perm = torch.randperm(10)
+    torch.testing.assert_close(model(tokens)[:, perm], model(tokens[:, perm]), atol=1e-5, rtol=0)
+    learned = build_model(tiny_cfg("encoder_only", attention=attention, init_std=0.5)).eval()
+    assert (learned(tokens)[:, perm] - learned(tokens[:, perm])).abs().max() > 1e-3  # positions break it
+
+
+def test_rope_scores_depend_only_on_offset():
+    rope = RotaryPosition(d_model=64, n_heads=4, max_seq_len=16)  # grows past 16 on demand
+    q, k = torch.randn(1, 1, 1, 16), torch.randn(1, 1, 1, 16)
+
+    def score(i: int, j: int) -> torch.Tensor:
+        return (rope.rotate(q, q, i)[0] * rope.rotate(k, k, j)[1]).sum()
+
+    for offset in (0, 1, 5):
+        ref = score(offset, 0)
+        for start in (3, 17, 40):
+            torch.testing.assert_close(score(start + offset, start), ref, atol=1e-4, rtol=1e-4)
+    assert (score(5, 0) - score(1, 0)).abs() > 1e-3  # and it does depend on the offset
+    # rotation preserves norms (it is a rotation)
+    torch.testing.assert_close(rope.rotate(q, q, 9)[0].norm(), q.norm())
+
+
+def test_alibi_bias_is_linear_in_distance_with_geometric_slopes():
+    alibi = ALiBiPosition(d_model=32, n_heads=8, max_seq_len=16)
+    bias = alibi.score_bias(5, 5)
+    assert torch.allclose(alibi.slopes, torch.tensor([2.0 ** -(i + 1) for i in range(8)]))
+    for h in range(8):
+        for i in range(5):
+            for j in range(5):
+                assert bias[h, i, j] == pytest.approx(-alibi.slopes[h] * abs(i - j))
+
+
+def test_sinusoidal_matches_formula():
+    pe = SinusoidalPosition(d_model=8, n_heads=2, max_seq_len=4).embed(torch.zeros(1, 6, 8))[0]
+    for pos in range(6):
+        for i in range(4):
+            angle = pos / 10000 ** (2 * i / 8)
+            assert pe[pos, 2 * i].item() == pytest.approx(torch.tensor(angle).sin().item(), abs=1e-6)
+            assert pe[pos, 2 * i + 1].item() == pytest.approx(torch.tensor(angle).cos().item(), abs=1e-6)
+
+
+def test_gqa_with_all_kv_heads_is_mha_and_mqa_is_gqa_with_one():
+    x = torch.randn(2, 7, 32)
+    mha, gqa = ATTENTION.get("mha")(32, 4), ATTENTION.get("gqa")(32, 4, 4)
+    gqa.load_state_dict(mha.state_dict())
+    torch.testing.assert_close(gqa(x, NO_POSITION, is_causal=True), mha(x, NO_POSITION, is_causal=True))
+    mqa, gqa1 = ATTENTION.get("mqa")(32, 4), ATTENTION.get("gqa")(32, 4, 1)
+    gqa1.load_state_dict(mqa.state_dict())
+    torch.testing.assert_close(gqa1(x, NO_POSITION), mqa(x, NO_POSITION))
+    assert mqa.qkv.weight.shape == (32 + 2 * 8, 32)  # one shared key head and value head
+
+
+def test_gqa_equals_mha_with_repeated_kv_heads():
+    """GQA is MHA whose key/value heads are shared by groups of query heads."""
+    x = torch.randn(2, 7, 32)
+    gqa, mha = ATTENTION.get("gqa")(32, 4, 2), ATTENTION.get("mha")(32, 4)
+    q, k, v = gqa.qkv.weight.detach().split([32, 16, 16])
+    rep = lambda w: w.view(2, 8, 32).repeat_interleave(2, dim=0).reshape(32, 32)
+    qb, kb, vb = gqa.qkv.bias.detach().split([32, 16, 16])
+    repb = lambda b: b.view(2, 8).repeat_interleave(2, dim=0).reshape(32)
+    with torch.no_grad():
+        mha.qkv.weight.copy_(torch.cat([q, rep(k), rep(v)]))
+        mha.qkv.bias.copy_(torch.cat([qb, repb(kb), repb(vb)]))
+        mha.out.load_state_dict(gqa.out.state_dict())
+    torch.testing.assert_close(gqa(x, NO_POSITION, is_causal=True), mha(x, NO_POSITION, is_causal=True))
+
+
+@pytest.mark.parametrize("lineage", ["decoder_only", "encoder_only"])
+def test_sliding_window_gives_zero_weight_beyond_window(lineage):
+    window = 3
+    model = build_model(tiny_cfg(lineage, attention={"name": "mha", "window": window})).eval()
+    maps = attention_maps(model, torch.randint(0, 37, (2, 10)))
+    assert len(maps) == 2
+    i, j = torch.arange(10)[:, None], torch.arange(10)[None, :]
+    outside = (i - j).abs() >= window
+    if lineage == "decoder_only":
+        outside |= j > i
+    for w in maps.values():
+        assert w.shape == (2, 4, 10, 10)
+        assert (w[..., outside] == 0).all()
+        assert (w[..., ~outside] > 0).all()
+        torch.testing.assert_close(w.sum(-1), torch.ones(2, 4, 10))
+
+
+@pytest.mark.parametrize("attention", ATTENTIONS, ids=lambda a: str(a))
+@pytest.mark.parametrize("position", POSITION.names())
+@pytest.mark.parametrize("lineage", ["decoder_only", "encoder_only", "encoder_decoder"])
+def test_sdpa_and_math_backends_agree(lineage, attention, position):
+    cfg = tiny_cfg(lineage, attention=attention, position={"name": position})
+    fast = build_model(cfg).eval()
+    slow = build_model({**cfg, "attention": {**cfg["attention"], "backend": "math"}}).eval()
+    slow.load_state_dict(fast.state_dict())
+    tokens = torch.randint(0, 37, (3, 11))
+    padding = torch.ones(3, 11, dtype=torch.bool)
+    padding[1, 8:] = False  # a padded row, where padding applies
+    if lineage == "encoder_only":
+        kw = {"padding": padding}
+        a, b = fast(tokens, **kw), slow(tokens, **kw)
+    elif lineage == "encoder_decoder":
+        a, b = fast(tokens, tokens[:, :6], padding), slow(tokens, tokens[:, :6], padding)
+    else:
+        a, b = fast(tokens), slow(tokens)
+    torch.testing.assert_close(a, b, atol=1e-5, rtol=0)
+
+
+def test_padding_keys_are_ignored_by_the_encoder():
+    model = build_model(tiny_cfg("encoder_only")).eval()
+    tokens = torch.randint(0, 37, (1, 8))
+    padding = torch.tensor([[True] * 5 + [False] * 3])
+    other = tokens.clone()
+    other[:, 5:] = (other[:, 5:] + 1) % 37
+    torch.testing.assert_close(model(tokens, padding)[:, :5], model(other, padding)[:, :5])
+    torch.testing.assert_close(model(tokens, padding)[:, :5], model(tokens[:, :5])[:, :5], atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("norm_first,placement", [(True, "pre"), (False, "post")])
+@pytest.mark.parametrize("activation", ["relu", "gelu"])
+def test_encoder_block_equals_torch_transformer_encoder_layer(norm_first, placement, activation):
+    d, h, d_ff = 32, 4, 64
+    ref = torch.nn.TransformerEncoderLayer(d, h, d_ff, dropout=0.0, activation=activation, batch_first=True,
+                                           norm_first=norm_first).eval()
+    model = build_model(tiny_cfg("encoder_only", d_model=d, n_heads=h, n_layers=1, position={"name": "none"},
+                                 norm={"placement": placement, "type": "layernorm"},
+                                 ffn={"name": activation, "d_ff": d_ff}))
+    block = model.encoder.blocks[0].eval()
+    with torch.no_grad():
+        block.attn.f.qkv.weight.copy_(ref.self_attn.in_proj_weight)  # [q; k; v], as zoo fuses them
+        block.attn.f.qkv.bias.copy_(ref.self_attn.in_proj_bias)
+        block.attn.f.out.load_state_dict(ref.self_attn.out_proj.state_dict())
+        block.ffn.f.up.load_state_dict(ref.linear1.state_dict())
+        block.ffn.f.down.load_state_dict(ref.linear2.state_dict())
+        block.attn.norm.load_state_dict(ref.norm1.state_dict())
+        block.ffn.norm.load_state_dict(ref.norm2.state_dict())
+    x = torch.randn(2, 9, d)
+    torch.testing.assert_close(block(x, NO_POSITION, None, False), ref(x), atol=1e-5, rtol=0)
+    mask = torch.nn.Transformer.generate_square_subsequent_mask(9)
+    torch.testing.assert_close(block(x, NO_POSITION, None, True), ref(x, src_mask=mask, is_causal=True),
+                               atol=1e-5, rtol=0)
+
+
+def test_norms_match_formulas():
+    from zoo.registry import NORM
+
+    x = torch.randn(4, 16) * 3 + 1
+    torch.testing.assert_close(NORM.get("layernorm")(16, 1e-5)(x), F.layer_norm(x, (16,), eps=1e-5))
+    rms = NORM.get("rmsnorm")(16, 1e-6)
+    torch.testing.assert_close(rms(x), x / x.pow(2).mean(-1, keepdim=True).add(1e-6).sqrt())
+    assert rms(x).pow(2).mean(-1).sub(1).abs().max() < 1e-3  # unit root-mean-square
+
+
+@pytest.mark.parametrize("name,act", [("relu", F.relu), ("gelu", F.gelu), ("reglu", F.relu),
+                                      ("geglu", F.gelu), ("swiglu", F.silu)])
+def test_ffns_match_formulas(name, act):
+    from zoo.registry import FFN
+
+    ffn = FFN.get(name)(16, 24, bias=False)
+    x = torch.randn(3, 16)
+    if ffn.gated:
+        expect = (act(x @ ffn.gate.weight.T) * (x @ ffn.up.weight.T)) @ ffn.down.weight.T
+    else:
+        expect = act(x @ ffn.up.weight.T) @ ffn.down.weight.T
+    torch.testing.assert_close(ffn(x), expect)
+
+
+def test_gated_ffn_default_width_is_parameter_matched():
+    from zoo.registry import FFN
+
+    plain, gated = FFN.get("gelu")(96, None), FFN.get("swiglu")(96, None)
+    assert plain.up.out_features == 384 and gated.up.out_features == 256  # 2/3 * 384, a multiple of 8
+    n = lambda m: sum(p.numel() for p in m.parameters() if p.dim() == 2)
+    assert n(plain) == n(gated)

@@ -1,0 +1,81 @@
+"""Autoregressive generation with a KV cache: greedy, temperature, top-k and top-p sampling.
+
+Works for `decoder_only` (continue a prompt) and `encoder_decoder` (decode a target for a source).
+With `use_cache=False` every step recomputes the whole sequence; the tests check both agree.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+def sample_next(logits: torch.Tensor, temperature: float = 1.0, top_k: int | None = None,
+                top_p: float | None = None, generator: torch.Generator | None = None) -> torch.Tensor:
+    """logits (B, V) -> next token ids (B,). temperature 0 means greedy (argmax)."""
+    if temperature == 0:
+        return logits.argmax(dim=-1)
+    logits = logits.float() / temperature
+    if top_k is not None:
+        kth = torch.topk(logits, min(top_k, logits.shape[-1])).values[:, -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p is not None:
+        # Keep the smallest set of tokens whose probabilities sum to at least top_p (nucleus sampling).
+        sorted_logits, order = logits.sort(dim=-1, descending=True)
+        cum = sorted_logits.softmax(dim=-1).cumsum(dim=-1)
+        drop = cum - sorted_logits.softmax(dim=-1) >= top_p  # mass before this token already enough
+        logits = logits.scatter(-1, order, sorted_logits.masked_fill(drop, float("-inf")))
+    probs = logits.softmax(dim=-1)
+    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+
+
+def check_length(model: nn.Module, total: int) -> None:
+    """Learned positions cannot go past max_seq_len: fail before generating anything."""
+    stack = model.decoder
+    limit = stack.position.max_len
+    if limit is not None and total > limit:
+        raise ValueError(f"generating to length {total} needs positions past max_seq_len={limit} of learned "
+                         "positions; shorten the prompt or max_new_tokens, or use position=rope/alibi/"
+                         "sinusoidal/none")
+
+
+@torch.no_grad()
+def generate(model: nn.Module, prompt: torch.Tensor, max_new_tokens: int, temperature: float = 0.0,
+             top_k: int | None = None, top_p: float | None = None, src: torch.Tensor | None = None,
+             src_padding: torch.Tensor | None = None, eos_id: int | None = None, use_cache: bool = True,
+             generator: torch.Generator | None = None) -> torch.Tensor:
+    """Extend `prompt` (B, T) by up to max_new_tokens tokens and return (B, T + new).
+
+    decoder_only: prompt is the text so far. encoder_decoder: `src` (B, S) is the source and
+    `prompt` the decoder's start (e.g. a BOS column). Stops early once every row has produced
+    eos_id; rows that finished earlier are padded with eos_id."""
+    name = getattr(model, "cfg", {}).get("name")
+    if name not in ("decoder_only", "encoder_decoder"):
+        raise ValueError(f"model '{name}' does not generate; generation needs decoder_only or encoder_decoder")
+    if name == "encoder_decoder" and src is None:
+        raise ValueError("encoder_decoder generation needs src (the source tokens)")
+    check_length(model, prompt.shape[1] + max_new_tokens)
+    was_training = model.training
+    model.eval()
+    memory = model.encode(src, src_padding) if src is not None else None
+
+    def logits_of(tokens: torch.Tensor, cache) -> torch.Tensor:
+        if memory is None:
+            return model(tokens, cache=cache)
+        return model.decode(tokens, memory, src_padding, cache=cache)
+
+    cache = model.new_cache() if use_cache else None
+    out, step_input = prompt, prompt
+    done = torch.zeros(prompt.shape[0], dtype=torch.bool, device=prompt.device)
+    for _ in range(max_new_tokens):
+        logits = logits_of(step_input, cache)[:, -1]
+        nxt = sample_next(logits, temperature, top_k, top_p, generator)
+        if eos_id is not None:
+            nxt = nxt.masked_fill(done, eos_id)
+            done |= nxt == eos_id
+        out = torch.cat([out, nxt[:, None]], dim=1)
+        step_input = nxt[:, None] if use_cache else out
+        if eos_id is not None and bool(done.all()):
+            break
+    model.train(was_training)
+    return out
