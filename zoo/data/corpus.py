@@ -1,0 +1,74 @@
+"""Text corpora: the embedded Shakespeare default, user text files, and the train/val split.
+
+Errors raised for bad input are `DataError` (a `ValueError`) with a one-line message that names
+the config key to fix, so a CLI can print ``str(err)`` instead of a traceback.
+"""
+
+from __future__ import annotations
+
+import functools
+import gzip
+import os
+from pathlib import Path
+
+DEFAULT_CORPUS = Path(__file__).resolve().parent / "shakespeare.txt.gz"
+"""The 37 Shakespeare plays from Project Gutenberg (public domain); see scripts/build_corpus.py."""
+
+
+class DataError(ValueError):
+    """Bad data or data settings; the message is one line naming the config key to change."""
+
+
+class DataFileNotFoundError(DataError, FileNotFoundError):
+    """`data.path` does not exist; catchable as `DataError` or as `FileNotFoundError`."""
+
+
+@functools.lru_cache(maxsize=1)
+def load_default_corpus() -> str:
+    """Return the embedded Shakespeare corpus (about 4.8M characters, plain UTF-8, ``\\n`` newlines)."""
+    # Cached: it is immutable and every run that uses the default would otherwise re-inflate 1.9 MB.
+    with gzip.open(DEFAULT_CORPUS, "rb") as f:
+        return f.read().decode("utf-8")
+
+
+def read_text_file(path: str | os.PathLike[str]) -> str:
+    """Read a UTF-8 text file for training, with one-line errors for the usual mistakes.
+
+    Line endings are normalised to ``\\n`` and a leading byte-order mark is dropped, so the same
+    text saved on Windows or Unix tokenizes identically.
+    """
+    p = Path(path).expanduser()
+    if not p.exists():
+        raise DataFileNotFoundError(f"data.path: no such file '{p}'")
+    if p.is_dir():
+        raise DataError(f"data.path: '{p}' is a directory; point it at a text file")
+    try:
+        raw = p.read_bytes()
+    except OSError as e:
+        raise DataError(f"data.path: cannot read '{p}': {e.strerror or e}") from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise DataError(f"data.path: '{p}' is not valid UTF-8 (byte {e.start}); re-save it as UTF-8") from None
+    text = text.removeprefix("\ufeff").replace("\r\n", "\n").replace("\r", "\n")
+    if not text.strip():
+        raise DataError(f"data.path: '{p}' is empty")
+    return text
+
+
+def split_text(text: str, val_fraction: float = 0.1) -> tuple[str, str]:
+    """Split into (train, val): the first ``1 - val_fraction`` of the characters, then the rest.
+
+    A contiguous tail (the nanoGPT convention) rather than random lines keeps validation text
+    unseen in context, so val loss measures generalisation rather than memorised neighbours.
+    """
+    if not 0.0 < val_fraction < 1.0:
+        raise DataError(f"data.val_fraction: must be between 0 and 1 (exclusive), got {val_fraction}")
+    n = int(len(text) * (1.0 - val_fraction))
+    train, val = text[:n], text[n:]
+    if not train or not val:
+        raise DataError(
+            f"data.val_fraction: {val_fraction} of {len(text)} characters leaves an empty split; "
+            "use more text or another fraction"
+        )
+    return train, val
