@@ -1,0 +1,289 @@
+"""zoo.convert: HF GPT-2 / BERT / Llama / BART -> zoo models with equal logits (random weights, no downloads)."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+transformers.utils.logging.set_verbosity_error()
+
+from zoo import count_params  # noqa: E402
+from zoo.convert import (  # noqa: E402
+    ConversionError,
+    _Copier,
+    bart_from_hf,
+    config_from_hf,
+    convert,
+    llama_config_from_hf,
+)
+
+V, D, T = 101, 64, 12  # vocab, width, sequence length
+ATOL = 1e-4
+SMALL = dict(attn_implementation="eager")
+NO_DROPOUT = {
+    "gpt2": dict(resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0),
+    "bert": dict(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0),
+    "bart": dict(dropout=0.0, attention_dropout=0.0, activation_dropout=0.0),
+    "llama": dict(attention_dropout=0.0),
+}
+
+
+def gpt2_config(**kw):
+    return transformers.GPT2Config(vocab_size=V, n_positions=32, n_embd=D, n_layer=2, n_head=4,
+                                   **NO_DROPOUT["gpt2"], **SMALL, **kw)
+
+
+def bert_config(**kw):
+    return transformers.BertConfig(vocab_size=V, hidden_size=D, num_hidden_layers=2, num_attention_heads=4,
+                                   intermediate_size=128, max_position_embeddings=32, **NO_DROPOUT["bert"],
+                                   **SMALL, **kw)
+
+
+def llama_config(**kw):
+    kw = {"num_key_value_heads": 2, "tie_word_embeddings": False,
+          "rope_parameters": {"rope_type": "default", "rope_theta": 500.0}, **kw}
+    return transformers.LlamaConfig(vocab_size=V, hidden_size=D, intermediate_size=112, num_hidden_layers=2,
+                                    num_attention_heads=4, max_position_embeddings=32, **NO_DROPOUT["llama"],
+                                    **SMALL, **kw)
+
+
+def bart_config(**kw):
+    kw = {"scale_embedding": True, "encoder_attention_heads": 4, "decoder_attention_heads": 4,
+          "encoder_ffn_dim": 128, "decoder_ffn_dim": 128, **kw}
+    return transformers.BartConfig(vocab_size=V, d_model=D, encoder_layers=2, decoder_layers=2,
+                                   max_position_embeddings=32, **NO_DROPOUT["bart"], **SMALL, **kw)
+
+
+def randomize(model, seed=0):
+    """Replace HF's init (zero biases, unit norms, std 0.02) with weights where every tensor matters,
+    so a misplaced bias, norm or transposition changes the logits well beyond the tolerance."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():  # tied tensors appear once and stay tied
+            noise = torch.randn(p.shape, generator=g)
+            is_gain = p.ndim == 1 and name.endswith("weight")
+            p.copy_(1 + 0.2 * noise if is_gain else 0.1 * noise)
+    return model.eval()
+
+
+def hf_gpt2(**kw):
+    return randomize(transformers.GPT2LMHeadModel(gpt2_config(**kw)))
+
+
+def hf_bert(**kw):
+    return randomize(transformers.BertForMaskedLM(bert_config(**kw)))
+
+
+def hf_llama(**kw):
+    return randomize(transformers.LlamaForCausalLM(llama_config(**kw)))
+
+
+def hf_bart(**kw):
+    return randomize(transformers.BartForConditionalGeneration(bart_config(**kw)))
+
+
+def use_backend(model, backend):
+    for m in model.modules():
+        if hasattr(m, "backend"):
+            m.backend = backend
+    return model
+
+
+@pytest.fixture
+def ids():
+    return torch.randint(0, V, (2, T), generator=torch.Generator().manual_seed(1))
+
+
+@pytest.fixture
+def padding():
+    mask = torch.ones(2, T, dtype=torch.long)
+    mask[1, 8:] = 0  # the second sequence has 4 padding tokens at the end
+    return mask
+
+
+def max_diff(a, b):
+    return (a - b).abs().max().item()
+
+
+BACKENDS = ["sdpa", "math"]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("activation", ["gelu_new", "gelu"])
+def test_gpt2_logits_match(ids, backend, activation):
+    hf = hf_gpt2(activation_function=activation)
+    assert hf.config._attn_implementation == "eager"
+    zoo_model = use_backend(convert(hf), backend)
+    assert not zoo_model.training
+    with torch.no_grad():
+        torch.testing.assert_close(zoo_model(ids), hf(ids).logits, atol=ATOL, rtol=0)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("tie", [True, False])
+def test_bert_logits_match_on_unpadded_positions(ids, padding, backend, tie):
+    hf = hf_bert(tie_word_embeddings=tie)
+    zoo_model = use_backend(convert(hf), backend)
+    real = padding.bool()
+    with torch.no_grad():
+        expected = hf(ids, attention_mask=padding).logits  # token_type_ids default to 0
+        got = zoo_model(ids, padding=real)
+    torch.testing.assert_close(got[real], expected[real], atol=ATOL, rtol=0)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("tie", [False, True])
+@pytest.mark.parametrize("kv_heads", [2, 4, 1])
+def test_llama_logits_match(ids, backend, tie, kv_heads):
+    hf = hf_llama(tie_word_embeddings=tie, num_key_value_heads=kv_heads)
+    zoo_model = use_backend(convert(hf), backend)
+    assert zoo_model.cfg["position"] == {"name": "rope", "theta": 500.0}
+    assert zoo_model.cfg["attention"]["name"] == {1: "mqa", 2: "gqa", 4: "mha"}[kv_heads]
+    assert (zoo_model.head.weight is zoo_model.embed.weight) == tie
+    with torch.no_grad():
+        torch.testing.assert_close(zoo_model(ids), hf(ids).logits, atol=ATOL, rtol=0)
+
+
+def test_llama_cached_decoding_matches_hf_full_forward(ids):
+    """RoPE offsets under the zoo KV cache: prefill, then one token at a time."""
+    hf = hf_llama()
+    zoo_model = convert(hf)
+    cache = zoo_model.new_cache()
+    with torch.no_grad():
+        steps = [zoo_model(ids[:, :5], cache=cache)]
+        steps += [zoo_model(ids[:, t:t + 1], cache=cache) for t in range(5, T)]
+        torch.testing.assert_close(torch.cat(steps, dim=1), hf(ids).logits, atol=ATOL, rtol=0)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("scale", [True, False])
+def test_bart_logits_match(ids, padding, backend, scale):
+    hf = hf_bart(scale_embedding=scale)
+    zoo_model = use_backend(convert(hf), backend)
+    tgt = torch.randint(0, V, (2, 7), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        expected = hf(input_ids=ids, attention_mask=padding, decoder_input_ids=tgt).logits
+        got = zoo_model(ids, tgt, src_padding=padding.bool())
+    torch.testing.assert_close(got, expected, atol=ATOL, rtol=0)
+
+
+MAKERS = {"gpt2": hf_gpt2, "bert": hf_bert, "llama": hf_llama, "bart": hf_bart}
+
+
+@pytest.mark.parametrize("kind", MAKERS)
+def test_param_count_equals_analytic_count(kind):
+    hf = MAKERS[kind]()
+    zoo_model = convert(hf)
+    n = sum(p.numel() for p in zoo_model.parameters())
+    assert count_params(zoo_model.cfg)["total"] == n == count_params(config_from_hf(hf.config))["total"]
+    # The zoo model holds exactly the HF weights, minus what it folds or drops (documented in zoo.convert).
+    hf_n = sum(p.numel() for p in hf.parameters())
+    dropped = {"gpt2": 0, "llama": 0,
+               "bert": 2 * D,  # type_vocab_size=2 token-type rows, row 0 folded into the positions
+               "bart": 2 * 2 * D}  # the 2 offset rows of each position table
+    assert hf_n - dropped[kind] == n
+
+
+def _forward(kind, model, ids, hf):
+    if kind == "bart":
+        tgt = ids[:, :7]
+        return hf(input_ids=ids, decoder_input_ids=tgt).logits if model is None else model(ids, tgt)
+    return hf(ids).logits if model is None else model(ids)
+
+
+@pytest.mark.parametrize("kind", MAKERS)
+def test_perturbed_hf_weights_break_parity(kind, ids):
+    """The parity check can fail: perturb one HF tensor after conversion and the logits differ."""
+    hf = MAKERS[kind]()
+    zoo_model = convert(hf)
+    with torch.no_grad():
+        torch.testing.assert_close(_forward(kind, zoo_model, ids, hf), _forward(kind, None, ids, hf),
+                                   atol=ATOL, rtol=0)
+        names = [n for n, p in hf.named_parameters() if "layers.1" in n or ".1." in n]
+        target = dict(hf.named_parameters())[names[len(names) // 2]]  # a deep tensor
+        target.add_(0.05 * torch.randn_like(target))
+        diff = max_diff(_forward(kind, zoo_model, ids, hf), _forward(kind, None, ids, hf))
+    assert diff > 10 * ATOL, f"perturbing {names[len(names) // 2]} changed nothing ({diff})"
+
+
+@pytest.mark.parametrize("make, match", [
+    (lambda: config_from_hf(bart_config(decoder_attention_heads=2)), "encoder_attention_heads=4 != decoder"),
+    (lambda: config_from_hf(bart_config(decoder_ffn_dim=64)), "encoder_ffn_dim=128 != decoder_ffn_dim=64"),
+    (lambda: config_from_hf(bart_config(activation_function="tanh")), "unsupported activation"),
+    (lambda: config_from_hf(gpt2_config(activation_function="silu")), "unsupported activation"),
+    (lambda: config_from_hf(gpt2_config(scale_attn_by_inverse_layer_idx=True)), "scale_attn_by_inverse_layer_idx"),
+    (lambda: config_from_hf(bert_config(hidden_act="relu")), "exact GELU"),
+    (lambda: config_from_hf(bert_config(is_decoder=True)), "is_decoder"),
+    (lambda: llama_config_from_hf(llama_config(
+        rope_parameters={"rope_type": "linear", "rope_theta": 1e4, "factor": 2.0})), "RoPE scaling"),
+    (lambda: llama_config_from_hf(llama_config(hidden_act="gelu_pytorch_tanh")), "unsupported activation"),
+    (lambda: llama_config_from_hf(llama_config(attention_bias=True)), "one bias switch"),
+    (lambda: llama_config_from_hf(llama_config(head_dim=32)), "head_dim=32"),
+    (lambda: config_from_hf(transformers.T5Config()), "model_type='t5'"),
+])
+def test_unsupported_configs_raise_a_clear_value_error(make, match):
+    with pytest.raises(ValueError, match=match) as err:
+        make()
+    assert isinstance(err.value, ConversionError) and str(err.value).startswith("cannot convert")
+
+
+def test_bart_nonzero_final_logits_bias_raises():
+    hf = hf_bart()
+    hf.final_logits_bias[0, 3] = 1.0
+    with pytest.raises(ValueError, match="final_logits_bias is non-zero"):
+        bart_from_hf(hf)
+
+
+def test_bart_untied_embeddings_that_differ_raise():
+    hf = hf_bart(tie_word_embeddings=False)  # three independent random tables
+    with pytest.raises(ValueError, match="encoder and decoder token embeddings differ"):
+        convert(hf)
+
+
+def test_unsupported_class_raises():
+    with pytest.raises(ValueError, match="cannot convert GPT2Model; supported classes"):
+        convert(transformers.GPT2Model(gpt2_config()))
+
+
+def test_copier_reports_unwritten_and_double_writes():
+    hf = hf_gpt2()
+    zoo_model = convert(hf)
+    copier = _Copier(zoo_model, hf)
+    with pytest.raises(RuntimeError, match="never written: .*decoder.blocks.0.attn.f.qkv.weight"):
+        copier.finish()
+    with torch.no_grad():
+        copier.write(zoo_model.embed.weight, hf.transformer.wte.weight)
+        with pytest.raises(RuntimeError, match="embed.weight written twice"):
+            copier.write(zoo_model.embed.weight, hf.transformer.wte.weight)
+        with pytest.raises(RuntimeError, match="shape"):
+            copier.write(zoo_model.decoder.position.weight, hf.transformer.wte.weight)
+    for p in zoo_model.parameters():  # all written now, but no HF weight was read
+        copier.written.add(id(p))
+    with pytest.raises(RuntimeError, match=r"HF parameter\(s\) never read: transformer.wte.weight, transformer.wpe"):
+        copier.finish()
+
+
+def test_import_does_not_need_transformers():
+    code = ("import sys; sys.modules['transformers'] = None; import zoo.convert as c; "
+            "assert 'transformers' not in [m for m in sys.modules if sys.modules[m] is not None]; "
+            "print(c.convert.__name__)")
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")]))}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=root, env=env)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "convert"
+
+
+def test_from_pretrained_local_path(tmp_path, ids):
+    """from_pretrained on a saved checkpoint directory (no network): loads with transformers, converts."""
+    from zoo.convert import from_pretrained
+
+    hf = hf_llama()
+    hf.save_pretrained(tmp_path)
+    zoo_model = from_pretrained(str(tmp_path), local_files_only=True, attn_implementation="eager")
+    with torch.no_grad():
+        torch.testing.assert_close(zoo_model(ids), hf(ids).logits, atol=ATOL, rtol=0)

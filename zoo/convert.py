@@ -1,0 +1,448 @@
+"""Hugging Face -> zoo: load GPT-2, BERT, Llama and BART weights into zoo models, with exact parity.
+
+    from transformers import GPT2LMHeadModel
+    model = zoo.convert.convert(GPT2LMHeadModel.from_pretrained("gpt2"))   # or from_pretrained("gpt2")
+
+API
+- `config_from_hf(hf_config) -> dict`: a zoo model config (dispatch on `model_type`); per model:
+  `gpt2_config_from_hf`, `bert_config_from_hf`, `llama_config_from_hf`, `bart_config_from_hf`.
+- `from_hf(hf_model)` / `convert(hf_model)`: a zoo model with the HF weights (dispatch on the class
+  name); per model: `gpt2_from_hf` (GPT2LMHeadModel), `bert_from_hf` (BertForMaskedLM),
+  `llama_from_hf` (LlamaForCausalLM), `bart_from_hf` (BartForConditionalGeneration).
+- `from_pretrained(name_or_path, **kw)`: load with transformers, then convert.
+
+Every zoo parameter must be written exactly once and every HF parameter read (or explicitly set
+aside, see below), so a missed weight is an error, never a silent random init. A config the zoo
+cannot express raises `ConversionError` (a ValueError) naming the key.
+
+Mapping notes
+- GPT-2's Conv1D stores weights as (in, out): transposed into torch Linear's (out, in).
+- Self-attention q, k, v projections are concatenated into zoo's fused `qkv` ([q; k; v] rows);
+  cross-attention k, v into `kv`. RoPE in zoo is the half-split (rotate_half) layout of HF Llama,
+  so Llama's q/k rows need no permutation.
+- BERT: zoo has no token-type embeddings. Row 0 of `token_type_embeddings` is folded into the
+  learned position table, so the zoo model equals BERT called with token_type_ids = 0 (the
+  default); the other rows are dropped. The MLM head (dense -> exact GELU -> LayerNorm -> decoder
+  with a bias) maps onto encoder_only's head_dense / head_norm / head. Padding: pass the HF
+  attention_mask as `padding=attention_mask.bool()`.
+- BART: the learned position tables have 2 extra leading rows (HF's offset of 2), dropped here.
+  `final_logits_bias` must be zero (zoo's head has no bias). Encoder and decoder must share the
+  token embedding (they do whenever tie_word_embeddings is set).
+- Dropout: zoo has one rate for every site; it is set from the model's main (residual) dropout.
+  This only matters for training; in eval mode the outputs match exactly.
+- `transformers` is imported lazily (it is the optional `hf` extra): `import zoo.convert` works
+  without it, and only `from_pretrained` needs it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import torch
+from torch import nn
+
+from zoo.build import build_model
+
+__all__ = [
+    "ConversionError", "config_from_hf", "from_hf", "convert", "from_pretrained",
+    "gpt2_config_from_hf", "gpt2_from_hf", "bert_config_from_hf", "bert_from_hf",
+    "llama_config_from_hf", "llama_from_hf", "bart_config_from_hf", "bart_from_hf",
+]
+
+
+class ConversionError(ValueError):
+    """An HF config or checkpoint that the zoo cannot represent exactly."""
+
+
+def _need(ok: bool, model: str, msg: str) -> None:
+    if not ok:
+        raise ConversionError(f"cannot convert {model}: {msg}")
+
+
+# HF activation name -> zoo FFN name, for plain MLPs and for gated (GLU) FFNs.
+_MLP_ACTIVATIONS = {"gelu": "gelu", "gelu_python": "gelu", "gelu_new": "gelu_tanh",
+                    "gelu_pytorch_tanh": "gelu_tanh", "gelu_fast": "gelu_tanh", "relu": "relu"}
+_GLU_ACTIVATIONS = {"silu": "swiglu", "swish": "swiglu", "gelu": "geglu", "gelu_python": "geglu",
+                    "relu": "reglu"}
+
+
+def _activation(model: str, key: str, act: Any, table: dict[str, str]) -> str:
+    _need(isinstance(act, str) and act in table, model,
+          f"unsupported activation {key}={act!r}; supported: {', '.join(sorted(table))}")
+    return table[act]
+
+
+def _attention(n_heads: int, n_kv_heads: int) -> dict:
+    if n_kv_heads == n_heads:
+        return {"name": "mha"}
+    if n_kv_heads == 1:
+        return {"name": "mqa"}
+    return {"name": "gqa", "n_kv_heads": n_kv_heads}
+
+
+# ---------------------------------------------------------------------------------------- configs
+
+
+def gpt2_config_from_hf(config: Any) -> dict:
+    """GPT2Config -> decoder_only: learned positions, pre-LayerNorm, GELU(tanh) MLP, biases."""
+    m = "GPT-2"
+    _need(not getattr(config, "add_cross_attention", False), m, "add_cross_attention=True is not supported")
+    _need(getattr(config, "scale_attn_weights", True), m,
+          "scale_attn_weights=False (unscaled attention scores) is not supported")
+    _need(not getattr(config, "scale_attn_by_inverse_layer_idx", False), m,
+          "scale_attn_by_inverse_layer_idx=True is not supported")
+    d = config.n_embd
+    return {
+        "name": "decoder_only", "vocab_size": config.vocab_size, "d_model": d,
+        "n_layers": config.n_layer, "n_heads": config.n_head, "max_seq_len": config.n_positions,
+        "dropout": float(config.resid_pdrop), "bias": True,
+        "tie_embeddings": bool(config.tie_word_embeddings), "scale_embeddings": False, "embed_norm": False,
+        "init_std": config.initializer_range,
+        "attention": {"name": "mha"}, "position": {"name": "learned"},
+        "norm": {"placement": "pre", "type": "layernorm", "eps": config.layer_norm_epsilon},
+        "ffn": {"name": _activation(m, "activation_function", config.activation_function, _MLP_ACTIVATIONS),
+                "d_ff": config.n_inner or 4 * d},
+    }
+
+
+def bert_config_from_hf(config: Any) -> dict:
+    """BertConfig -> encoder_only: post-LayerNorm, embedding LayerNorm, learned positions, GELU."""
+    m = "BERT"
+    _need(not getattr(config, "is_decoder", False), m, "is_decoder=True (causal BERT) is not supported")
+    _need(not getattr(config, "add_cross_attention", False), m, "add_cross_attention=True is not supported")
+    pos = getattr(config, "position_embedding_type", "absolute") or "absolute"
+    _need(pos == "absolute", m, f"position_embedding_type={pos!r} is not supported; only 'absolute'")
+    # The zoo MLM head uses exact GELU, and BERT's head uses hidden_act too: only exact GELU maps.
+    act = config.hidden_act
+    _need(isinstance(act, str) and _MLP_ACTIVATIONS.get(act) == "gelu", m,
+          f"unsupported activation hidden_act={act!r}; the zoo MLM head needs exact GELU ('gelu')")
+    return {
+        "name": "encoder_only", "vocab_size": config.vocab_size, "d_model": config.hidden_size,
+        "n_layers": config.num_hidden_layers, "n_heads": config.num_attention_heads,
+        "max_seq_len": config.max_position_embeddings, "dropout": float(config.hidden_dropout_prob),
+        "bias": True, "tie_embeddings": bool(getattr(config, "tie_word_embeddings", True)),
+        "scale_embeddings": False, "embed_norm": True, "init_std": config.initializer_range,
+        "attention": {"name": "mha"}, "position": {"name": "learned"},
+        "norm": {"placement": "post", "type": "layernorm", "eps": config.layer_norm_eps},
+        "ffn": {"name": "gelu", "d_ff": config.intermediate_size},
+    }
+
+
+def _rope_theta(config: Any, m: str) -> float:
+    """rope_theta from `rope_parameters` (transformers 5) or the older flat attributes."""
+    params = getattr(config, "rope_parameters", None) or {}
+    _need(isinstance(params, dict) and (not params or "rope_theta" in params or "rope_type" in params), m,
+          f"unsupported rope_parameters={params!r} (per-layer-type RoPE)")
+    rope_type = params.get("rope_type", params.get("type", "default"))
+    _need(rope_type == "default", m, f"RoPE scaling is not supported: rope_type={rope_type!r} "
+          "(zoo implements plain RoPE only)")
+    scaling = getattr(config, "rope_scaling", None)
+    _need(not scaling or scaling.get("rope_type", scaling.get("type", "default")) == "default", m,
+          f"RoPE scaling is not supported: rope_scaling={scaling!r}")
+    partial = params.get("partial_rotary_factor", getattr(config, "partial_rotary_factor", 1.0))
+    _need(partial in (None, 1, 1.0), m, f"partial_rotary_factor={partial} is not supported (zoo rotates full heads)")
+    return float(params.get("rope_theta", getattr(config, "rope_theta", 10000.0)))
+
+
+def llama_config_from_hf(config: Any) -> dict:
+    """LlamaConfig -> decoder_only: RoPE, pre-RMSNorm, SwiGLU, no biases, GQA."""
+    m = "Llama"
+    d, h = config.hidden_size, config.num_attention_heads
+    head_dim = getattr(config, "head_dim", None) or d // h
+    _need(head_dim * h == d, m, f"head_dim={head_dim} != hidden_size / num_attention_heads = {d}/{h}")
+    attn_bias, mlp_bias = bool(getattr(config, "attention_bias", False)), bool(getattr(config, "mlp_bias", False))
+    _need(attn_bias == mlp_bias, m, f"attention_bias={attn_bias} with mlp_bias={mlp_bias}: zoo has one bias switch")
+    kv = getattr(config, "num_key_value_heads", None) or h
+    return {
+        "name": "decoder_only", "vocab_size": config.vocab_size, "d_model": d,
+        "n_layers": config.num_hidden_layers, "n_heads": h, "max_seq_len": config.max_position_embeddings,
+        "dropout": float(getattr(config, "attention_dropout", 0.0) or 0.0), "bias": attn_bias,
+        "tie_embeddings": bool(config.tie_word_embeddings), "scale_embeddings": False, "embed_norm": False,
+        "init_std": config.initializer_range,
+        "attention": _attention(h, kv), "position": {"name": "rope", "theta": _rope_theta(config, m)},
+        "norm": {"placement": "pre", "type": "rmsnorm", "eps": config.rms_norm_eps},
+        "ffn": {"name": _activation(m, "hidden_act", config.hidden_act, _GLU_ACTIVATIONS),
+                "d_ff": config.intermediate_size},
+    }
+
+
+def bart_config_from_hf(config: Any) -> dict:
+    """BartConfig -> encoder_decoder: post-LayerNorm, embedding LayerNorm, learned positions, GELU."""
+    m = "BART"
+    enc_h, dec_h = config.encoder_attention_heads, config.decoder_attention_heads
+    _need(enc_h == dec_h, m, f"encoder_attention_heads={enc_h} != decoder_attention_heads={dec_h}; "
+          "zoo uses one head count for both stacks")
+    enc_ff, dec_ff = config.encoder_ffn_dim, config.decoder_ffn_dim
+    _need(enc_ff == dec_ff, m, f"encoder_ffn_dim={enc_ff} != decoder_ffn_dim={dec_ff}; "
+          "zoo uses one FFN size for both stacks")
+    _need(not getattr(config, "normalize_before", False), m, "normalize_before=True (pre-norm BART) is not supported")
+    _need(not getattr(config, "add_final_layer_norm", False), m, "add_final_layer_norm=True is not supported")
+    return {
+        "name": "encoder_decoder", "vocab_size": config.vocab_size, "d_model": config.d_model,
+        "n_layers": config.encoder_layers, "n_decoder_layers": config.decoder_layers, "n_heads": enc_h,
+        "max_seq_len": config.max_position_embeddings, "dropout": float(config.dropout), "bias": True,
+        "tie_embeddings": bool(config.tie_word_embeddings), "scale_embeddings": bool(config.scale_embedding),
+        "embed_norm": True, "init_std": config.init_std,
+        "attention": {"name": "mha"}, "position": {"name": "learned"},
+        "norm": {"placement": "post", "type": "layernorm", "eps": 1e-5},  # BART's nn.LayerNorm default
+        "ffn": {"name": _activation(m, "activation_function", config.activation_function, _MLP_ACTIVATIONS),
+                "d_ff": enc_ff},
+    }
+
+
+_CONFIGS: dict[str, Callable[[Any], dict]] = {
+    "gpt2": gpt2_config_from_hf, "bert": bert_config_from_hf,
+    "llama": llama_config_from_hf, "bart": bart_config_from_hf,
+}
+
+
+def config_from_hf(hf_config: Any) -> dict:
+    """A zoo model config dict from a transformers config (GPT-2, BERT, Llama or BART)."""
+    model_type = getattr(hf_config, "model_type", None)
+    if model_type not in _CONFIGS:
+        raise ConversionError(f"cannot convert model_type={model_type!r}; supported: {', '.join(_CONFIGS)}")
+    return _CONFIGS[model_type](hf_config)
+
+
+# ---------------------------------------------------------------------------------- weight copying
+
+
+class _Copier:
+    """Copies tensors into a zoo model and keeps the books on both sides.
+
+    Each zoo parameter must be written exactly once; each HF parameter must be read (`take`) or
+    explicitly set aside (`drop`). `finish` raises if either side has leftovers."""
+
+    def __init__(self, zoo_model: nn.Module, hf_model: nn.Module | None = None):
+        self.zoo_names = {id(p): n for n, p in zoo_model.named_parameters()}
+        self.written: set[int] = set()
+        self.hf_names: dict[int, str] = {}
+        if hf_model is not None:
+            for n, p in hf_model.named_parameters(remove_duplicate=False):
+                self.hf_names.setdefault(id(p), n)
+        self.read: set[int] = set()
+
+    # HF side
+    def take(self, p: torch.Tensor) -> torch.Tensor:
+        self.read.add(id(p))
+        return p.detach()
+
+    def drop(self, p: torch.Tensor | None) -> None:
+        """An HF parameter deliberately not used (e.g. BERT's token-type rows 1.., unused duplicates)."""
+        if p is not None:
+            self.read.add(id(p))
+
+    # zoo side
+    def write(self, dst: torch.Tensor, value: torch.Tensor) -> None:
+        name = self.zoo_names.get(id(dst))
+        if name is None:
+            raise RuntimeError("conversion bug: writing a tensor that is not a parameter of the zoo model")
+        if id(dst) in self.written:
+            raise RuntimeError(f"conversion bug: zoo parameter {name} written twice")
+        if tuple(dst.shape) != tuple(value.shape):
+            raise RuntimeError(f"conversion bug: {name} has shape {tuple(dst.shape)}, source {tuple(value.shape)}")
+        dst.copy_(value)
+        self.written.add(id(dst))
+
+    def linear(self, dst: nn.Linear, *srcs: nn.Module, conv1d: bool = False) -> None:
+        """dst <- the row-wise concatenation of srcs (several for a fused projection)."""
+        w = [self.take(s.weight) for s in srcs]
+        self.write(dst.weight, torch.cat([t.t() for t in w] if conv1d else w, dim=0))
+        biases = [s.bias for s in srcs]
+        if dst.bias is None:
+            if any(b is not None for b in biases):
+                raise RuntimeError("conversion bug: HF layer has a bias the zoo layer lacks")
+            return
+        if any(b is None for b in biases):
+            raise RuntimeError("conversion bug: zoo layer has a bias the HF layer lacks")
+        self.write(dst.bias, torch.cat([self.take(b) for b in biases], dim=0))
+
+    def norm(self, dst: nn.Module, src: nn.Module) -> None:
+        self.write(dst.weight, self.take(src.weight))
+        dst_b, src_b = getattr(dst, "bias", None), getattr(src, "bias", None)
+        if (dst_b is None) != (src_b is None):
+            raise RuntimeError(f"conversion bug: norm bias mismatch ({type(dst).__name__} vs {type(src).__name__})")
+        if dst_b is not None:
+            self.write(dst_b, self.take(src_b))
+
+    def head(self, zoo_model: nn.Module, cfg: dict, out: torch.Tensor, inp: torch.Tensor, m: str) -> None:
+        """The output projection weight: shared with the (already written) embedding, or its own."""
+        if cfg["tie_embeddings"]:
+            _need(out is inp or torch.equal(out, inp), m,
+                  "tie_word_embeddings is set but the output and input embeddings differ")
+            self.take(out)
+        else:
+            self.write(zoo_model.head.weight, self.take(out))
+
+    def finish(self) -> None:
+        missing = [n for i, n in self.zoo_names.items() if i not in self.written]
+        if missing:
+            raise RuntimeError(f"conversion bug: {len(missing)} zoo parameter(s) never written: {', '.join(missing)}")
+        unread = [n for i, n in self.hf_names.items() if i not in self.read]
+        if unread:
+            raise RuntimeError(f"conversion bug: {len(unread)} HF parameter(s) never read: {', '.join(unread)}")
+
+
+def _build(hf_model: nn.Module, cfg: dict) -> tuple[nn.Module, _Copier]:
+    model = build_model(cfg)
+    return model, _Copier(model, hf_model)
+
+
+def _finish(model: nn.Module, copier: _Copier, hf_model: nn.Module) -> nn.Module:
+    copier.finish()
+    first = next(hf_model.parameters())
+    model.to(device=first.device, dtype=first.dtype)
+    return model.train(hf_model.training)
+
+
+def _pairs(zoo_blocks: Iterable, hf_layers: Iterable) -> Iterable:
+    return zip(zoo_blocks, hf_layers, strict=True)
+
+
+@torch.no_grad()
+def gpt2_from_hf(hf_model: nn.Module) -> nn.Module:
+    """GPT2LMHeadModel -> zoo decoder_only."""
+    cfg = gpt2_config_from_hf(hf_model.config)
+    model, c = _build(hf_model, cfg)
+    t, dec = hf_model.transformer, model.decoder
+    c.write(model.embed.weight, c.take(t.wte.weight))
+    c.write(dec.position.weight, c.take(t.wpe.weight))
+    for blk, h in _pairs(dec.blocks, t.h):
+        c.norm(blk.attn.norm, h.ln_1)
+        c.linear(blk.attn.f.qkv, h.attn.c_attn, conv1d=True)  # columns already [q | k | v]
+        c.linear(blk.attn.f.out, h.attn.c_proj, conv1d=True)
+        c.norm(blk.ffn.norm, h.ln_2)
+        c.linear(blk.ffn.f.up, h.mlp.c_fc, conv1d=True)
+        c.linear(blk.ffn.f.down, h.mlp.c_proj, conv1d=True)
+    c.norm(dec.final_norm, t.ln_f)
+    c.head(model, cfg, hf_model.lm_head.weight, t.wte.weight, "GPT-2")
+    return _finish(model, c, hf_model)
+
+
+@torch.no_grad()
+def bert_from_hf(hf_model: nn.Module) -> nn.Module:
+    """BertForMaskedLM -> zoo encoder_only (token_type_ids = 0 folded into the positions)."""
+    cfg = bert_config_from_hf(hf_model.config)
+    model, c = _build(hf_model, cfg)
+    e, enc = hf_model.bert.embeddings, model.encoder
+    c.write(model.embed.weight, c.take(e.word_embeddings.weight))
+    token_type = c.take(e.token_type_embeddings.weight)  # rows 1.. are dropped: zoo has no segments
+    c.write(enc.position.weight, c.take(e.position_embeddings.weight) + token_type[0])
+    c.norm(enc.embed_norm, e.LayerNorm)
+    for blk, layer in _pairs(enc.blocks, hf_model.bert.encoder.layer):
+        a = layer.attention
+        c.linear(blk.attn.f.qkv, a.self.query, a.self.key, a.self.value)
+        c.linear(blk.attn.f.out, a.output.dense)
+        c.norm(blk.attn.norm, a.output.LayerNorm)
+        c.linear(blk.ffn.f.up, layer.intermediate.dense)
+        c.linear(blk.ffn.f.down, layer.output.dense)
+        c.norm(blk.ffn.norm, layer.output.LayerNorm)
+    p = hf_model.cls.predictions
+    c.linear(model.head_dense, p.transform.dense)
+    c.norm(model.head_norm, p.transform.LayerNorm)
+    c.head(model, cfg, p.decoder.weight, e.word_embeddings.weight, "BERT")
+    c.write(model.head.bias, c.take(p.decoder.bias))  # the bias the forward pass adds
+    c.drop(p.bias)  # the same tensor when tied; an unused duplicate otherwise
+    return _finish(model, c, hf_model)
+
+
+@torch.no_grad()
+def llama_from_hf(hf_model: nn.Module) -> nn.Module:
+    """LlamaForCausalLM -> zoo decoder_only (RoPE, RMSNorm, SwiGLU, GQA)."""
+    cfg = llama_config_from_hf(hf_model.config)
+    model, c = _build(hf_model, cfg)
+    m, dec = hf_model.model, model.decoder
+    c.write(model.embed.weight, c.take(m.embed_tokens.weight))
+    for blk, layer in _pairs(dec.blocks, m.layers):
+        a, f = layer.self_attn, layer.mlp
+        c.norm(blk.attn.norm, layer.input_layernorm)
+        c.linear(blk.attn.f.qkv, a.q_proj, a.k_proj, a.v_proj)
+        c.linear(blk.attn.f.out, a.o_proj)
+        c.norm(blk.ffn.norm, layer.post_attention_layernorm)
+        c.linear(blk.ffn.f.gate, f.gate_proj)
+        c.linear(blk.ffn.f.up, f.up_proj)
+        c.linear(blk.ffn.f.down, f.down_proj)
+    c.norm(dec.final_norm, m.norm)
+    c.head(model, cfg, hf_model.lm_head.weight, m.embed_tokens.weight, "Llama")
+    return _finish(model, c, hf_model)
+
+
+def _bart_attention(c: _Copier, wrapper: nn.Module, hf_attn: nn.Module, hf_norm: nn.Module, cross: bool) -> None:
+    f = wrapper.f
+    if cross:
+        c.linear(f.q, hf_attn.q_proj)
+        c.linear(f.kv, hf_attn.k_proj, hf_attn.v_proj)
+    else:
+        c.linear(f.qkv, hf_attn.q_proj, hf_attn.k_proj, hf_attn.v_proj)
+    c.linear(f.out, hf_attn.out_proj)
+    c.norm(wrapper.norm, hf_norm)
+
+
+@torch.no_grad()
+def bart_from_hf(hf_model: nn.Module) -> nn.Module:
+    """BartForConditionalGeneration -> zoo encoder_decoder."""
+    cfg = bart_config_from_hf(hf_model.config)
+    bias = getattr(hf_model, "final_logits_bias", None)
+    _need(bias is None or not torch.any(bias != 0), "BART",
+          "final_logits_bias is non-zero; the zoo output head has no bias")
+    model, c = _build(hf_model, cfg)
+    m = hf_model.model
+    enc_embed, dec_embed = m.encoder.embed_tokens.weight, m.decoder.embed_tokens.weight
+    _need(dec_embed is enc_embed or torch.equal(dec_embed, enc_embed), "BART",
+          "encoder and decoder token embeddings differ; zoo shares one embedding (set tie_word_embeddings)")
+    c.write(model.embed.weight, c.take(enc_embed))
+    c.take(dec_embed)
+    c.drop(m.shared.weight)  # the encoder's table when tied; not used by the forward pass otherwise
+    for stack, hf_stack in ((model.encoder, m.encoder), (model.decoder, m.decoder)):
+        table = hf_stack.embed_positions
+        c.write(stack.position.weight, c.take(table.weight)[getattr(table, "offset", 2):])
+        c.norm(stack.embed_norm, hf_stack.layernorm_embedding)
+        for blk, layer in _pairs(stack.blocks, hf_stack.layers):
+            _bart_attention(c, blk.attn, layer.self_attn, layer.self_attn_layer_norm, cross=False)
+            if blk.cross is not None:
+                _bart_attention(c, blk.cross, layer.encoder_attn, layer.encoder_attn_layer_norm, cross=True)
+            c.linear(blk.ffn.f.up, layer.fc1)
+            c.linear(blk.ffn.f.down, layer.fc2)
+            c.norm(blk.ffn.norm, layer.final_layer_norm)
+    c.head(model, cfg, hf_model.lm_head.weight, enc_embed, "BART")
+    return _finish(model, c, hf_model)
+
+
+# --------------------------------------------------------------------------------------- dispatch
+
+_CONVERTERS: dict[str, Callable[[nn.Module], nn.Module]] = {
+    "GPT2LMHeadModel": gpt2_from_hf, "BertForMaskedLM": bert_from_hf,
+    "LlamaForCausalLM": llama_from_hf, "BartForConditionalGeneration": bart_from_hf,
+}
+_CLASS_FOR_TYPE = {"gpt2": "GPT2LMHeadModel", "bert": "BertForMaskedLM",
+                   "llama": "LlamaForCausalLM", "bart": "BartForConditionalGeneration"}
+
+
+def convert(hf_model: nn.Module) -> nn.Module:
+    """A zoo model with the weights of a transformers model, chosen by its class name."""
+    name = type(hf_model).__name__
+    if name not in _CONVERTERS:
+        raise ConversionError(f"cannot convert {name}; supported classes: {', '.join(_CONVERTERS)}")
+    return _CONVERTERS[name](hf_model)
+
+
+from_hf = convert
+
+_HUB_KWARGS = ("revision", "cache_dir", "local_files_only", "token", "subfolder", "force_download", "proxies")
+
+
+def from_pretrained(name_or_path: str, **kw: Any) -> nn.Module:
+    """Load a GPT-2 / BERT / Llama / BART checkpoint with transformers (hub name or local path) and
+    convert it. `kw` goes to the model class's `from_pretrained` (e.g. revision, local_files_only)."""
+    try:
+        import transformers
+    except ImportError as err:  # the optional `hf` extra
+        raise ImportError("zoo.convert.from_pretrained needs transformers: pip install 'zoo[hf]'") from err
+    config = transformers.AutoConfig.from_pretrained(name_or_path, **{k: kw[k] for k in _HUB_KWARGS if k in kw})
+    cls_name = _CLASS_FOR_TYPE.get(config.model_type)
+    if cls_name is None:
+        raise ConversionError(f"cannot convert model_type={config.model_type!r}; supported: "
+                              f"{', '.join(_CLASS_FOR_TYPE)}")
+    hf_model = getattr(transformers, cls_name).from_pretrained(name_or_path, **kw)
+    return convert(hf_model.eval())
