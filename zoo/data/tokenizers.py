@@ -18,12 +18,12 @@ import hashlib
 import json
 import os
 import re
-import tempfile
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
 from zoo.data.corpus import DataError
+from zoo.io import atomic_write_text
 
 SPECIALS: list[str] = ["<pad>", "<bos>", "<eos>", "<mask>"] + [f"<extra_{i}>" for i in range(16)]
 N_SPECIAL = len(SPECIALS)
@@ -31,21 +31,6 @@ PAD_ID, BOS_ID, EOS_ID, MASK_ID = 0, 1, 2, 3
 SENTINEL_IDS: list[int] = list(range(4, N_SPECIAL))
 
 _FILE_FORMAT = "zoo-tokenizer/1"
-
-
-def _atomic_write_text(path: Path, data: str) -> None:
-    """Write via a temp file in the same directory + os.replace, so readers never see half a file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 class Tokenizer:
@@ -164,7 +149,7 @@ class Tokenizer:
     def save(self, path: str | os.PathLike[str], meta: dict[str, Any] | None = None) -> None:
         """Write ``state_dict()`` (plus optional ``meta``) as JSON, atomically."""
         payload = {"format": _FILE_FORMAT, "meta": meta or {}, "tokenizer": self.state_dict()}
-        _atomic_write_text(Path(path), json.dumps(payload, ensure_ascii=False))
+        atomic_write_text(Path(path), json.dumps(payload, ensure_ascii=False))
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> Tokenizer:

@@ -1,0 +1,185 @@
+"""Short training runs through the real config tree: every group option, every lineage, outputs."""
+
+import json
+import math
+
+import pytest
+
+from tests.training.conftest import compose_cfg
+from zoo.registry import ATTENTION, FFN, POSITION
+
+GROUP_OPTIONS = [("attention", n) for n in ["mha", "mqa", "gqa", "sliding_window"]] + \
+    [("position", n) for n in ["learned", "sinusoidal", "rope", "alibi", "none"]] + \
+    [("norm", n) for n in ["pre_ln", "post_ln", "pre_rms", "post_rms", "sandwich_ln", "sandwich_rms"]] + \
+    [("ffn", n) for n in ["relu", "gelu", "gelu_tanh", "swiglu", "geglu", "reglu"]] + \
+    [("model", n) for n in ["decoder_only", "encoder_only", "encoder_decoder"]]
+
+
+def test_config_groups_offer_every_registered_component():
+    from pathlib import Path
+
+    conf = Path(__file__).resolve().parents[2] / "conf"
+    options = lambda group: {p.stem for p in (conf / group).glob("*.yaml")}
+    assert set(ATTENTION.names()) <= options("attention")
+    assert set(POSITION.names()) <= options("position")
+    assert set(FFN.names()) <= options("ffn")
+    assert {"pre_ln", "post_ln", "pre_rms", "post_rms"} <= options("norm")
+    assert {"cpu", "gpu", "ddp", "fsdp"} <= options("trainer")
+    assert {"csv", "wandb", "tensorboard", "none"} <= options("logger")
+
+
+def test_default_run_leaves_a_complete_run_directory(train):
+    code, run_dir = train([])
+    assert code == 0
+    for name in ("config.yaml", "metrics.csv", "summary.json", "checkpoints/last.ckpt", "checkpoints/best.ckpt"):
+        assert (run_dir / name).is_file(), name
+    s = json.loads((run_dir / "summary.json").read_text())
+    assert s["status"] == "completed" and s["diverged"] is False and s["steps"] == 4
+    assert s["architecture"] == {"lineage": "decoder_only", "attention": "mha", "position": "learned",
+                                 "norm": "layernorm", "placement": "pre", "ffn": "gelu", "window": None}
+    assert s["tokens_seen"] == 4 * 4 * 16 and s["tokens_per_second"] > 0 and s["wall_time_s"] > 0
+    assert s["params"]["total"] > 0 and s["flops_per_token"]["train"] > 0
+    assert math.isfinite(s["final"]["val_loss"]) and s["final"]["val_bpc"] > 0
+    assert s["best"]["val_loss"]["value"] <= s["final"]["val_loss"]
+    resolved = (run_dir / "config.yaml").read_text()
+    assert "vocab_size: 102" in resolved and "max_seq_len: 16" in resolved  # filled from the data
+
+
+@pytest.mark.parametrize("group,option", GROUP_OPTIONS, ids=lambda x: str(x))
+def test_every_group_option_trains(train, group, option):
+    code, run_dir = train([f"{group}={option}", "logger=none", "trainer.max_steps=2"])
+    s = json.loads((run_dir / "summary.json").read_text())
+    assert code == 0 and s["status"] == "completed" and math.isfinite(s["final"]["val_loss"])
+    key = {"model": "lineage", "norm": "placement"}.get(group, group)
+    expect = {"sliding_window": "mha", "pre_ln": "pre", "post_ln": "post", "pre_rms": "pre", "post_rms": "post",
+              "sandwich_ln": "sandwich", "sandwich_rms": "sandwich"}.get(option, option)
+    assert s["architecture"][key] == expect
+
+
+def test_norm_option_sets_placement_and_type_and_short_overrides_work():
+    cfg = compose_cfg(["norm=post_rms"])
+    assert (cfg.model.norm.placement, cfg.model.norm.type) == ("post", "rmsnorm")
+    cfg = compose_cfg(["norm=pre_ln", "model.norm.type=rmsnorm"])
+    assert (cfg.model.norm.placement, cfg.model.norm.type) == ("pre", "rmsnorm")
+    import train as train_script  # the short form of the README: norm.type=rmsnorm
+
+    assert train_script._expand("norm.type=rmsnorm") == "model.norm.type=rmsnorm"
+    assert train_script._expand("norm=pre_ln") == "norm=pre_ln"
+
+
+@pytest.mark.parametrize("lineage", ["decoder_only", "encoder_only", "encoder_decoder"])
+@pytest.mark.parametrize("task", ["copy", "reverse"])
+def test_every_lineage_trains_on_tasks_and_reports_exact_match(train, lineage, task):
+    code, run_dir = train([f"model={lineage}", f"data={task}", "logger=none"])
+    s = json.loads((run_dir / "summary.json").read_text())
+    assert code == 0
+    assert 0 <= s["final"]["exact_match"] <= 1 and 0 <= s["final"]["exact_match_long"] <= 1
+
+
+@pytest.mark.parametrize("data", ["sort", "addition"])
+def test_other_tasks(train, data):
+    code, run_dir = train(["data=" + data, "logger=none", "model=encoder_decoder"])
+    assert code == 0 and "exact_match" in json.loads((run_dir / "summary.json").read_text())["final"]
+
+
+@pytest.mark.parametrize("experiment", ["gpt2_style", "llama_style", "bert_style", "t5_style", "transformer_base",
+                                        "nanogpt_cpu"])
+def test_experiment_presets(train, experiment):
+    code, run_dir = train([f"experiment={experiment}", "logger=none", "model.d_model=32", "model.n_layers=1",
+                           "trainer.max_steps=2", "data.context=16", "data.eval_batches=1"], tiny=False)
+    assert code == 0
+    s = json.loads((run_dir / "summary.json").read_text())
+    expected = {"gpt2_style": ("decoder_only", "learned", "layernorm", "gelu"),
+                "llama_style": ("decoder_only", "rope", "rmsnorm", "swiglu"),
+                "bert_style": ("encoder_only", "learned", "layernorm", "gelu"),
+                "t5_style": ("encoder_decoder", "alibi", "rmsnorm", "relu"),
+                "transformer_base": ("encoder_decoder", "sinusoidal", "layernorm", "relu"),
+                "nanogpt_cpu": ("decoder_only", "learned", "layernorm", "gelu")}[experiment]
+    a = s["architecture"]
+    assert (a["lineage"], a["position"], a["norm"], a["ffn"]) == expected
+
+
+def test_nanogpt_preset_is_the_recipe():
+    cfg = compose_cfg(["experiment=nanogpt_cpu"])
+    assert (cfg.model.n_layers, cfg.model.n_heads, cfg.model.d_model, cfg.model.dropout) == (4, 4, 128, 0.0)
+    assert (cfg.data.context, cfg.data.batch_size, cfg.trainer.max_steps) == (64, 12, 2000)
+    assert (cfg.optim.lr, cfg.optim.min_lr, cfg.optim.warmup_steps, cfg.optim.betas[1]) == (1e-3, 1e-4, 100, 0.99)
+
+
+@pytest.mark.parametrize("tokenizer", ["char", "byte", "bpe"])
+def test_text_file_with_each_tokenizer(train, tmp_path, tokenizer, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path))
+    from zoo.data import load_default_corpus
+
+    path = tmp_path / "my.txt"
+    path.write_text(load_default_corpus()[:60_000])
+    code, run_dir = train(["data=text_file", f"data.path={path}", f"data.tokenizer={tokenizer}",
+                           "data.vocab_size=300", "logger=none"])
+    s = json.loads((run_dir / "summary.json").read_text())
+    assert code == 0 and s["data"]["tokenizer"] == tokenizer
+    if tokenizer == "bpe":
+        assert (tmp_path / "my.txt.bpe.json").is_file()  # cached next to the data
+
+
+def test_hf_dataset_from_local_files(train, tmp_path):
+    pytest.importorskip("datasets")
+    from zoo.data import load_default_corpus
+
+    path = tmp_path / "lines.txt"
+    path.write_text(load_default_corpus()[:40_000])
+    code, run_dir = train(["data=hf", "data.dataset=text", f"+data.load_kwargs.data_files={path}", "logger=none"])
+    assert code == 0 and json.loads((run_dir / "summary.json").read_text())["data"]["kind"] == "hf"
+
+
+def test_resume_from_last_checkpoint(train):
+    code, run_dir = train(["trainer.max_steps=4"], name="resumable")
+    assert code == 0
+    code, run_dir = train(["trainer.max_steps=8", "ckpt_path=last"], name="resumable")
+    s = json.loads((run_dir / "summary.json").read_text())
+    assert code == 0 and s["steps"] == 8
+    import csv
+
+    with (run_dir / "metrics.csv").open() as f:
+        val_steps = [int(r["step"]) for r in csv.DictReader(f) if r["val_loss"]]
+    assert val_steps == [1, 3, 5, 7]  # the first run's rows are kept, then the resumed run's
+
+
+def test_bf16_mixed_precision(train):
+    code, run_dir = train(["trainer.precision=bf16-mixed", "logger=none"])
+    assert code == 0 and math.isfinite(json.loads((run_dir / "summary.json").read_text())["final"]["val_loss"])
+
+
+def test_tensorboard_logger(train):
+    code, run_dir = train(["logger=tensorboard"])
+    assert code == 0 and list((run_dir / "tb").rglob("events.out.tfevents.*"))
+    assert (run_dir / "metrics.csv").is_file()  # the CSV is always beside it
+
+
+def test_wandb_logger_offline_logs_the_resolved_config(train, monkeypatch, tmp_path):
+    pytest.importorskip("wandb")
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    code, run_dir = train(["logger=wandb"])
+    assert code == 0
+    records = list(run_dir.rglob("offline-run-*/run-*.wandb"))  # what `wandb sync` would upload
+    assert len(records) == 1
+    data = records[0].read_bytes()
+    assert b"model.d_model" in data and b"optim.lr" in data  # flat keys of the resolved config
+
+
+def test_logger_none_writes_no_metrics_but_a_summary(train):
+    code, run_dir = train(["logger=none"])
+    assert code == 0 and not (run_dir / "metrics.csv").exists() and (run_dir / "summary.json").is_file()
+
+
+def test_sample_entry_point(train, capsys):
+    from zoo.sample import main
+
+    code, run_dir = train(["logger=none"])
+    capsys.readouterr()
+    assert main([str(run_dir / "checkpoints" / "best.ckpt"), "--prompt", "ROMEO:", "--max-new-tokens", "8"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("ROMEO:") and len(out.splitlines()[0]) >= len("ROMEO:")
+    assert main([str(run_dir / "checkpoints" / "best.ckpt"), "--prompt", "ROMEO ☃"]) == 2
+    assert "never saw: '☃'" in capsys.readouterr().err
+    assert main([str(run_dir / "checkpoints" / "best.ckpt"), "--prompt", "ROMEO ☃", "--unknown", "skip",
+                 "--max-new-tokens", "4"]) == 0

@@ -1,0 +1,37 @@
+"""Train any zoo model from configs.
+
+    python train.py                                        # small GPT on the embedded Shakespeare
+    python train.py model=decoder_only norm=pre_ln         # pick components by name
+    python train.py -m ffn=relu,gelu,swiglu seed=0,1,2     # a Hydra multirun sweep
+    python train.py experiment=nanogpt_cpu                 # a named preset
+
+Component options can be written short: `norm.type=rmsnorm` means `model.norm.type=rmsnorm`.
+"""
+
+import sys
+
+import hydra
+from omegaconf import DictConfig
+
+from zoo.training import main as train
+
+COMPONENTS = ("attention.", "position.", "norm.", "ffn.")
+
+
+def _expand(arg: str) -> str:
+    """norm.type=rmsnorm -> model.norm.type=rmsnorm (a component's options live under model)."""
+    return f"model.{arg}" if arg.startswith(COMPONENTS) and "=" in arg else arg
+
+
+@hydra.main(config_path="conf", config_name="config", version_base="1.3")
+def main(cfg: DictConfig) -> None:
+    code = train(cfg)
+    from hydra.core.hydra_config import HydraConfig
+
+    if code and HydraConfig.get().mode.name == "RUN":  # in a sweep, one failed run must not stop the others
+        sys.exit(code)
+
+
+if __name__ == "__main__":
+    sys.argv = [sys.argv[0]] + [_expand(a) for a in sys.argv[1:]]
+    main()

@@ -1,0 +1,53 @@
+"""Generate text from a trained checkpoint.
+
+    python -m zoo.sample outputs/<date>/<time>/checkpoints/best.ckpt --prompt "ROMEO:" --max-new-tokens 300
+
+Characters the tokenizer never saw are an error by default (one line naming them); with
+`--unknown skip` they are dropped from the prompt instead.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import torch
+
+from zoo.build import ConfigError
+from zoo.generate import generate
+from zoo.training.checkpoint import CheckpointError, load_checkpoint
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m zoo.sample", description=__doc__.split("\n")[0])
+    p.add_argument("checkpoint")
+    p.add_argument("--prompt", default="\n")
+    p.add_argument("--max-new-tokens", type=int, default=200)
+    p.add_argument("--temperature", type=float, default=0.8, help="0 = greedy")
+    p.add_argument("--top-k", type=int, default=None)
+    p.add_argument("--top-p", type=float, default=None)
+    p.add_argument("--num-samples", type=int, default=1)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--unknown", choices=["error", "skip"], default="error",
+                   help="what to do with prompt characters the tokenizer never saw")
+    args = p.parse_args(argv)
+    try:
+        model, tok, cfg = load_checkpoint(args.checkpoint)
+        ids = tok.encode(args.prompt, errors="strict" if args.unknown == "error" else "replace")
+        prompt = torch.tensor([ids or [tok.bos_id]] * args.num_samples)
+        out = generate(model, prompt, args.max_new_tokens, args.temperature, args.top_k, args.top_p,
+                       generator=torch.Generator().manual_seed(args.seed))
+    except (CheckpointError, ConfigError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except ValueError as e:  # e.g. prompt characters the tokenizer never saw
+        print(f"error: {e} (or pass --unknown skip)", file=sys.stderr)
+        return 2
+    for row in out.tolist():
+        print(tok.decode(row, skip_special=True))
+        print("-" * 40)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

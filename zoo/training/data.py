@@ -1,0 +1,186 @@
+"""Lightning DataModules: text corpora (embedded, a file, a Hugging Face dataset) and seq2seq tasks.
+
+Training batches come from a `StepDataset`: batch i is drawn from a generator seeded by the run's
+seed and i, so the data order is a function of the step alone. A resumed run continues exactly
+where the interrupted one stopped, and every variant in a sweep sees the same batches.
+"""
+
+from __future__ import annotations
+
+import math
+import zlib
+from collections.abc import Callable
+from pathlib import Path
+
+import lightning as L
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+from zoo.data.corpus import DataError, load_default_corpus, read_text_file, split_text
+from zoo.data.tasks import TASK_ALPHABET, get_task, task_splits
+from zoo.data.tokenizers import Tokenizer, build_tokenizer, cached_bpe
+from zoo.registry import Registry
+from zoo.training.objectives import Objective
+
+DATA = Registry("data")  # keyed by cfg.data.kind
+
+
+def generator(seed: int, stream: str, i: int) -> torch.Generator:
+    return torch.Generator().manual_seed(zlib.crc32(f"{seed}/{stream}/{i}".encode()))
+
+
+class StepDataset(Dataset):
+    """Item i is a whole batch, made by `make(generator seeded by (seed, start + i))`."""
+
+    def __init__(self, make: Callable[[torch.Generator], dict], seed: int, start: int, length: int):
+        self.make, self.seed, self.start, self.length = make, seed, start, length
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __getitem__(self, i: int) -> dict:
+        return self.make(generator(self.seed, "train", self.start + i))
+
+
+class ZooData(L.LightningDataModule):
+    """Shared by every data kind: `objective` turns raw examples into a lineage's batches."""
+
+    tokenizer: Tokenizer
+    is_task = False
+
+    def __init__(self, cfg: dict, seed: int, steps: int):
+        super().__init__()
+        self.cfg, self.seed, self.steps = cfg, seed, steps
+        self.batch_size = cfg["batch_size"]
+        self.objective: Objective | None = None  # set by the training run once the model is known
+
+    def required_len(self) -> int:
+        """The longest sequence the model will see (sizes learned positions)."""
+        raise NotImplementedError
+
+    def train_batch(self, g: torch.Generator) -> dict:
+        raise NotImplementedError
+
+    def train_dataloader(self) -> DataLoader:
+        # Start at the batch the (possibly resumed) trainer is at: data order depends on the step only.
+        start = self.trainer.global_step * self.trainer.accumulate_grad_batches if self.trainer else 0
+        return DataLoader(StepDataset(self.train_batch, self.seed, start, max(self.steps - start, 1)),
+                          batch_size=None, shuffle=False)
+
+    def val_dataloader(self) -> DataLoader:
+        return DataLoader(self.val_batches, batch_size=None, shuffle=False)
+
+
+@DATA.register("text")
+class TextData(ZooData):
+    """A text split 90/10 into train and validation; random windows of `context + 1` tokens."""
+
+    def __init__(self, cfg: dict, seed: int, steps: int):
+        super().__init__(cfg, seed, steps)
+        self.context = cfg["context"]
+        text = self.read_text()
+        train, val = split_text(text, cfg.get("val_fraction", 0.1))
+        name = cfg.get("tokenizer", "char")
+        if name == "bpe":
+            self.tokenizer = cached_bpe(train, self._bpe_cache_path(), cfg.get("vocab_size", 1024))
+        else:  # char fits the whole text (as nanoGPT does), so validation has no unseen characters
+            self.tokenizer = build_tokenizer(name).fit(text)
+        self.train_tokens = torch.tensor(self.tokenizer.encode(train), dtype=torch.long)
+        self.val_tokens = torch.tensor(self.tokenizer.encode(val, errors="replace"), dtype=torch.long)
+        self.tokens_per_char = len(self.val_tokens) / len(val)
+        for split, tokens in (("train", self.train_tokens), ("validation", self.val_tokens)):
+            if len(tokens) <= self.context + 1:
+                raise DataError(f"data: the {split} split has {len(tokens)} tokens, too short for one window of "
+                                f"data.context={self.context} + 1; use more text or a smaller data.context")
+        g = generator(seed, "val", 0)
+        self.val_windows = [self._windows(self.val_tokens, g) for _ in range(cfg.get("eval_batches", 20))]
+
+    def read_text(self) -> str:
+        path = self.cfg.get("path")
+        return load_default_corpus() if path is None else read_text_file(path)
+
+    def _bpe_cache_path(self) -> Path:
+        path = self.cfg.get("path")
+        if path is None:
+            return Path.home() / ".cache" / "zoo" / "shakespeare.bpe.json"
+        return Path(path).with_suffix(Path(path).suffix + ".bpe.json")  # cached next to the data
+
+    def required_len(self) -> int:
+        return self.context
+
+    def _windows(self, tokens: torch.Tensor, g: torch.Generator) -> torch.Tensor:
+        starts = torch.randint(0, len(tokens) - self.context - 1, (self.batch_size,), generator=g)
+        return torch.stack([tokens[s:s + self.context + 1] for s in starts.tolist()])
+
+    def train_batch(self, g):
+        return self.objective.text_batch(self._windows(self.train_tokens, g), g)
+
+    @property
+    def val_batches(self) -> list[dict]:
+        g = generator(self.seed, "val-objective", 0)
+        return [self.objective.text_batch(w, g) for w in self.val_windows]
+
+
+@DATA.register("hf")
+class HFTextData(TextData):
+    """A Hugging Face dataset by name (or a local data files builder such as 'text'), joined into one text."""
+
+    def read_text(self) -> str:
+        try:
+            import datasets
+        except ImportError:
+            raise DataError("data=hf needs the 'datasets' package: pip install -e '.[hf]'") from None
+        kw = {k: v for k, v in (self.cfg.get("load_kwargs") or {}).items()}
+        ds = datasets.load_dataset(self.cfg["dataset"], split=self.cfg.get("split", "train"), **kw)
+        column = self.cfg.get("text_column", "text")
+        if column not in ds.column_names:
+            raise DataError(f"data.text_column: '{column}' not in the dataset; valid: {', '.join(ds.column_names)}")
+        text = "\n".join(ds[column])
+        if not text.strip():
+            raise DataError(f"data.dataset: '{self.cfg['dataset']}' has no text in column '{column}'")
+        return text
+
+    def _bpe_cache_path(self) -> Path:
+        return Path.home() / ".cache" / "zoo" / f"{self.cfg['dataset'].replace('/', '_')}.bpe.json"
+
+
+@DATA.register("task")
+class TaskData(ZooData):
+    """A synthetic seq2seq task; validation is in-distribution, test has longer inputs."""
+
+    is_task = True
+
+    def __init__(self, cfg: dict, seed: int, steps: int):
+        super().__init__(cfg, seed, steps)
+        self.task = get_task(cfg["task"])
+        self.tokenizer = build_tokenizer("char").fit(TASK_ALPHABET)
+        splits = task_splits(cfg["task"], cfg["n_train"], cfg["n_val"], cfg["n_test"],
+                             tuple(cfg["train_len"]), tuple(cfg["test_len"]), seed=cfg.get("seed", 0))
+        encode = self.tokenizer.encode
+        self.splits = {k: [(encode(s), encode(t)) for s, t in v] for k, v in splits.items()}
+        self.tokens_per_char = 1.0
+
+    def required_len(self) -> int:
+        longest = self.cfg["test_len"][1]  # source, separator, target and end token
+        return self.task.source_len(longest) + self.task.target_len(longest) + 2
+
+    def train_batch(self, g):
+        pairs = self.splits["train"]
+        idx = torch.randint(0, len(pairs), (self.batch_size,), generator=g).tolist()
+        return self.objective.task_batch([pairs[i] for i in idx])
+
+    @property
+    def val_batches(self) -> list[dict]:
+        pairs = self.splits["val"]
+        return [self.objective.task_batch(pairs[i:i + self.batch_size]) for i in range(0, len(pairs), self.batch_size)]
+
+
+def build_data(cfg: dict, seed: int, steps: int) -> ZooData:
+    kind = cfg.get("kind")
+    if kind not in DATA:
+        raise DataError(f"data.kind: unknown '{kind}'; valid: {', '.join(DATA.names())}")
+    return DATA.get(kind)(cfg, seed, steps)
+
+
+def bits_per_char(loss: float, tokens_per_char: float) -> float:
+    return loss * tokens_per_char / math.log(2)

@@ -1,0 +1,81 @@
+"""The LightningModule every lineage trains with: objective, AdamW, warm-up + cosine schedule."""
+
+from __future__ import annotations
+
+import math
+
+import lightning as L
+import torch
+from torch import nn
+
+from zoo.build import build_model
+from zoo.training.objectives import OBJECTIVE
+
+
+class ZooModule(L.LightningModule):
+    def __init__(self, cfg: dict):
+        """cfg: the whole resolved run config as plain data (model.vocab_size filled in)."""
+        super().__init__()
+        self.save_hyperparameters({"cfg": cfg})  # plain data: checkpoints load with weights_only=True
+        self.cfg = cfg
+        self.model = build_model(cfg["model"], seed=cfg["seed"])
+        self.objective = OBJECTIVE.get(cfg["model"]["name"])(cfg["model"]["vocab_size"])
+        self.step_fn = self.objective.loss
+        self.tokenizer_state: dict = {}  # set by the run before fit
+
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        # The tokenizer travels with the weights, as plain data, so a checkpoint can sample on its own.
+        checkpoint["tokenizer"] = self.tokenizer_state
+
+    def setup(self, stage: str) -> None:
+        if self.cfg.get("compile") and not hasattr(self, "_compiled"):
+            self._compiled = torch.compile(self.model)
+            self.step_fn = lambda model, batch: self.objective.loss(self._compiled, batch)
+
+    def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
+        loss, logs = self.step_fn(self.model, batch)
+        self.log("train_loss", loss, prog_bar=True)
+        for k, v in logs.items():
+            self.log(f"train_{k}", v)
+        return loss
+
+    def validation_step(self, batch: dict, batch_idx: int) -> None:
+        loss, logs = self.objective.loss(self.model, batch)
+        self.log("val_loss", loss, prog_bar=True)
+        for k, v in logs.items():
+            self.log(f"val_{k}", v)
+
+    def on_validation_epoch_end(self) -> None:
+        data = self.trainer.datamodule
+        if data is not None and data.is_task:
+            n = self.cfg["data"].get("eval_examples", 256)
+            for split, key in (("val", "exact_match"), ("test", "exact_match_long")):
+                self.log(key, self.objective.exact_match(self.model, data.splits[split][:n]), prog_bar=True)
+
+    def configure_optimizers(self):
+        opt = self.cfg["optim"]
+        # Decoupled weight decay on matrices only: norms, biases and embeddings are not decayed.
+        embeddings = {id(m.weight) for m in self.model.modules() if isinstance(m, nn.Embedding)}
+        decay, no_decay = [], []
+        for name, p in self.model.named_parameters():
+            is_matrix = p.dim() >= 2 and id(p) not in embeddings and not name.endswith("position.weight")
+            (decay if is_matrix else no_decay).append(p)
+        optimizer = torch.optim.AdamW(
+            [{"params": decay, "weight_decay": opt["weight_decay"]}, {"params": no_decay, "weight_decay": 0.0}],
+            lr=opt["lr"], betas=tuple(opt["betas"]), eps=opt.get("eps", 1e-8),
+        )
+        schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(
+            opt["warmup_steps"], self.cfg["trainer"]["max_steps"], opt["min_lr"] / opt["lr"]))
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}
+
+
+def lr_lambda(warmup: int, total: int, min_ratio: float):
+    """Linear warm-up to the peak, then cosine decay to min_ratio * peak at `total` steps."""
+
+    def factor(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / (warmup + 1)
+        progress = min(1.0, (step - warmup) / max(1, total - warmup))
+        return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
+    return factor

@@ -1,0 +1,272 @@
+"""One training run: config -> data -> model -> Lightning fit -> evaluation, sample, summary.json.
+
+Every run directory ends up holding config.yaml (resolved), metrics.csv, checkpoints/{last,best}.ckpt
+and summary.json, whatever happened: a diverged or failed run still writes its summary.
+"""
+
+from __future__ import annotations
+
+import csv
+import logging
+import sys
+import time
+import traceback
+import warnings
+from pathlib import Path
+
+import lightning as L
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from zoo.build import ConfigError, count_params, flops_per_token, resolve_config
+from zoo.data.corpus import DataError
+from zoo.io import atomic_write, atomic_write_json, atomic_write_text
+from zoo.training.callbacks import BestMetrics, DivergenceGuard, Throughput
+from zoo.training.checkpoint import read_checkpoint
+from zoo.training.data import bits_per_char, build_data
+from zoo.training.module import ZooModule
+from zoo.training.safety import instantiate_allowed
+
+log = logging.getLogger("zoo")
+
+
+class _QuietLightning(logging.Filter):
+    """Drop Lightning's start-up chatter (accelerator lines, tips); keep what matters (resuming, stopping)."""
+
+    NOISE = ("GPU available", "TPU available", "Tip:", "HPU available", "LOCAL_RANK")
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not any(n in record.getMessage() for n in self.NOISE)
+
+
+logging.getLogger("lightning.pytorch.utilities.rank_zero").addFilter(_QuietLightning())
+warnings.filterwarnings("ignore", message=".*exists and is not empty.*")  # the run dir holds .hydra/ by design
+warnings.filterwarnings("ignore", message=".*LeafSpec.*is deprecated.*")
+warnings.filterwarnings("ignore", message=".*does not have many workers.*")  # batches are built in-process
+
+EXIT_OK, EXIT_CONFIG, EXIT_DIVERGED, EXIT_INTERRUPTED = 0, 2, 3, 130
+
+
+def run(cfg: DictConfig, run_dir: str | Path | None = None) -> int:
+    """Train as `cfg` says, in `run_dir` (default: Hydra's output directory). Returns an exit code."""
+    start = time.perf_counter()
+    run_dir = Path(run_dir or _hydra_output_dir())
+    run_dir.mkdir(parents=True, exist_ok=True)
+    plain = OmegaConf.to_container(cfg, resolve=True)
+    data = _prepare(plain)  # raises ConfigError / DataError before any training
+    atomic_write_text(run_dir / "config.yaml", OmegaConf.to_yaml(OmegaConf.create(plain)))
+
+    L.seed_everything(plain["seed"], workers=True, verbose=False)
+    module = ZooModule(plain)
+    module.tokenizer_state = data.tokenizer.state_dict()
+    data.objective = module.objective
+    throughput, guard, best = Throughput(start), DivergenceGuard(), BestMetrics()
+    checkpoints = L.pytorch.callbacks.ModelCheckpoint(
+        dirpath=run_dir / "checkpoints", filename="best", monitor="val_loss", mode="min", save_last=True,
+        save_top_k=1, auto_insert_metric_name=False, enable_version_counter=False)
+    ckpt = _checkpoint_path(plain.get("ckpt_path"), run_dir)
+    earlier_metrics = _metrics_before(run_dir / "metrics.csv", ckpt)  # the CSV logger starts a new file
+    loggers = [instantiate_allowed(v, save_dir=str(run_dir), **_wandb_naming(v))
+               for v in (plain.get("logger") or {}).values()]
+    trainer_cfg = dict(plain["trainer"])
+    trainer = L.Trainer(
+        **trainer_cfg, logger=loggers or False,
+        callbacks=[throughput, guard, best, checkpoints, L.pytorch.callbacks.TQDMProgressBar(refresh_rate=10)],
+        num_sanity_val_steps=0, enable_model_summary=False, default_root_dir=run_dir,
+        check_val_every_n_epoch=None,
+    )
+    for lg in loggers:
+        lg.log_hyperparams(_flat(plain))
+    status = "completed"
+    try:
+        trainer.fit(module, datamodule=data, ckpt_path=ckpt)
+        if trainer.interrupted:
+            status = "interrupted"
+    except KeyboardInterrupt:
+        status = "interrupted"
+    if guard.step is not None:
+        status = "diverged"
+    elif status == "completed" and (not best.final or best.final["step"] != trainer.global_step):
+        trainer.validate(module, datamodule=data, verbose=False)  # the final evaluation
+
+    for lg in loggers:  # close wandb runs so an offline run's files (config, history) are complete
+        if type(lg).__name__ == "WandbLogger":
+            lg.experiment.finish()
+    if earlier_metrics and (run_dir / "metrics.csv").is_file():
+        _prepend_rows(run_dir / "metrics.csv", earlier_metrics)
+    summary = _summary(plain, data, trainer, throughput, best, status, guard.step, start)
+    if trainer.is_global_zero:
+        atomic_write_json(run_dir / "summary.json", summary)
+        _print_result(summary, run_dir)
+        if status == "completed":
+            _print_sample(module, data, plain)
+    return {"completed": EXIT_OK, "diverged": EXIT_DIVERGED}.get(status, EXIT_INTERRUPTED)
+
+
+def _hydra_output_dir() -> str:
+    from hydra.core.hydra_config import HydraConfig
+
+    return HydraConfig.get().runtime.output_dir
+
+
+def _prepare(plain: dict):
+    """Validate the architecture, load data, then size the model from it (vocab, context)."""
+    model_cfg = plain["model"]
+    resolve_config({**model_cfg, "vocab_size": model_cfg.get("vocab_size") or 1,
+                    "max_seq_len": model_cfg.get("max_seq_len") or 1})  # names and shapes, before any data
+    trainer = plain["trainer"]
+    if not isinstance(trainer.get("max_steps"), int) or trainer["max_steps"] <= 0:
+        raise ConfigError(f"trainer.max_steps: must be a positive integer, got {trainer.get('max_steps')!r}")
+    data = build_data(plain["data"], plain["seed"], trainer["max_steps"] * trainer.get("accumulate_grad_batches", 1))
+    if data.is_task and model_cfg["name"] == "encoder_only" and data.task.name == "addition":
+        raise ConfigError("data.task: encoder_only fills the target positions in one pass and needs the target "
+                          "length, which addition does not fix; use data=copy, reverse or sort, or "
+                          "model=decoder_only / encoder_decoder")
+    need = data.required_len()
+    if model_cfg.get("max_seq_len") is None:
+        model_cfg["max_seq_len"] = need
+    elif model_cfg["max_seq_len"] < need and model_cfg["position"]["name"] == "learned":
+        raise ConfigError(f"model.max_seq_len: {model_cfg['max_seq_len']} learned positions cannot cover sequences "
+                          f"of {need} tokens (data.context or the task's longest test example); raise it or "
+                          "leave it null")
+    model_cfg["vocab_size"] = data.tokenizer.vocab_size
+    plain["model"] = resolve_config(model_cfg)
+    return data
+
+
+def _checkpoint_path(ckpt: str | None, run_dir: Path) -> str | None:
+    if ckpt is None:
+        return None
+    path = run_dir / "checkpoints" / "last.ckpt" if ckpt == "last" else Path(ckpt)
+    if not path.is_file():
+        hint = " (ckpt_path=last looks in <run dir>/checkpoints; pass hydra.run.dir=<the run's dir>)" \
+            if ckpt == "last" else ""
+        raise ConfigError(f"ckpt_path: no checkpoint at '{path}'{hint}")
+    return str(path)
+
+
+def _wandb_naming(logger_cfg: dict) -> dict:
+    """Runs of one sweep share a wandb group (the sweep directory); a run is named by its overrides."""
+    if not str(logger_cfg.get("_target_", "")).endswith("WandbLogger"):
+        return {}
+    try:
+        from hydra.core.hydra_config import HydraConfig
+
+        hc = HydraConfig.get()
+        multirun = hc.mode.name == "MULTIRUN"
+        return {"group": logger_cfg.get("group") or (str(hc.sweep.dir) if multirun else "single-runs"),
+                "name": logger_cfg.get("name") or hc.job.override_dirname or "defaults"}
+    except ValueError:  # not under Hydra
+        return {}
+
+
+def _metrics_before(path: Path, ckpt: str | None) -> list[dict]:
+    """On resume, the metrics rows logged before the checkpoint's step (later ones are redone)."""
+    if ckpt is None or not path.is_file():
+        return []
+    step = read_checkpoint(ckpt).get("global_step", 0)
+    with path.open(newline="") as f:
+        return [row for row in csv.DictReader(f) if row.get("step") and int(row["step"]) < step]
+
+
+def _prepend_rows(path: Path, rows: list[dict]) -> None:
+    with path.open(newline="") as f:
+        new = list(csv.DictReader(f))
+    fields = list(dict.fromkeys([k for row in rows + new for k in row]))
+
+    def write(f):
+        w = csv.DictWriter(f, fieldnames=fields)
+        w.writeheader()
+        w.writerows(rows + new)
+
+    atomic_write(path, write)
+
+
+def _flat(d: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out.update(_flat(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def _summary(plain, data, trainer, throughput, best, status, diverged_step, start) -> dict:
+    m = plain["model"]
+    final = {k: v for k, v in best.final.items() if k != "step"}
+    if "val_loss" in final and not data.is_task and m["name"] == "decoder_only":  # per-token LM loss only
+        final["val_ppl"] = float(torch.tensor(final["val_loss"]).exp())
+        final["val_bpc"] = bits_per_char(final["val_loss"], data.tokens_per_char)
+    return {
+        "status": status,
+        "diverged": status == "diverged",
+        "diverged_step": diverged_step,
+        "architecture": {"lineage": m["name"], "attention": m["attention"]["name"],
+                         "position": m["position"]["name"], "norm": m["norm"]["type"],
+                         "placement": m["norm"]["placement"], "ffn": m["ffn"]["name"],
+                         "window": m["attention"].get("window")},
+        "model": m,
+        "data": {k: v for k, v in plain["data"].items()},
+        "seed": plain["seed"],
+        "params": count_params(m),
+        "flops_per_token": flops_per_token(m, data.required_len()),
+        "steps": trainer.global_step,
+        "tokens_seen": throughput.tokens,
+        "wall_time_s": time.perf_counter() - start,
+        "train_time_s": throughput.train_time,
+        "time_to_first_step_s": throughput.first_step_at,
+        "tokens_per_second": throughput.tokens / max(throughput.train_time, 1e-9),
+        "final": final,
+        "best": best.best,
+        "history": best.history,
+        "overrides": _overrides(),
+        "torch": torch.__version__,
+    }
+
+
+def _overrides() -> list[str]:
+    try:
+        from hydra.core.hydra_config import HydraConfig
+
+        return list(HydraConfig.get().overrides.task)
+    except Exception:  # not running under Hydra
+        return []
+
+
+def _print_result(summary: dict, run_dir: Path) -> None:
+    final = ", ".join(f"{k} {v:.4f}" for k, v in summary["final"].items())
+    print(f"\n{summary['status']}: {summary['steps']} steps in {summary['wall_time_s']:.1f}s "
+          f"({summary['tokens_per_second']:.0f} tok/s); {final}\nrun directory: {run_dir}", flush=True)
+
+
+@torch.no_grad()
+def _print_sample(module: ZooModule, data, plain: dict) -> None:
+    from zoo.generate import generate
+
+    model, tok, s = module.model.eval(), data.tokenizer, plain["sample"]
+    if data.is_task:
+        pairs = data.splits["val"][:3]
+        for src, tgt in pairs:
+            pred = module.objective.predict(model, torch.tensor([src]), len(tgt))[0]
+            print(f"{tok.decode(src)} -> {tok.decode(pred)} (expected {tok.decode(tgt)})")
+        return
+    if plain["model"]["name"] != "decoder_only":
+        return  # masked LM and denoising models do not continue text
+    prompt = torch.tensor([tok.encode(s["prompt"], errors="replace") or [tok.bos_id]])
+    room = (model.decoder.position.max_len or 10**9) - prompt.shape[1]
+    out = generate(model, prompt, min(s["max_new_tokens"], room), s["temperature"], s["top_k"])
+    print("--- sample ---\n" + tok.decode(out[0].tolist()) + "\n--------------", flush=True)
+
+
+def main(cfg: DictConfig) -> int:
+    """The body of train.py: run, and turn bad input into one line and exit code 2."""
+    try:
+        return run(cfg)
+    except (ConfigError, DataError, KeyError) as e:
+        msg = str(e.args[0]) if isinstance(e, KeyError) and e.args else str(e)
+        print(f"error: {msg}", file=sys.stderr, flush=True)
+        return EXIT_CONFIG
+    except Exception:
+        traceback.print_exc()
+        return 1
