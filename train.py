@@ -9,18 +9,15 @@ Component options can be written short: `norm.type=rmsnorm` means `model.norm.ty
 """
 
 import sys
+from pathlib import Path
 
 import hydra
 from omegaconf import DictConfig
 
 from zoo.training import main as train
+from zoo.training.cli import check_group_choices, expand
 
-COMPONENTS = ("attention.", "position.", "norm.", "ffn.")
-
-
-def _expand(arg: str) -> str:
-    """norm.type=rmsnorm -> model.norm.type=rmsnorm (a component's options live under model)."""
-    return f"model.{arg}" if arg.startswith(COMPONENTS) and "=" in arg else arg
+CONF = Path(__file__).resolve().parent / "conf"
 
 
 @hydra.main(config_path="conf", config_name="config", version_base="1.3")
@@ -33,5 +30,8 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
-    sys.argv = [sys.argv[0]] + [_expand(a) for a in sys.argv[1:]]
+    sys.argv = [sys.argv[0]] + [expand(a) for a in sys.argv[1:]]
+    if error := check_group_choices(sys.argv[1:], CONF):
+        print(f"error: {error}", file=sys.stderr)
+        sys.exit(2)
     main()

@@ -61,10 +61,10 @@ def test_norm_option_sets_placement_and_type_and_short_overrides_work():
     assert (cfg.model.norm.placement, cfg.model.norm.type) == ("post", "rmsnorm")
     cfg = compose_cfg(["norm=pre_ln", "model.norm.type=rmsnorm"])
     assert (cfg.model.norm.placement, cfg.model.norm.type) == ("pre", "rmsnorm")
-    import train as train_script  # the short form of the README: norm.type=rmsnorm
+    from zoo.training.cli import expand  # the short form of the README: norm.type=rmsnorm
 
-    assert train_script._expand("norm.type=rmsnorm") == "model.norm.type=rmsnorm"
-    assert train_script._expand("norm=pre_ln") == "norm=pre_ln"
+    assert expand("norm.type=rmsnorm") == "model.norm.type=rmsnorm"
+    assert expand("norm=pre_ln") == "norm=pre_ln"
 
 
 @pytest.mark.parametrize("lineage", ["decoder_only", "encoder_only", "encoder_decoder"])
@@ -183,3 +183,19 @@ def test_sample_entry_point(train, capsys):
     assert "never saw: '☃'" in capsys.readouterr().err
     assert main([str(run_dir / "checkpoints" / "best.ckpt"), "--prompt", "ROMEO ☃", "--unknown", "skip",
                  "--max-new-tokens", "4"]) == 0
+
+
+def test_ddp_two_processes_on_cpu(tmp_path):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    cmd = [sys.executable, "train.py", "trainer=ddp", "model.d_model=32", "model.n_layers=1", "model.n_heads=2",
+           "trainer.max_steps=4", "trainer.val_check_interval=2", "data.eval_batches=2", "data.batch_size=4",
+           "data.context=16", "logger=none", f"hydra.run.dir={tmp_path}"]
+    proc = subprocess.run(cmd, cwd=root, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    s = json.loads((tmp_path / "summary.json").read_text())
+    assert s["status"] == "completed" and s["steps"] == 4
+    assert s["tokens_seen"] == 2 * 4 * 4 * 16  # two processes, each with its own batches

@@ -162,3 +162,8 @@ def max_source_len(name: str, max_len: int) -> int:
 def max_target_len(name: str, max_len: int) -> int:
     """Longest target string for lengths up to ``max_len`` (addition: max_len + 1 for the carry)."""
     return get_task(name).target_len(max_len)
+
+
+def sequence_len(name: str, max_len: int) -> int:
+    """Longest model input for lengths up to ``max_len``: source, separator, target and end token."""
+    return max_source_len(name, max_len) + max_target_len(name, max_len) + 2

@@ -1,5 +1,15 @@
-"""Training with Lightning, driven by Hydra configs: `run(cfg)` is the whole of train.py."""
+"""Training with Lightning, driven by Hydra configs: `run(cfg)` is the whole of train.py.
 
-from zoo.training.run import main, run
+`run` and `main` are imported on first use, so `zoo.training.cli` and `zoo.training.checkpoint` load
+without Lightning's start-up cost.
+"""
+
+import importlib
 
 __all__ = ["main", "run"]
+
+
+def __getattr__(name: str):
+    if name in __all__:
+        return getattr(importlib.import_module("zoo.training.runner"), name)
+    raise AttributeError(f"module 'zoo.training' has no attribute '{name}'")

@@ -1,8 +1,10 @@
-"""Callbacks: throughput on the progress bar, a divergence guard, and best-metric tracking."""
+"""Callbacks: throughput on the progress bar, a divergence guard, best-metric tracking, graceful stop."""
 
 from __future__ import annotations
 
 import math
+import signal
+import threading
 import time
 
 import lightning as L
@@ -19,6 +21,12 @@ class Throughput(L.Callback):
         self.train_time = 0.0
         self._t0 = 0.0
         self._window: list[tuple[float, int]] = []
+
+    def state_dict(self) -> dict:  # saved in checkpoints: a resumed run's summary counts the whole run
+        return {"tokens": self.tokens, "train_time": self.train_time}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.tokens, self.train_time = state["tokens"], state["train_time"]
 
     def on_train_batch_start(self, trainer, module, batch, batch_idx):
         self._t0 = time.perf_counter()
@@ -57,6 +65,12 @@ class BestMetrics(L.Callback):
         self.best: dict[str, dict] = {}
         self.history: list[dict] = []
 
+    def state_dict(self) -> dict:
+        return {"final": self.final, "best": self.best, "history": self.history}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.final, self.best, self.history = state["final"], state["best"], state["history"]
+
     def on_validation_epoch_end(self, trainer, module):
         if trainer.sanity_checking:
             return
@@ -72,3 +86,34 @@ class BestMetrics(L.Callback):
 
 def higher_is_better(metric: str) -> bool:
     return "acc" in metric or "exact_match" in metric
+
+
+class GracefulStop(L.Callback):
+    """SIGINT or SIGTERM: finish the current step, save `last.ckpt`, stop cleanly (resume with
+    ckpt_path=last). A second SIGINT interrupts at once."""
+
+    def __init__(self, checkpoint_path: str):
+        self.checkpoint_path = checkpoint_path
+        self.signal: int | None = None
+        self._previous: dict[int, object] = {}
+
+    def _request(self, signum, frame):
+        self.signal = signum
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # a second Ctrl-C is not graceful
+
+    def on_train_start(self, trainer, module):
+        if threading.current_thread() is threading.main_thread():  # signals can only be set there
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                self._previous[sig] = signal.signal(sig, self._request)
+
+    def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+        if self.signal is not None and not trainer.should_stop:
+            trainer.save_checkpoint(self.checkpoint_path)
+            trainer.should_stop = True
+
+    def on_train_end(self, trainer, module):
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+        self._previous.clear()
+
+    on_exception = lambda self, trainer, module, exc: self.on_train_end(trainer, module)  # noqa: E731

@@ -11,10 +11,19 @@ import zipfile
 from pathlib import Path
 
 import torch
+from lightning.pytorch.plugins.io import TorchCheckpointIO
 from torch import nn
 
 from zoo.build import build_model
 from zoo.data.tokenizers import Tokenizer, tokenizer_from_state
+from zoo.io import atomic_write
+
+
+class AtomicCheckpointIO(TorchCheckpointIO):
+    """Lightning checkpoint IO that writes a temp file and renames it: never half a checkpoint."""
+
+    def save_checkpoint(self, checkpoint: dict, path, storage_options=None) -> None:
+        atomic_write(path, lambda f: torch.save(checkpoint, f), mode="wb")
 
 
 class CheckpointError(ValueError):
@@ -25,6 +34,8 @@ def read_checkpoint(path: str | Path) -> dict:
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"checkpoint: no such file '{path}'")
+    if not zipfile.is_zipfile(path):  # torch.save writes a zip archive; a cut one loses its directory
+        raise CheckpointError(f"checkpoint: '{path}' is truncated or corrupted (not a complete torch archive)")
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as e:  # weights_only refused a pickled object

@@ -1,6 +1,6 @@
 """Lightning DataModules: text corpora (embedded, a file, a Hugging Face dataset) and seq2seq tasks.
 
-Training batches come from a `StepDataset`: batch i is drawn from a generator seeded by the run's
+Training batches come from a `StepLoader`: batch i is drawn from a generator seeded by the run's
 seed and i, so the data order is a function of the step alone. A resumed run continues exactly
 where the interrupted one stopped, and every variant in a sweep sees the same batches.
 """
@@ -14,10 +14,10 @@ from pathlib import Path
 
 import lightning as L
 import torch
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader
 
 from zoo.data.corpus import DataError, load_default_corpus, read_text_file, split_text
-from zoo.data.tasks import TASK_ALPHABET, get_task, task_splits
+from zoo.data.tasks import TASK_ALPHABET, get_task, sequence_len, task_splits
 from zoo.data.tokenizers import Tokenizer, build_tokenizer, cached_bpe
 from zoo.registry import Registry
 from zoo.training.objectives import Objective
@@ -29,17 +29,31 @@ def generator(seed: int, stream: str, i: int) -> torch.Generator:
     return torch.Generator().manual_seed(zlib.crc32(f"{seed}/{stream}/{i}".encode()))
 
 
-class StepDataset(Dataset):
-    """Item i is a whole batch, made by `make(generator seeded by (seed, start + i))`."""
+class StepLoader:
+    """Training batches in order: batch i is `make(generator seeded by (seed, i))`.
 
-    def __init__(self, make: Callable[[torch.Generator], dict], seed: int, start: int, length: int):
-        self.make, self.seed, self.start, self.length = make, seed, start, length
+    Stateful: Lightning stores `state_dict()` in checkpoints, so a resumed run continues at the next
+    batch. With several processes, process r of w takes batches i * w + r."""
+
+    def __init__(self, make: Callable[[torch.Generator], dict], seed: int, length: int, rank: int = 0,
+                 world: int = 1):
+        self.make, self.seed, self.length, self.rank, self.world = make, seed, length, rank, world
+        self.start, self._yielded = 0, 0
 
     def __len__(self) -> int:
         return self.length
 
-    def __getitem__(self, i: int) -> dict:
-        return self.make(generator(self.seed, "train", self.start + i))
+    def __iter__(self):
+        start, self.start = self.start, 0
+        for i in range(start, self.length):
+            self._yielded = i + 1
+            yield self.make(generator(self.seed, "train", i * self.world + self.rank))
+
+    def state_dict(self) -> dict:
+        return {"next": self._yielded}  # saved after the step that used batch _yielded - 1
+
+    def load_state_dict(self, state: dict) -> None:
+        self.start = state["next"]
 
 
 class ZooData(L.LightningDataModule):
@@ -52,6 +66,9 @@ class ZooData(L.LightningDataModule):
         super().__init__()
         self.cfg, self.seed, self.steps = cfg, seed, steps
         self.batch_size = cfg["batch_size"]
+        for key in ("batch_size", "context") if "context" in cfg else ("batch_size",):
+            if not isinstance(cfg[key], int) or isinstance(cfg[key], bool) or cfg[key] <= 0:
+                raise DataError(f"data.{key}: must be a positive integer, got {cfg[key]!r}")
         self.objective: Objective | None = None  # set by the training run once the model is known
 
     def required_len(self) -> int:
@@ -61,14 +78,14 @@ class ZooData(L.LightningDataModule):
     def train_batch(self, g: torch.Generator) -> dict:
         raise NotImplementedError
 
-    def train_dataloader(self) -> DataLoader:
-        # Start at the batch the (possibly resumed) trainer is at: data order depends on the step only.
-        start = self.trainer.global_step * self.trainer.accumulate_grad_batches if self.trainer else 0
-        return DataLoader(StepDataset(self.train_batch, self.seed, start, max(self.steps - start, 1)),
-                          batch_size=None, shuffle=False)
+    def train_dataloader(self) -> StepLoader:
+        rank, world = (self.trainer.global_rank, self.trainer.world_size) if self.trainer else (0, 1)
+        return StepLoader(self.train_batch, self.seed, self.steps, rank, world)
 
     def val_dataloader(self) -> DataLoader:
-        return DataLoader(self.val_batches, batch_size=None, shuffle=False)
+        # Its own generator: creating the iterator draws a seed, which must not move the global
+        # random state (dropout), or a run resumed after an evaluation would differ from one that was not.
+        return DataLoader(self.val_batches, batch_size=None, shuffle=False, generator=torch.Generator())
 
 
 @DATA.register("text")
@@ -161,8 +178,7 @@ class TaskData(ZooData):
         self.tokens_per_char = 1.0
 
     def required_len(self) -> int:
-        longest = self.cfg["test_len"][1]  # source, separator, target and end token
-        return self.task.source_len(longest) + self.task.target_len(longest) + 2
+        return sequence_len(self.task.name, self.cfg["test_len"][1])
 
     def train_batch(self, g):
         pairs = self.splits["train"]

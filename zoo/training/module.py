@@ -24,8 +24,24 @@ class ZooModule(L.LightningModule):
         self.tokenizer_state: dict = {}  # set by the run before fit
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
-        # The tokenizer travels with the weights, as plain data, so a checkpoint can sample on its own.
+        # The tokenizer travels with the weights, as plain data, so a checkpoint can sample on its own;
+        # the random state too, so a resumed run draws the same dropout masks as an uninterrupted one.
         checkpoint["tokenizer"] = self.tokenizer_state
+        checkpoint["rng_state"] = torch.get_rng_state()
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        self._resumed_rng_state = checkpoint.get("rng_state")
+
+    def on_train_start(self) -> None:
+        # Lightning's logging step can fall one behind the optimizer step after a resume; keep them
+        # equal so metrics.csv rows line up with an uninterrupted run's (one optimizer, so they match).
+        self.trainer.fit_loop.epoch_loop._batches_that_stepped = self.trainer.global_step
+
+    def on_train_batch_start(self, batch: dict, batch_idx: int) -> None:
+        # Restored right before the first resumed step: Lightning draws random numbers after loading.
+        if getattr(self, "_resumed_rng_state", None) is not None:
+            torch.set_rng_state(self._resumed_rng_state)
+            self._resumed_rng_state = None
 
     def setup(self, stage: str) -> None:
         if self.cfg.get("compile") and not hasattr(self, "_compiled"):

@@ -15,8 +15,8 @@ def check_target(target: str, key: str = "_target_") -> None:
                           f"{', '.join(ALLOWED_TARGETS)}")
 
 
-def instantiate_allowed(cfg: dict, **kwargs: Any) -> Any:
-    """hydra.utils.instantiate for one object, after checking every nested _target_."""
+def instantiate_allowed(cfg: dict, key: str, **kwargs: Any) -> Any:
+    """hydra.utils.instantiate for one object (at config `key`), after checking every nested _target_."""
     from hydra.utils import instantiate
 
     def walk(node: Any, path: str) -> None:
@@ -29,5 +29,5 @@ def instantiate_allowed(cfg: dict, **kwargs: Any) -> Any:
             for i, v in enumerate(node):
                 walk(v, f"{path}[{i}]")
 
-    walk(cfg, "logger")
+    walk(cfg, key)
     return instantiate(cfg, **kwargs)

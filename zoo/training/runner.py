@@ -21,8 +21,8 @@ from omegaconf import DictConfig, OmegaConf
 from zoo.build import ConfigError, count_params, flops_per_token, resolve_config
 from zoo.data.corpus import DataError
 from zoo.io import atomic_write, atomic_write_json, atomic_write_text
-from zoo.training.callbacks import BestMetrics, DivergenceGuard, Throughput
-from zoo.training.checkpoint import read_checkpoint
+from zoo.training.callbacks import BestMetrics, DivergenceGuard, GracefulStop, Throughput
+from zoo.training.checkpoint import AtomicCheckpointIO, CheckpointError, read_checkpoint
 from zoo.training.data import bits_per_char, build_data
 from zoo.training.module import ZooModule
 from zoo.training.safety import instantiate_allowed
@@ -44,7 +44,7 @@ warnings.filterwarnings("ignore", message=".*exists and is not empty.*")  # the 
 warnings.filterwarnings("ignore", message=".*LeafSpec.*is deprecated.*")
 warnings.filterwarnings("ignore", message=".*does not have many workers.*")  # batches are built in-process
 
-EXIT_OK, EXIT_CONFIG, EXIT_DIVERGED, EXIT_INTERRUPTED = 0, 2, 3, 130
+EXIT_OK, EXIT_FAILED, EXIT_CONFIG, EXIT_DIVERGED, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
 
 
 def run(cfg: DictConfig, run_dir: str | Path | None = None) -> int:
@@ -54,6 +54,7 @@ def run(cfg: DictConfig, run_dir: str | Path | None = None) -> int:
     run_dir.mkdir(parents=True, exist_ok=True)
     plain = OmegaConf.to_container(cfg, resolve=True)
     data = _prepare(plain)  # raises ConfigError / DataError before any training
+    ckpt = _checkpoint_path(plain.get("ckpt_path"), run_dir, plain["model"])
     atomic_write_text(run_dir / "config.yaml", OmegaConf.to_yaml(OmegaConf.create(plain)))
 
     L.seed_everything(plain["seed"], workers=True, verbose=False)
@@ -61,28 +62,26 @@ def run(cfg: DictConfig, run_dir: str | Path | None = None) -> int:
     module.tokenizer_state = data.tokenizer.state_dict()
     data.objective = module.objective
     throughput, guard, best = Throughput(start), DivergenceGuard(), BestMetrics()
+    stop = GracefulStop(str(run_dir / "checkpoints" / "last.ckpt"))
     checkpoints = L.pytorch.callbacks.ModelCheckpoint(
         dirpath=run_dir / "checkpoints", filename="best", monitor="val_loss", mode="min", save_last=True,
         save_top_k=1, auto_insert_metric_name=False, enable_version_counter=False)
-    ckpt = _checkpoint_path(plain.get("ckpt_path"), run_dir)
     earlier_metrics = _metrics_before(run_dir / "metrics.csv", ckpt)  # the CSV logger starts a new file
-    loggers = [instantiate_allowed(v, save_dir=str(run_dir), **_wandb_naming(v))
-               for v in (plain.get("logger") or {}).values()]
+    loggers = [instantiate_allowed(v, f"logger.{k}", save_dir=str(run_dir), **_wandb_naming(v))
+               for k, v in (plain.get("logger") or {}).items()]
     trainer_cfg = dict(plain["trainer"])
     trainer = L.Trainer(
         **trainer_cfg, logger=loggers or False,
-        callbacks=[throughput, guard, best, checkpoints, L.pytorch.callbacks.TQDMProgressBar(refresh_rate=10)],
+        callbacks=[throughput, guard, best, stop, checkpoints, L.pytorch.callbacks.TQDMProgressBar(refresh_rate=10)],
+        plugins=[AtomicCheckpointIO()],
         num_sanity_val_steps=0, enable_model_summary=False, default_root_dir=run_dir,
-        check_val_every_n_epoch=None,
+        check_val_every_n_epoch=None, use_distributed_sampler=False,  # StepLoader shards batches itself
     )
     for lg in loggers:
         lg.log_hyperparams(_flat(plain))
     status = "completed"
-    try:
-        trainer.fit(module, datamodule=data, ckpt_path=ckpt)
-        if trainer.interrupted:
-            status = "interrupted"
-    except KeyboardInterrupt:
+    trainer.fit(module, datamodule=data, ckpt_path=ckpt)
+    if trainer.interrupted or stop.signal is not None:
         status = "interrupted"
     if guard.step is not None:
         status = "diverged"
@@ -134,7 +133,8 @@ def _prepare(plain: dict):
     return data
 
 
-def _checkpoint_path(ckpt: str | None, run_dir: Path) -> str | None:
+def _checkpoint_path(ckpt: str | None, run_dir: Path, model_cfg: dict) -> str | None:
+    """The checkpoint to resume from, checked: it loads safely and holds this run's architecture."""
     if ckpt is None:
         return None
     path = run_dir / "checkpoints" / "last.ckpt" if ckpt == "last" else Path(ckpt)
@@ -142,6 +142,11 @@ def _checkpoint_path(ckpt: str | None, run_dir: Path) -> str | None:
         hint = " (ckpt_path=last looks in <run dir>/checkpoints; pass hydra.run.dir=<the run's dir>)" \
             if ckpt == "last" else ""
         raise ConfigError(f"ckpt_path: no checkpoint at '{path}'{hint}")
+    saved = read_checkpoint(path).get("hyper_parameters", {}).get("cfg", {}).get("model")
+    if saved != model_cfg:
+        diff = next((k for k in _flat(model_cfg) if _flat(saved or {}).get(k) != _flat(model_cfg)[k]), "model")
+        raise ConfigError(f"ckpt_path: '{path}' holds a different architecture (model.{diff}: checkpoint "
+                          f"{_flat(saved or {}).get(diff)!r}, this run {_flat(model_cfg).get(diff)!r})")
     return str(path)
 
 
@@ -256,17 +261,30 @@ def _print_sample(module: ZooModule, data, plain: dict) -> None:
     prompt = torch.tensor([tok.encode(s["prompt"], errors="replace") or [tok.bos_id]])
     room = (model.decoder.position.max_len or 10**9) - prompt.shape[1]
     out = generate(model, prompt, min(s["max_new_tokens"], room), s["temperature"], s["top_k"])
-    print("--- sample ---\n" + tok.decode(out[0].tolist()) + "\n--------------", flush=True)
+    print("--- sample ---\n" + tok.decode(out[0].tolist(), skip_special=True) + "\n--------------", flush=True)
 
 
-def main(cfg: DictConfig) -> int:
-    """The body of train.py: run, and turn bad input into one line and exit code 2."""
+def main(cfg: DictConfig, run_dir: str | Path | None = None) -> int:
+    """The body of train.py: run; bad input becomes one line and exit code 2, a crash a failed summary."""
     try:
-        return run(cfg)
-    except (ConfigError, DataError, KeyError) as e:
+        return run(cfg, run_dir)
+    except (ConfigError, DataError, CheckpointError, KeyError) as e:
         msg = str(e.args[0]) if isinstance(e, KeyError) and e.args else str(e)
         print(f"error: {msg}", file=sys.stderr, flush=True)
+        _write_failure(msg, run_dir)
         return EXIT_CONFIG
-    except Exception:
+    except Exception as e:
         traceback.print_exc()
-        return 1
+        _write_failure(f"{type(e).__name__}: {e}", run_dir)
+        return EXIT_FAILED
+
+
+def _write_failure(error: str, run_dir: str | Path | None) -> None:
+    """A failed run still leaves a summary, so a sweep's report counts it instead of missing it."""
+    try:
+        run_dir = Path(run_dir or _hydra_output_dir())
+    except ValueError:  # not under Hydra and no directory given: the caller has the error
+        return
+    if not (run_dir / "summary.json").exists():
+        atomic_write_json(run_dir / "summary.json", {"status": "failed", "diverged": False, "error": error,
+                                                     "overrides": _overrides()})

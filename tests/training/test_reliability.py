@@ -1,0 +1,255 @@
+"""Bad input, divergence, interruption and resume, determinism, safe loading."""
+
+import csv
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.training.conftest import TINY, TINY_TASK, compose_cfg
+from zoo.training.cli import check_group_choices
+from zoo.training.runner import main
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _text_file(tmp_path, name: str, content: bytes) -> str:
+    path = tmp_path / name
+    path.write_bytes(content)
+    return str(path)
+
+
+BAD_OVERRIDES = [  # (overrides, the start of the one-line error)
+    (["model.d_model=33"], "model.d_model: 33 is not divisible by n_heads=2"),
+    (["attention=gqa", "model.attention.n_kv_heads=3", "model.n_heads=4"], "model.attention.n_kv_heads: n_heads=4"),
+    (["attention=gqa", "model.attention.n_kv_heads=0"], "model.attention.n_kv_heads: must be a positive"),
+    (["position=rope", "model.d_model=36", "model.n_heads=4"], "model.position.name: rope needs an even head size"),
+    (["model.max_seq_len=8"], "model.max_seq_len: 8 learned positions cannot cover"),
+    (["model.attention.window=0"], "model.attention.window: must be a positive integer"),
+    (["model.attention.window=-3"], "model.attention.window: must be a positive integer"),
+    (["model.d_model=0"], "model.d_model: must be a positive integer"),
+    (["model.n_layers=-1"], "model.n_layers: must be a positive integer"),
+    (["model.n_heads=0"], "model.n_heads: must be a positive integer"),
+    (["model.ffn.d_ff=-4"], "model.ffn.d_ff: must be a positive integer"),
+    (["model.dropout=1.0"], "model.dropout: must be in [0, 1)"),
+    (["model.dropout=-0.1"], "model.dropout: must be in [0, 1)"),
+    (["model.attention.backend=flash"], "model.attention.backend: unknown 'flash'; valid: sdpa, math"),
+    (["model.attention.name=flash"], "model.attention.name: unknown attention 'flash'; valid: gqa, mha, mqa"),
+    (["model.position.name=rotary"], "model.position.name: unknown position 'rotary'; valid: alibi"),
+    (["model.norm.type=batchnorm"], "model.norm.type: unknown norm 'batchnorm'; valid: layernorm, rmsnorm"),
+    (["model.norm.placement=middle"], "model.norm.placement: unknown residual 'middle'; valid: post, pre"),
+    (["model.ffn.name=swish"], "model.ffn.name: unknown ffn 'swish'; valid: geglu"),
+    (["model.name=gpt"], "model.name: unknown model 'gpt'; valid: decoder_only"),
+    (["model.norm.eps=0"], "model.norm.eps: must be positive"),
+    (["data=text_file", "data.path=/no/such/file.txt"], "data.path: no such file '/no/such/file.txt'"),
+    (["data.tokenizer=wordpiece"], "tokenizer: unknown 'wordpiece'; valid: bpe, byte, char"),
+    (["data=addition", "model=encoder_only"], "data.task: encoder_only fills the target positions"),
+    (["data=copy", "+data.task=foo"], None),  # an override that Hydra itself rejects is covered below
+    (["trainer.max_steps=0"], "trainer.max_steps: must be a positive integer"),
+    (["data.val_fraction=1.5"], "data.val_fraction: must be between 0 and 1"),
+    (["data.context=0"], "data.context: must be a positive integer"),
+    (["data.batch_size=-2"], "data.batch_size: must be a positive integer"),
+    (["ckpt_path=/no/such.ckpt"], "ckpt_path: no checkpoint at '/no/such.ckpt'"),
+    (["+logger.evil._target_=os.system", "+logger.evil.command=true"],
+     "logger.evil._target_: 'os.system' is not allowed"),
+]
+
+
+@pytest.mark.parametrize("overrides,error", [b for b in BAD_OVERRIDES if b[1]], ids=lambda x: str(x)[:60])
+def test_bad_config_stops_before_training_with_one_line(overrides, error, tmp_path, capsys):
+    task = any(o in ("data=copy", "data=addition") for o in overrides)
+    cfg = compose_cfg((TINY_TASK if task else TINY) + overrides)
+    code = main(cfg, tmp_path)
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and err.startswith(f"error: {error}") and "\n" not in err, err
+    assert not (tmp_path / "checkpoints").exists()  # nothing trained
+
+
+@pytest.mark.parametrize("name,content,error", [
+    ("empty.txt", b"", "is empty"),
+    ("blank.txt", b"   \n\n", "is empty"),
+    ("latin1.txt", "caf\u00e9 ".encode("latin-1") * 50, "is not valid UTF-8 (byte 3)"),
+    ("short.txt", b"to be or not to be\n", "too short for one window"),
+])
+def test_bad_data_files(name, content, error, tmp_path, capsys):
+    path = _text_file(tmp_path, name, content)
+    cfg = compose_cfg(TINY + ["data=text_file", f"data.path={path}"])
+    assert main(cfg, tmp_path / "run") == 2
+    err = capsys.readouterr().err.strip()
+    assert error in err and "\n" not in err, err
+
+
+@pytest.mark.parametrize("arg", ["attention=flash", "position=rotary", "norm=layer", "ffn=swish", "model=gpt",
+                                 "data=wikipedia", "trainer=tpu", "logger=mlflow", "experiment=gpt5"])
+def test_unknown_group_option_is_one_line_listing_choices(arg):
+    group, choice = arg.split("=")
+    msg = check_group_choices([arg], ROOT / "conf")
+    assert msg.startswith(f"{group}: unknown option '{choice}'; valid: ") and "\n" not in msg
+
+
+def test_unknown_group_option_through_train_py():
+    proc = subprocess.run([sys.executable, "train.py", "-m", "ffn=relu,swish"], cwd=ROOT, capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == 2
+    valid = "geglu, gelu, gelu_tanh, reglu, relu, swiglu"
+    assert proc.stderr.strip() == f"error: ffn: unknown option 'swish'; valid: {valid}"
+
+
+def test_encoder_only_cannot_generate(tmp_path, capsys):
+    from zoo.sample import main as sample_main
+    from zoo.training import run
+
+    assert run(compose_cfg(TINY + ["model=encoder_only", "logger=none"]), run_dir=tmp_path) == 0
+    capsys.readouterr()
+    assert sample_main([str(tmp_path / "checkpoints" / "last.ckpt")]) == 2
+    assert "does not generate" in capsys.readouterr().err
+
+
+def _train_py(tmp_path: Path, *overrides: str, **kw) -> subprocess.Popen:
+    cmd = [sys.executable, "train.py", *TINY, "logger=csv", f"hydra.run.dir={tmp_path}", *overrides]
+    return subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kw)
+
+
+def test_divergence_stops_writes_summary_and_exits_3(tmp_path):
+    proc = _train_py(tmp_path, "norm=post_ln", "optim.lr=1e6", "optim.warmup_steps=0", "trainer.max_steps=200",
+                     "trainer.gradient_clip_val=null", "model.init_std=3.0")
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 3, err[-2000:]
+    s = json.loads((tmp_path / "summary.json").read_text())
+    assert s["diverged"] is True and s["status"] == "diverged"
+    assert s["diverged_step"] is not None and s["steps"] <= s["diverged_step"] + 2 < 200
+
+
+def _val_losses(run_dir: Path) -> list[float]:
+    with (run_dir / "metrics.csv").open() as f:
+        return [float(r["val_loss"]) for r in csv.DictReader(f) if r.get("val_loss")]
+
+
+def test_same_seed_same_metrics(tmp_path):
+    from zoo.training import run
+
+    for name in ("a", "b"):
+        assert run(compose_cfg(TINY + ["trainer.max_steps=6", "model.dropout=0.1", "trainer.deterministic=true"]),
+                   run_dir=tmp_path / name) == 0
+    assert _val_losses(tmp_path / "a") == _val_losses(tmp_path / "b")
+    assert run(compose_cfg(TINY + ["trainer.max_steps=6", "model.dropout=0.1", "seed=1"]), run_dir=tmp_path / "c") == 0
+    assert _val_losses(tmp_path / "a") != _val_losses(tmp_path / "c")
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_interrupt_then_resume_equals_uninterrupted(tmp_path, sig):
+    steps = ["trainer.max_steps=300", "trainer.val_check_interval=50", "model.dropout=0.1",
+             "trainer.deterministic=true", "data.eval_batches=4"]
+    full = _train_py(tmp_path / "full", *steps)
+    assert full.wait(timeout=300) == 0, full.stderr.read()[-2000:]
+
+    part = _train_py(tmp_path / "part", *steps)
+    deadline = time.time() + 240
+    while not (tmp_path / "part" / "checkpoints" / "best.ckpt").exists():  # the first evaluation, step 50
+        assert part.poll() is None and time.time() < deadline, "run ended before it could be interrupted"
+        time.sleep(0.05)
+    part.send_signal(sig)
+    out, err = part.communicate(timeout=120)
+    assert part.returncode == 130, err[-2000:]
+    s = json.loads((tmp_path / "part" / "summary.json").read_text())
+    assert s["status"] == "interrupted" and 50 <= s["steps"] < 300
+    ckpt = torch.load(tmp_path / "part" / "checkpoints" / "last.ckpt", weights_only=True)
+    assert ckpt["global_step"] == s["steps"]
+
+    resumed = _train_py(tmp_path / "part", *steps, "ckpt_path=last")
+    assert resumed.wait(timeout=300) == 0, resumed.stderr.read()[-2000:]
+    a = json.loads((tmp_path / "full" / "summary.json").read_text())
+    b = json.loads((tmp_path / "part" / "summary.json").read_text())
+    assert b["steps"] == a["steps"] == 300 and b["status"] == "completed"
+    assert b["final"]["val_loss"] == pytest.approx(a["final"]["val_loss"], abs=1e-6)
+    assert _val_losses(tmp_path / "part") == pytest.approx(_val_losses(tmp_path / "full"), abs=1e-6)
+    assert b["tokens_seen"] == a["tokens_seen"]
+
+
+def test_checkpoint_with_a_pickled_object_is_refused(tmp_path, capsys):
+    from zoo.sample import main as sample_main
+    from zoo.training import run
+
+    assert run(compose_cfg(TINY + ["logger=none"]), run_dir=tmp_path) == 0
+    ckpt = torch.load(tmp_path / "checkpoints" / "last.ckpt", weights_only=True)
+    ckpt["payload"] = os.system  # unpickling this would import and hand out os.system
+    torch.save(ckpt, tmp_path / "evil.ckpt")
+    capsys.readouterr()
+    assert sample_main([str(tmp_path / "evil.ckpt")]) == 2
+    err = capsys.readouterr().err
+    assert "refusing to unpickle" in err and err.count("\n") == 1
+    cfg = compose_cfg(TINY + ["logger=none", f"ckpt_path={tmp_path / 'evil.ckpt'}"])
+    assert main(cfg, tmp_path / "resume") == 2
+    assert "refusing to unpickle" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("damage", ["truncate", "garbage"])
+def test_corrupted_checkpoint_gives_a_clear_error(tmp_path, capsys, damage):
+    from zoo.training import run
+    from zoo.training.checkpoint import CheckpointError, load_checkpoint
+
+    assert run(compose_cfg(TINY + ["logger=none"]), run_dir=tmp_path) == 0
+    data = (tmp_path / "checkpoints" / "last.ckpt").read_bytes()
+    bad = tmp_path / "bad.ckpt"
+    bad.write_bytes(data[: len(data) // 2] if damage == "truncate" else b"not a checkpoint" * 10)
+    with pytest.raises(CheckpointError, match="truncated or corrupted"):
+        load_checkpoint(bad)
+
+
+def test_checkpoint_naming_an_unknown_component_is_refused(tmp_path):
+    from zoo.build import ConfigError
+    from zoo.training import run
+    from zoo.training.checkpoint import load_checkpoint
+
+    assert run(compose_cfg(TINY + ["logger=none"]), run_dir=tmp_path) == 0
+    ckpt = torch.load(tmp_path / "checkpoints" / "last.ckpt", weights_only=True)
+    ckpt["hyper_parameters"]["cfg"]["model"]["ffn"]["name"] = "os.system"
+    torch.save(ckpt, tmp_path / "odd.ckpt")
+    with pytest.raises(ConfigError, match="unknown ffn 'os.system'; valid:"):
+        load_checkpoint(tmp_path / "odd.ckpt")
+
+
+def test_resume_with_another_architecture_is_refused(tmp_path, capsys):
+    from zoo.training import run
+
+    assert run(compose_cfg(TINY + ["logger=none"]), run_dir=tmp_path) == 0
+    cfg = compose_cfg(TINY + ["logger=none", "ffn=swiglu", "ckpt_path=last"])
+    assert main(cfg, tmp_path) == 2
+    assert "holds a different architecture (model.ffn.name: checkpoint 'gelu', this run 'swiglu')" in \
+        capsys.readouterr().err
+
+
+def test_a_failing_run_does_not_stop_the_sweep(tmp_path):
+    cmd = [sys.executable, "train.py", "-m", *TINY, "logger=none", "model.d_model=32,33", "norm=pre_ln,post_ln",
+           f"hydra.sweep.dir={tmp_path}"]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    statuses = sorted(json.loads(p.read_text())["status"] for p in tmp_path.glob("*/summary.json"))
+    assert statuses == ["completed", "completed", "failed", "failed"]
+
+
+def test_writes_are_atomic(tmp_path, monkeypatch):
+    """An interruption while writing leaves the previous file intact, never half a file."""
+    from zoo.io import atomic_write_json
+
+    path = tmp_path / "summary.json"
+    atomic_write_json(path, {"ok": 1})
+
+    class Boom(Exception):
+        pass
+
+    def explode(f):
+        f.write('{"half": ')
+        raise Boom
+
+    from zoo.io import atomic_write
+
+    with pytest.raises(Boom):
+        atomic_write(path, explode)
+    assert json.loads(path.read_text()) == {"ok": 1} and list(tmp_path.iterdir()) == [path]

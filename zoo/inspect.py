@@ -1,0 +1,359 @@
+"""Look at a model before (or after) training it: parameters, FLOPs, memory, and attention maps.
+
+    python -m zoo.inspect                                   # the default config (conf/config.yaml)
+    python -m zoo.inspect model.d_model=256 ffn=swiglu      # any Hydra overrides, as for train.py
+    python -m zoo.inspect --vs ffn=swiglu                   # A = defaults, B = A with ffn=swiglu
+    python -m zoo.inspect experiment=llama_style --vs attention=mha
+    python -m zoo.inspect --attention run/checkpoints/last.ckpt --text "To be, or not" --out attn.png
+
+Nothing is trained or built: the counts come from `zoo.build.count_params` and `flops_per_token`, for the
+config composed from conf/ with the overrides. The vocabulary is the data's tokenizer's: 102 for the
+embedded Shakespeare corpus with the char tokenizer, the task alphabet for synthetic tasks, 276 for bytes,
+data.vocab_size for bpe, or whatever model.vocab_size=N says. A null model.max_seq_len becomes the data's
+context, as in training.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import re
+import sys
+from pathlib import Path
+
+EXIT_OK, EXIT_ERROR = 0, 2
+CONF = Path(__file__).resolve().parent.parent / "conf"
+DEFAULT_CHAR_VOCAB = 102  # the char tokenizer fitted on the embedded corpus: 20 specials + 82 characters
+COMPONENTS = (("embedding", "embeddings"), ("attention", "attention"), ("ffn", "FFN"), ("norm", "norms"),
+              ("head", "head"))
+
+
+class InspectError(ValueError):
+    """A bad override, config or checkpoint, reported as one line."""
+
+
+# ----------------------------------------------------------------------------------------------
+# Config -> counts
+# ----------------------------------------------------------------------------------------------
+
+def compose(overrides: list[str]) -> dict:
+    """The config train.py would see for these overrides, as a plain dict (no hydra node)."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+    from omegaconf import OmegaConf
+
+    from zoo.training.cli import check_group_choices, expand
+
+    overrides = [expand(o) for o in overrides]
+    if not CONF.is_dir():
+        raise InspectError(f"no config directory at '{CONF}' (zoo.inspect reads the repository's conf/)")
+    if any("," in o.partition("=")[2] and (CONF / o.partition("=")[0]).is_dir() for o in overrides):
+        raise InspectError("overrides: a sweep (a,b) is several configs; zoo.inspect shows one (compare two with --vs)")
+    if error := check_group_choices(overrides, CONF):
+        raise InspectError(error)
+    try:
+        with initialize_config_dir(config_dir=str(CONF), version_base="1.3", job_name="inspect"):
+            cfg = hydra_compose("config", overrides=overrides)
+        return OmegaConf.to_container(cfg, resolve=True)
+    except Exception as e:  # hydra and omegaconf errors span many lines and types: keep the first line
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise InspectError(f"overrides: {first}") from None
+
+
+def merge_overrides(base: list[str], extra: list[str]) -> list[str]:
+    """base with extra applied on top: an override of the same key replaces the earlier one."""
+    def key(o: str) -> str:
+        return o.partition("=")[0].lstrip("+~")
+
+    replaced = {key(o) for o in extra}
+    return [o for o in base if key(o) not in replaced] + list(extra)
+
+
+def data_context(data: dict) -> int:
+    """The longest sequence training would feed the model (sizes a null max_seq_len)."""
+    if data.get("kind") == "task":
+        from zoo.data.tasks import sequence_len
+
+        return sequence_len(data["task"], data["test_len"][1])
+    return data["context"]
+
+
+def data_vocab(data: dict) -> tuple[int, str]:
+    """(vocab size, where it came from) of the data's tokenizer, without loading data where a cheaper answer
+    exists."""
+    from zoo.data.tokenizers import N_SPECIAL, build_tokenizer
+
+    kind, name = data.get("kind"), data.get("tokenizer", "char")
+    if kind == "task":
+        from zoo.data.tasks import TASK_ALPHABET
+
+        return build_tokenizer("char").fit(TASK_ALPHABET).vocab_size, f"{data['task']} task alphabet"
+    if name == "byte":
+        return N_SPECIAL + 256, "byte tokenizer"
+    if name == "bpe":
+        return data.get("vocab_size", 1024), "bpe target data.vocab_size"
+    if kind == "text" and data.get("path") is None:
+        return DEFAULT_CHAR_VOCAB, "char tokenizer on the embedded corpus"
+    if kind == "text" and data.get("path") not in (None, "???"):
+        from zoo.data.corpus import read_text_file
+
+        return build_tokenizer("char").fit(read_text_file(data["path"])).vocab_size, f"char on {data['path']}"
+    raise InspectError("model.vocab_size: cannot tell the vocabulary of this data without loading it; "
+                       "pass model.vocab_size=N")
+
+
+def inspect_config(overrides: list[str]) -> dict:
+    """Composed config, resolved model config and its counts: params, FLOPs per token, weight bytes."""
+    from zoo.build import ConfigError, count_params, flops_per_token, resolve_config
+    from zoo.data.corpus import DataError
+
+    plain = compose(overrides)
+    model, data = dict(plain["model"]), plain["data"]
+    try:
+        if model.get("vocab_size"):
+            source = "model.vocab_size"
+        else:
+            model["vocab_size"], source = data_vocab(data)
+        context = data_context(data)
+        if model.get("max_seq_len") is None:
+            model["max_seq_len"] = context
+        model = resolve_config(model)
+        params = count_params(model)
+        flops = flops_per_token(model, context)
+    except (ConfigError, DataError, KeyError) as e:
+        raise InspectError(str(e.args[0]) if e.args else str(e)) from None
+    return {"config": plain, "model": model, "context": context, "vocab_source": source, "params": params,
+            "flops": flops, "bytes": {"float32": 4 * params["total"], "16-bit": 2 * params["total"]}}
+
+
+def describe(model: dict) -> str:
+    ffn = model["ffn"]
+    d_ff = f" d_ff {ffn['d_ff']}" if ffn.get("d_ff") else ""
+    att = model["attention"]
+    kv = f" ({att['n_kv_heads']} kv heads)" if att.get("n_kv_heads") else ""
+    window = f", window {att['window']}" if att.get("window") else ""
+    layers = f"{model['n_layers']} layers"
+    if model["name"] == "encoder_decoder":
+        layers = f"{model['n_layers']}+{model.get('n_decoder_layers') or model['n_layers']} layers"
+    return (f"{model['name']}: d_model {model['d_model']}, {layers}, {model['n_heads']} heads; "
+            f"{att['name']}{kv}{window} attention, {model['position']['name']} positions, "
+            f"{model['norm']['placement']}-{model['norm']['type']}, {ffn['name']}{d_ff} FFN; "
+            f"bias {model['bias']}, tied embeddings {model['tie_embeddings']}")
+
+
+def _human(x: float, unit: str = "") -> str:
+    for suffix, scale in (("G", 1e9), ("M", 1e6), ("K", 1e3)):
+        if abs(x) >= scale:
+            return f"{x / scale:.3g}{suffix}{unit}"
+    return f"{x:.0f}{unit}"
+
+
+def _mib(n: int) -> str:
+    return f"{n / 2**20:.2f} MiB" if n >= 2**20 else f"{n / 2**10:.1f} KiB"
+
+
+def non_embedding(params: dict) -> int:
+    """Parameters in the blocks: attention, FFN and norms (embeddings and the output head left out)."""
+    return params["attention"] + params["ffn"] + params["norm"]
+
+
+def ffn_share(params: dict) -> float:
+    """FFN / (attention + FFN): 2/3 for MHA with a 4x GELU FFN and no biases (8 d^2 of 12 d^2 per layer)."""
+    both = params["attention"] + params["ffn"]
+    return params["ffn"] / both if both else math.nan
+
+
+def format_single(info: dict) -> str:
+    p, total, blocks = info["params"], info["params"]["total"], non_embedding(info["params"])
+    lines = [describe(info["model"]),
+             f"vocab {info['model']['vocab_size']} ({info['vocab_source']}), context {info['context']}, "
+             f"max_seq_len {info['model']['max_seq_len']}", "",
+             f"{'component':<16}{'params':>14}{'% of total':>12}{'% non-emb':>12}"]
+    for key, name in COMPONENTS:
+        in_blocks = key in ("attention", "ffn", "norm")
+        share_blocks = f"{100 * p[key] / blocks:.1f}%" if in_blocks and blocks else "-"
+        lines.append(f"{name:<16}{p[key]:>14,}{100 * p[key] / total:>11.1f}%{share_blocks:>12}")
+    lines += [f"{'total':<16}{total:>14,}{100.0:>11.1f}%",
+              f"{'non-embedding':<16}{blocks:>14,}{100 * blocks / total:>11.1f}%{'100.0%':>12}",
+              f"FFN share of attention + FFN: {100 * ffn_share(p):.1f}% "
+              "(2/3 for a 4x FFN beside MHA self-attention, no biases)", "",
+              f"FLOPs per token at context {info['context']}: forward {info['flops']['forward']:,} "
+              f"({_human(info['flops']['forward'])}), train {info['flops']['train']:,} "
+              f"({_human(info['flops']['train'])}; 3x forward)",
+              f"weights: float32 {info['bytes']['float32']:,} bytes ({_mib(info['bytes']['float32'])}, 4 B/param); "
+              f"16-bit {info['bytes']['16-bit']:,} bytes ({_mib(info['bytes']['16-bit'])}, 2 B/param)"]
+    return "\n".join(lines)
+
+
+def _flat(d: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out.update(_flat(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def config_changes(a: dict, b: dict) -> list[str]:
+    """'key: A -> B' for every setting that differs (the resolved model config and the rest of the run)."""
+    fa = _flat({**a["config"], "model": a["model"]})
+    fb = _flat({**b["config"], "model": b["model"]})
+    return [f"{k}: {fa.get(k, '(unset)')} -> {fb.get(k, '(unset)')}" for k in dict.fromkeys([*fa, *fb])
+            if fa.get(k, "(unset)") != fb.get(k, "(unset)")]
+
+
+def _delta(a: int, b: int) -> str:
+    d = b - a
+    pct = f" ({100 * d / a:+.1f}%)" if a else ""
+    return f"{d:+,}{pct}" if d else "0"
+
+
+def format_vs(a: dict, b: dict, a_over: list[str], b_over: list[str]) -> str:
+    rows = [(name, a["params"][key], b["params"][key]) for key, name in COMPONENTS]
+    rows += [("total params", a["params"]["total"], b["params"]["total"]),
+             ("non-embedding", non_embedding(a["params"]), non_embedding(b["params"])),
+             ("FLOPs/token fwd", a["flops"]["forward"], b["flops"]["forward"]),
+             ("FLOPs/token train", a["flops"]["train"], b["flops"]["train"]),
+             ("float32 bytes", a["bytes"]["float32"], b["bytes"]["float32"]),
+             ("16-bit bytes", a["bytes"]["16-bit"], b["bytes"]["16-bit"])]
+    changes = config_changes(a, b)
+    lines = [f"A: {' '.join(a_over) or '(defaults)'}", f"   {describe(a['model'])}",
+             f"B: {' '.join(b_over) or '(defaults)'}", f"   {describe(b['model'])}",
+             "changes: " + ("; ".join(changes) if changes else "none"), "",
+             f"{'':<20}{'A':>16}{'B':>16}{'B-A':>24}"]
+    for name, va, vb in rows:
+        lines.append(f"{name:<20}{va:>16,}{vb:>16,}{_delta(va, vb):>24}")
+    lines.append(f"{'FFN share att+FFN':<20}{100 * ffn_share(a['params']):>15.1f}%"
+                 f"{100 * ffn_share(b['params']):>15.1f}%"
+                 f"{100 * (ffn_share(b['params']) - ffn_share(a['params'])):>+22.1f}pp")
+    lines.append(f"context: A {a['context']}, B {b['context']}; memory is weights only (4 B/param float32, "
+                 "2 B/param 16-bit)")
+    return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------------------------
+# Attention maps
+# ----------------------------------------------------------------------------------------------
+
+_NAME = re.compile(r"^(encoder|decoder)\.blocks\.(\d+)\.(attn|cross)\.f$")
+
+
+def _token_label(s: str) -> str:
+    return s.replace("\n", "\\n").replace("\t", "\\t").replace(" ", "␣") or "∅"
+
+
+def ordered_maps(maps: dict) -> list[tuple[str, object]]:
+    """(row label, (H, Tq, Tk) weights) ordered encoder self, decoder self, decoder cross, by layer."""
+    rows = []
+    for name, w in maps.items():
+        m = _NAME.match(name)
+        if m is None:
+            rows.append(((9, 0, name), name, w))
+            continue
+        stack, layer, kind = m.group(1), int(m.group(2)), m.group(3)
+        order = {("encoder", "attn"): 0, ("decoder", "attn"): 1, ("decoder", "cross"): 2}[(stack, kind)]
+        label = f"{stack} {'cross' if kind == 'cross' else 'self'} L{layer}"
+        rows.append(((order, layer, name), label, w))
+    return [(label, w[0]) for _, label, w in sorted(rows, key=lambda r: r[0])]
+
+
+def attention_figure(checkpoint: str | Path, text: str, out: str | Path, max_labels: int = 32) -> Path:
+    """Write a PNG grid of a checkpoint's attention maps on `text`: rows = layers, columns = heads."""
+    import torch
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    from zoo.layers.attention import attention_maps
+    from zoo.training.checkpoint import CheckpointError, load_checkpoint
+
+    try:
+        model, tok, cfg = load_checkpoint(checkpoint)
+    except CheckpointError as e:
+        raise InspectError(str(e)) from None
+    ids = tok.encode(text, errors="replace")
+    if not ids:
+        raise InspectError("--text: encodes to no tokens; give some text")
+    limit = cfg["model"].get("max_seq_len") or len(ids)
+    truncated = len(ids) > limit
+    ids = ids[:limit]
+    tokens = torch.tensor([ids])
+    inputs = (tokens, tokens) if cfg["model"]["name"] == "encoder_decoder" else (tokens,)
+    rows = ordered_maps(attention_maps(model, *inputs))
+    if not rows:
+        raise InspectError("checkpoint: the model has no attention layers to show")
+    n_rows, n_cols = len(rows), max(w.shape[0] for _, w in rows)
+    labels = [_token_label(tok.decode([i])) for i in ids] if len(ids) <= max_labels else None
+    rotation = 90 if labels and max(len(s) for s in labels) > 2 else 0
+    cell = 2.4 if labels is None else max(2.4, 0.16 * len(ids) + 0.8)
+    fig = Figure(figsize=(min(1.2 + cell * n_cols, 60), min(0.8 + cell * n_rows, 80)), dpi=100)
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(n_rows, n_cols, squeeze=False)
+    for r, (label, w) in enumerate(rows):
+        for h in range(n_cols):
+            ax = axes[r][h]
+            if h >= w.shape[0]:
+                ax.axis("off")
+                continue
+            ax.imshow(w[h].float().numpy(), cmap="viridis", vmin=0.0, vmax=1.0, aspect="auto",
+                      interpolation="nearest")
+            ax.set_title(f"{label} · head {h}", fontsize=8)
+            if labels is not None:
+                ax.set_xticks(range(len(labels)))
+                ax.set_yticks(range(len(labels)))
+                ax.set_xticklabels(labels if r == n_rows - 1 else [], fontsize=6, rotation=rotation)
+                ax.set_yticklabels(labels if h == 0 else [], fontsize=6)
+            else:
+                ax.tick_params(labelsize=6)
+            if h == 0:
+                ax.set_ylabel("query", fontsize=7)
+            if r == n_rows - 1:
+                ax.set_xlabel("key", fontsize=7)
+    note = f" (first {limit} tokens)" if truncated else ""
+    fig.suptitle(f"attention of {cfg['model']['name']} on {len(ids)} tokens{note}\nrows = layers, columns = heads; "
+                 "weight 0 (dark) to 1 (yellow)", fontsize=9)
+    fig.tight_layout()
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, format="png")
+    return out
+
+
+# ----------------------------------------------------------------------------------------------
+# Command line
+# ----------------------------------------------------------------------------------------------
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m zoo.inspect", description=__doc__.split("\n\n")[0],
+                                epilog="B (--vs) is A's overrides with the --vs overrides applied on top.")
+    p.add_argument("overrides", nargs="*", help="Hydra overrides, as for train.py (ffn=swiglu model.d_model=256)")
+    p.add_argument("--vs", nargs="+", default=None, metavar="OVERRIDE", help="a second config to compare with")
+    p.add_argument("--attention", metavar="CHECKPOINT", default=None, help="plot a checkpoint's attention maps")
+    p.add_argument("--text", default=None, help="the text to run through the checkpoint (with --attention)")
+    p.add_argument("--out", default="attn.png", help="PNG to write (with --attention; default attn.png)")
+    args = p.parse_args(argv)
+    try:
+        if args.attention is not None:
+            if args.text is None:
+                raise InspectError("--attention needs --text \"some text\"")
+            if args.overrides or args.vs:
+                raise InspectError("--attention takes no config overrides (the checkpoint holds its config)")
+            out = attention_figure(args.attention, args.text, args.out)
+            print(f"wrote {out}")
+            return EXIT_OK
+        if args.text is not None:
+            raise InspectError("--text goes with --attention CHECKPOINT")
+        a = inspect_config(args.overrides)
+        if args.vs is None:
+            print(format_single(a))
+        else:
+            b_over = merge_overrides(args.overrides, args.vs)
+            print(format_vs(a, inspect_config(b_over), args.overrides, b_over))
+    except InspectError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_ERROR
+    return EXIT_OK
+
+
+if __name__ == "__main__":
+    sys.exit(main())
