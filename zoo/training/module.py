@@ -32,16 +32,14 @@ class ZooModule(L.LightningModule):
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         self._resumed_rng_state = checkpoint.get("rng_state")
 
-    def on_train_start(self) -> None:
-        # Lightning's logging step can fall one behind the optimizer step after a resume; keep them
-        # equal so metrics.csv rows line up with an uninterrupted run's (one optimizer, so they match).
-        self.trainer.fit_loop.epoch_loop._batches_that_stepped = self.trainer.global_step
-
     def on_train_batch_start(self, batch: dict, batch_idx: int) -> None:
-        # Restored right before the first resumed step: Lightning draws random numbers after loading.
-        if getattr(self, "_resumed_rng_state", None) is not None:
+        if getattr(self, "_resumed_rng_state", None) is not None:  # the first step after a resume
+            # Restored here, not on load: Lightning draws random numbers in between.
             torch.set_rng_state(self._resumed_rng_state)
             self._resumed_rng_state = None
+            # Lightning's logging step can be off by one after a resume; with one optimizer it equals
+            # the optimizer step, so metrics.csv rows line up with an uninterrupted run's.
+            self.trainer.fit_loop.epoch_loop._batches_that_stepped = self.trainer.global_step
 
     def setup(self, stage: str) -> None:
         if self.cfg.get("compile") and not hasattr(self, "_compiled"):
