@@ -21,6 +21,8 @@ import re
 import sys
 from pathlib import Path
 
+from zoo.io import atomic_write
+
 EXIT_OK, EXIT_ERROR = 0, 2
 CONF = Path(__file__).resolve().parent.parent / "conf"
 DEFAULT_CHAR_VOCAB = 102  # the char tokenizer fitted on the embedded corpus: 20 specials + 82 characters
@@ -315,7 +317,7 @@ def attention_figure(checkpoint: str | Path, text: str, out: str | Path, max_lab
     fig.tight_layout()
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, format="png")
+    atomic_write(out, lambda f: fig.savefig(f, format="png"), mode="wb")
     return out
 
 

@@ -32,6 +32,8 @@ from pathlib import Path
 
 import numpy as np
 
+from zoo.io import atomic_write, atomic_write_text
+
 EXIT_OK, EXIT_ERROR = 0, 2
 LEVEL = 0.95  # confidence level of the intervals
 ALPHA = 0.05  # significance threshold of the Welch test
@@ -565,7 +567,7 @@ def plot_curves(rows: list[Row], metric: str, target: float, path: Path) -> None
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, format="png")
+    atomic_write(path, lambda f: fig.savefig(f, format="png"), mode="wb")
 
 
 def plot_final(rows: list[Row], metric: str, path: Path) -> None:
@@ -595,7 +597,7 @@ def plot_final(rows: list[Row], metric: str, path: Path) -> None:
     ax.set_title(f"final {metric}\nmean and 95% CI (Student t) over seeds{zoom}", fontsize=9)
     ax.grid(axis="y", alpha=0.3)
     fig.tight_layout()
-    fig.savefig(path, format="png")
+    atomic_write(path, lambda f: fig.savefig(f, format="png"), mode="wb")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -712,8 +714,8 @@ def write_report(report: Report, out_dir: Path) -> list[Path]:
                         ("final.png", f"Final {report.metric}: mean per variant, error bars = 95% CI (Student t), "
                                       "dots = seeds.")]
         written += [out_dir / "curves.png", out_dir / "final.png"]
-    (out_dir / "report.md").write_text(report.markdown(), encoding="utf-8")
-    (out_dir / "report.html").write_text(report.html(out_dir), encoding="utf-8")
+    atomic_write_text(out_dir / "report.md", report.markdown())
+    atomic_write_text(out_dir / "report.html", report.html(out_dir))
     return [out_dir / "report.md", out_dir / "report.html"] + written
 
 

@@ -50,7 +50,7 @@ BAD_OVERRIDES = [  # (overrides, the start of the one-line error)
     (["data=text_file", "data.path=/no/such/file.txt"], "data.path: no such file '/no/such/file.txt'"),
     (["data.tokenizer=wordpiece"], "tokenizer: unknown 'wordpiece'; valid: bpe, byte, char"),
     (["data=addition", "model=encoder_only"], "data.task: encoder_only fills the target positions"),
-    (["data=copy", "+data.task=foo"], None),  # an override that Hydra itself rejects is covered below
+    (["data=copy", "data.task=foo"], "task: unknown 'foo'; valid: addition, copy, reverse, sort"),
     (["trainer.max_steps=0"], "trainer.max_steps: must be a positive integer"),
     (["data.val_fraction=1.5"], "data.val_fraction: must be between 0 and 1"),
     (["data.context=0"], "data.context: must be a positive integer"),
@@ -61,7 +61,7 @@ BAD_OVERRIDES = [  # (overrides, the start of the one-line error)
 ]
 
 
-@pytest.mark.parametrize("overrides,error", [b for b in BAD_OVERRIDES if b[1]], ids=lambda x: str(x)[:60])
+@pytest.mark.parametrize("overrides,error", BAD_OVERRIDES, ids=lambda x: str(x)[:60])
 def test_bad_config_stops_before_training_with_one_line(overrides, error, tmp_path, capsys):
     task = any(o in ("data=copy", "data=addition") for o in overrides)
     cfg = compose_cfg((TINY_TASK if task else TINY) + overrides)
@@ -239,13 +239,27 @@ def test_resume_with_another_architecture_is_refused(tmp_path, capsys):
         capsys.readouterr().err
 
 
-def test_a_failing_run_does_not_stop_the_sweep(tmp_path):
-    cmd = [sys.executable, "train.py", "-m", *TINY, "logger=none", "model.d_model=32,33", "norm=pre_ln,post_ln",
-           f"hydra.sweep.dir={tmp_path}"]
+def test_failed_and_diverged_runs_do_not_stop_the_sweep_and_the_report_counts_them(tmp_path):
+    cmd = [sys.executable, "train.py", "-m", *TINY, "logger=csv", "model.d_model=32,33", "optim.lr=1e-3,1e6",
+           "norm=post_ln", "model.init_std=3.0", "optim.warmup_steps=0", "trainer.gradient_clip_val=null",
+           "trainer.max_steps=20", "trainer.val_check_interval=10", f"hydra.sweep.dir={tmp_path}"]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    statuses = sorted(json.loads(p.read_text())["status"] for p in tmp_path.glob("*/summary.json"))
-    assert statuses == ["completed", "completed", "failed", "failed"]
+    summaries = [json.loads(p.read_text()) for p in sorted(tmp_path.glob("*/summary.json"))]
+    statuses = sorted(s["status"] for s in summaries)
+    assert statuses == ["completed", "diverged", "failed", "failed"], statuses
+    diverged = next(s for s in summaries if s["status"] == "diverged")
+    lr = next(float(o.split("=")[1]) for o in diverged["overrides"] if o.startswith("optim.lr="))
+    assert diverged["diverged_step"] < 20 and lr == 1e6
+
+    from zoo.report import main as report_main
+
+    assert report_main([str(tmp_path)]) == 0
+    table = (tmp_path / "report.md").read_text()
+    row = next(line for line in table.splitlines() if line.startswith("| 32 | 1000000.0 |"))
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells[-2:] == ["1", "0"]  # diverged, failed
+    assert any(line.startswith("| 33 |") and line.rstrip().endswith("| 0 | 1 |") for line in table.splitlines())
 
 
 def test_writes_are_atomic(tmp_path, monkeypatch):

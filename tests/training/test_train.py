@@ -199,3 +199,10 @@ def test_ddp_two_processes_on_cpu(tmp_path):
     s = json.loads((tmp_path / "summary.json").read_text())
     assert s["status"] == "completed" and s["steps"] == 4
     assert s["tokens_seen"] == 2 * 4 * 4 * 16  # two processes, each with its own batches
+
+
+def test_history_holds_every_metric_of_each_evaluation(train):
+    code, run_dir = train(["data=copy", "logger=none", "trainer.max_steps=4", "trainer.val_check_interval=2"])
+    s = json.loads((run_dir / "summary.json").read_text())
+    assert [h["step"] for h in s["history"]] == [2, 4]
+    assert all({"val_loss", "exact_match", "exact_match_long"} <= set(h) for h in s["history"])

@@ -71,7 +71,9 @@ class BestMetrics(L.Callback):
     def load_state_dict(self, state: dict) -> None:
         self.final, self.best, self.history = state["final"], state["best"], state["history"]
 
-    def on_validation_epoch_end(self, trainer, module):
+    def on_validation_end(self, trainer, module):
+        # on_validation_end, not _epoch_end: callbacks' epoch-end hooks run before the module's, which
+        # logs the exact-match metrics; by now every metric of this evaluation is in callback_metrics.
         if trainer.sanity_checking:
             return
         metrics = {k: float(v) for k, v in trainer.callback_metrics.items()
