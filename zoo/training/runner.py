@@ -130,7 +130,35 @@ def _prepare(plain: dict):
                           "leave it null")
     model_cfg["vocab_size"] = data.tokenizer.vocab_size
     plain["model"] = resolve_config(model_cfg)
+    budget = plain.get("budget")
+    if budget not in (None, "params"):
+        raise ConfigError(f"budget: unknown '{budget}'; valid: params, null")
+    if budget == "params":
+        plain["model"], plain["budget"] = match_params(plain["model"])
     return data
+
+
+def match_params(model_cfg: dict, tolerance: float = 0.01) -> tuple[dict, dict]:
+    """Resize d_ff so the model has the parameters of the baseline (MHA, 4x GELU FFN) within 1%.
+
+    Used with budget=params, so a sweep over FFN or attention types compares them at equal size."""
+    baseline = {**model_cfg, "attention": {**model_cfg["attention"], "name": "mha"},
+                "ffn": {"name": "gelu", "d_ff": None}}
+    baseline["attention"].pop("n_kv_heads", None)
+    target = count_params(baseline)["total"]
+    at = lambda d_ff: count_params({**model_cfg, "ffn": {**model_cfg["ffn"], "d_ff": d_ff}})["total"]
+    per_unit = (at(16) - at(8)) / 8  # the count is linear in d_ff
+    exact = 8 + (target - at(8)) / per_unit
+    d_ff = max(8, 8 * round(exact / 8))  # a multiple of 8, as the defaults are, unless that misses by > 1%
+    if abs(at(d_ff) - target) > tolerance * target:
+        d_ff = max(1, round(exact))
+    params = at(d_ff)
+    if abs(params - target) > tolerance * target:
+        raise ConfigError(f"budget: no d_ff brings {model_cfg['ffn']['name']} with {model_cfg['attention']['name']} "
+                          f"within {tolerance:.0%} of the baseline's {target} parameters")
+    resized = {**model_cfg, "ffn": {**model_cfg["ffn"], "d_ff": d_ff}}
+    return resized, {"kind": "params", "baseline": "mha + gelu", "target_params": target, "d_ff": d_ff,
+                     "params": params, "deviation": (params - target) / target}
 
 
 def _checkpoint_path(ckpt: str | None, run_dir: Path, model_cfg: dict) -> str | None:
@@ -225,6 +253,7 @@ def _summary(plain, data, trainer, throughput, best, status, diverged_step, star
         "final": final,
         "best": best.best,
         "history": best.history,
+        "budget": plain.get("budget"),
         "overrides": _overrides(),
         "torch": torch.__version__,
     }
