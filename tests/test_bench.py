@@ -1,0 +1,155 @@
+"""zoo.bench: the quick path of its sections at tiny sizes. No timing assertions: the machine is noisy."""
+
+import json
+import math
+import sys
+import textwrap
+
+import pytest
+import torch
+
+from zoo import bench
+from zoo.bench import Settings
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    """One intra-op thread: on a shared 2-core machine, two threads slow down many-fold when another process
+    runs, one barely does. Restored afterwards for the other tests."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def quick(**over) -> Settings:
+    base = dict(shapes=("tiny",), peers=("zoo",), gen_shape="tiny", gen_contexts=(8, 16), gen_new_tokens=2,
+                gen_rounds=1, kv_context=24, matmul_n=128, matmul_repeats=2, min_rounds=2, max_rounds=2)
+    return Settings.quick_run(**{**base, **over})
+
+
+def rows_of(markdown: str, header: str) -> list[dict[str, str]]:
+    """The rows of the Markdown table whose header line starts with `header`, as dicts by column."""
+    lines = markdown.splitlines()
+    start = next(i for i, ln in enumerate(lines) if ln.startswith(header))
+    cols = [c.strip() for c in lines[start].strip("|").split("|")]
+    out = []
+    for ln in lines[start + 2:]:
+        if not ln.startswith("|"):
+            break
+        out.append(dict(zip(cols, (c.strip() for c in ln.strip("|").split("|")), strict=True)))
+    return out
+
+
+def positive(cell: str) -> float:
+    value = float(cell.rstrip("x%").replace("*", ""))
+    assert math.isfinite(value) and value > 0, cell
+    return value
+
+
+def test_train_section_table():
+    md = bench.section_train(bench.Session(quick()))
+    rows = rows_of(md, "| family | contender | params | median ms | IQR ms | min ms | tokens/s | time / zoo |")
+    zoo_rows = [r for r in rows if r["contender"] == "zoo"]
+    assert [r["family"] for r in zoo_rows] == ["GPT-2 style", "Llama style"]
+    for r in zoo_rows:
+        for col in ("params", "median ms", "min ms", "tokens/s", "time / zoo"):
+            positive(r[col])
+        assert r["time / zoo"] == "1.00x"
+    # peers left out by --peers are listed with the reason, not silently dropped
+    assert any(r["contender"] == "HF transformers" and "not selected" in r["notes"] for r in rows)
+
+
+def test_generation_section_table():
+    md = bench.section_generate(bench.Session(quick()))
+    rows = rows_of(md, "| context | with cache ms/token | IQR | without cache ms/token |")
+    assert [r["context"] for r in rows] == ["8", "16"]
+    for r in rows:
+        for col in ("with cache ms/token", "without cache ms/token", "cache speedup", "best speedup", "prefill ms"):
+            positive(r[col])
+    assert "KV-cache speedup at context 16" in md
+
+
+@pytest.mark.parametrize("attention,n_kv", [("mha", 4), ("gqa", 2), ("mqa", 1)])
+def test_kv_cache_bytes_equal_formula(attention, n_kv):
+    s = quick()
+    shape = bench.SHAPES[s.gen_shape]
+    r = bench.kv_bytes(s, attention, context=24, batch_size=2)
+    head_dim = shape.d_model // shape.n_heads
+    assert r["n_kv"] == n_kv
+    assert r["measured"] == r["formula"] == 2 * shape.n_layers * 2 * n_kv * 24 * head_dim * 4
+
+
+def test_kv_section_reports_matches():
+    md = bench.section_kv(bench.Session(quick()))
+    rows = rows_of(md, "| attention | n_kv | layers | head_dim | T | bytes |")
+    assert [r["attention"] for r in rows] == ["mha", "gqa", "mqa"]
+    assert all(r["match"] == "yes" and r["bytes"] == r["formula"] for r in rows)
+    assert [r["vs mha"] for r in rows] == ["1.00x", "0.50x", "0.25x"]
+
+
+def test_mfu_section_table():
+    md = bench.section_mfu(bench.Session(quick()))
+    rows = rows_of(md, "| shape | family | mode | GFLOP/step | median ms | achieved GFLOP/s | peak GFLOP/s | MFU |")
+    assert {r["mode"] for r in rows} == {"fp32 eager", "bf16 eager"}
+    for r in rows:
+        for col in ("GFLOP/step", "median ms", "achieved GFLOP/s", "peak GFLOP/s"):
+            positive(r[col])
+        assert r["MFU"].endswith("%")
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_memory_probe_in_process():
+    r = bench.memory_probe("tiny", "zoo-llama", quick())
+    assert r["before_mib"] > 0 and r["delta_mib"] >= 0 and r["params"] > 0
+
+
+def test_overhead_skipped_without_train_py(tmp_path, capsys):
+    md = bench.bench_train_overhead(quick(), root=tmp_path)
+    assert "skipped: train.py not found" in md
+    assert "skipped: train.py not found" in capsys.readouterr().out
+
+
+def test_overhead_reads_summary_of_a_stand_in_train_py(tmp_path):
+    """A stand-in train.py that writes summary.json where the real one will, and prints its run directory."""
+    model = bench.zoo_config(bench.SHAPES["tiny"], "gpt2")
+    summary = {"tokens_per_second": 1234.5, "wall_time_s": 2.5, "time_to_first_step_s": 0.75, "model": model,
+               "data": {"batch_size": 2, "context": 16}}
+    (tmp_path / "train.py").write_text(textwrap.dedent(f"""
+        import json, pathlib, sys
+        assert "experiment=nanogpt_cpu" in sys.argv and "trainer.max_steps=3" in sys.argv, sys.argv
+        run = pathlib.Path("outputs/run1")
+        run.mkdir(parents=True)
+        (run / "summary.json").write_text(json.dumps({json.dumps(summary)}))
+        print("run directory:", run)
+    """))
+    md = bench.bench_train_overhead(quick(overhead_steps=3, threads=1), root=tmp_path)
+    assert "outputs/run1/summary.json" in md, md
+    rows = rows_of(md, "| run | tokens/s | time to first step s |")
+    assert rows[0]["tokens/s"] == "1234" or rows[0]["tokens/s"] == "1235"
+    assert rows[0]["time to first step s"] == "0.75"
+    positive(rows[1]["tokens/s"])
+    positive(rows[1]["time to first step s"])
+
+
+def test_cli_writes_report(tmp_path):
+    out = tmp_path / "docs" / "benchmarks.md"
+    assert bench.main(["--quick", "--only", "kv", "--gen-shape", "tiny", "--kv-context", "16",
+                       "--out", str(out)]) == 0
+    md = out.read_text()
+    assert md.startswith("# Benchmarks")
+    assert "python -m zoo.bench --quick --only kv" in md
+    assert "| torch |" in md and "| transformers |" in md
+    assert "## KV-cache size" in md and "## Training step" not in md
+
+
+def test_cli_rejects_unknown_section():
+    with pytest.raises(SystemExit, match="unknown section 'nope'"):
+        bench.main(["--only", "nope", "--out", "-"])
+
+
+def test_variant_keys_round_trip():
+    for v in (bench.Variant("zoo", "gpt2"), bench.Variant("nanogpt", "gpt2", bf16=True, compile=True),
+              bench.Variant("hf", "llama", bf16=True)):
+        assert bench.Variant.parse(v.key) == v
+    json.dumps(bench.machine_info(quick()))  # plain strings only

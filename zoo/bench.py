@@ -1,0 +1,1013 @@
+"""`python -m zoo.bench`: zoo's speed and memory against peer implementations, written to Markdown.
+
+Sections (pick with `--only train,compile,...`; default: all):
+
+- train     training step (forward + backward + AdamW step) of zoo's GPT-2-style and Llama-style models
+            against Hugging Face `GPT2LMHeadModel` / `LlamaForCausalLM`, x-transformers and (with
+            `--nanogpt PATH`) nanoGPT, all of the same shape, random weights, dropout 0;
+- compile   zoo with torch.compile, bf16 autocast and both, as ratios to zoo float32 eager (and
+            nanoGPT float32 / bf16 / compile+bf16 when given);
+- generate  per-token decoding latency with and without the KV cache at growing contexts;
+- kv        KV-cache bytes of MHA, GQA and MQA, checked against 2 * layers * batch * n_kv * T * hd * bytes;
+- mfu       achieved FLOP/s of zoo's training steps over a matrix-multiply peak measured in the same run;
+- memory    peak RSS growth of three training steps, one subprocess per contender;
+- overhead  `train.py` against a bare PyTorch loop (skipped while train.py does not exist).
+
+Timing: every contender is warmed up, then the contenders of a group run round-robin (A B C A B C ...,
+the starting contender rotating each round), so slow drifts of a shared, noisy machine hit all of them
+alike. Tables give the median and the interquartile range (q3 - q1); ratios are of medians measured in
+the same group. Peers are imported lazily; a missing one is reported as "not installed".
+
+torch's intra-op thread count is left at its default unless `--threads N` is given. On a small machine
+shared with other jobs, the default (one thread per core) slows down many-fold whenever another process
+runs, while `--threads 1` barely does; each section records the load average so a disturbed run shows.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import gc
+import importlib
+import importlib.metadata
+import importlib.util
+import io
+import json
+import math
+import os
+import platform
+import re
+import shlex
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from functools import partial
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import zoo
+from zoo.generate import generate
+from zoo.layers.attention import kv_heads
+from zoo.layers.ffn import default_d_ff
+
+SECTIONS = ("train", "compile", "generate", "kv", "mfu", "memory", "overhead")
+PEERS = ("zoo", "hf", "xt", "nanogpt")
+ROOT = Path(__file__).resolve().parent.parent
+
+
+# ----------------------------------------------------------------------------------------------
+# Shapes, settings, statistics
+
+
+@dataclass(frozen=True)
+class Shape:
+    name: str
+    batch: int
+    context: int
+    n_layers: int
+    n_heads: int
+    d_model: int
+    vocab: int = 65
+    n_kv_heads: int = 2  # the Llama-style models' key/value heads
+
+    @property
+    def tokens(self) -> int:
+        return self.batch * self.context
+
+    def describe(self) -> str:
+        return (f"batch {self.batch} x context {self.context}, {self.n_layers} layers, {self.n_heads} heads, "
+                f"d_model {self.d_model}, vocab {self.vocab}")
+
+
+SHAPES = {
+    "tiny": Shape("tiny", batch=2, context=16, n_layers=2, n_heads=4, d_model=32),  # tests only
+    "small": Shape("small", batch=12, context=64, n_layers=4, n_heads=4, d_model=128),  # nanoGPT's CPU recipe
+    "large": Shape("large", batch=8, context=256, n_layers=6, n_heads=6, d_model=384),
+}
+
+
+@dataclass
+class Settings:
+    shapes: tuple[str, ...] = ("small", "large")
+    peers: tuple[str, ...] = PEERS
+    warmup: int = 3
+    min_rounds: int = 7
+    max_rounds: int = 60
+    target_s: float = 3.0  # timed seconds per contender and group, within [min_rounds, max_rounds]
+    gen_shape: str = "large"
+    gen_contexts: tuple[int, ...] = (64, 128, 256, 512, 1024)
+    gen_new_tokens: int = 16
+    gen_rounds: int = 7
+    kv_context: int = 1024
+    matmul_n: int = 2048
+    matmul_repeats: int = 10
+    memory_steps: int = 3
+    overhead_steps: int = 200
+    train_args: tuple[str, ...] = ()
+    nanogpt: Path | None = None
+    threads: int | None = None  # torch.set_num_threads; None leaves torch's default
+    quick: bool = False
+
+    @classmethod
+    def quick_run(cls, **over) -> Settings:
+        """Few steps everywhere: a smoke run, not a measurement."""
+        base = dict(warmup=1, min_rounds=3, max_rounds=3, target_s=0.0, gen_contexts=(64, 128, 256),
+                    gen_new_tokens=4, gen_rounds=2, kv_context=256, matmul_n=1024, matmul_repeats=3,
+                    memory_steps=1, overhead_steps=20, quick=True)
+        return cls(**{**base, **over})
+
+
+@dataclass
+class Stats:
+    times: list[float]  # seconds
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.times)
+
+    @property
+    def iqr(self) -> float:
+        if len(self.times) < 2:
+            return 0.0
+        q1, _, q3 = statistics.quantiles(self.times, n=4, method="inclusive")
+        return q3 - q1
+
+
+def time_call(fn: Callable[[], object]) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+def interleave(fns: dict[str, Callable[[], object]], s: Settings) -> dict[str, Stats]:
+    """Warm each function up, then run them round-robin; per-call times in seconds. The number of rounds
+    gives the slowest function about s.target_s seconds, within [s.min_rounds, s.max_rounds]."""
+    est = {}
+    for name, fn in fns.items():
+        for _ in range(max(1, s.warmup)):
+            est[name] = time_call(fn)
+    rounds = s.min_rounds
+    if s.target_s > 0 and est:
+        rounds = min(s.max_rounds, max(s.min_rounds, math.ceil(s.target_s / max(max(est.values()), 1e-6))))
+    names = list(fns)
+    times: dict[str, list[float]] = {n: [] for n in names}
+    gc.collect()
+    for r in range(rounds):
+        for name in names[r % len(names):] + names[: r % len(names)]:
+            times[name].append(time_call(fns[name]))
+    return {n: Stats(t) for n, t in times.items()}
+
+
+# ----------------------------------------------------------------------------------------------
+# Contenders: one function per implementation that builds a model of a shape and returns its loss
+
+
+def zoo_config(shape: Shape, family: str, max_seq_len: int | None = None) -> dict:
+    base = dict(name="decoder_only", vocab_size=shape.vocab, d_model=shape.d_model, n_layers=shape.n_layers,
+                n_heads=shape.n_heads, max_seq_len=max_seq_len or shape.context, dropout=0.0)
+    if family == "gpt2":  # learned positions, pre-LN LayerNorm, GELU, MHA, biases, tied head
+        return base
+    return {**base, "bias": False, "tie_embeddings": False,  # Llama: RoPE, pre-RMSNorm, SwiGLU, GQA
+            "attention": {"name": "gqa", "n_kv_heads": shape.n_kv_heads}, "position": {"name": "rope"},
+            "norm": {"type": "rmsnorm"}, "ffn": {"name": "swiglu"}}
+
+
+def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Next-token cross-entropy, the same for every contender (nanoGPT computes this very call)."""
+    return F.cross_entropy(logits.reshape(-1, logits.size(-1)), targets.reshape(-1))
+
+
+class NotInstalled(RuntimeError):
+    pass
+
+
+def _require(module: str):
+    try:
+        return importlib.import_module(module)
+    except ImportError as e:
+        raise NotInstalled(f"not installed ({module})") from e
+
+
+def build_zoo(shape: Shape, family: str, s: Settings):
+    model = zoo.build_model(zoo_config(shape, family))
+    return model, lambda m, x, y: lm_loss(m(x), y)
+
+
+def build_hf(shape: Shape, family: str, s: Settings):
+    tf = _require("transformers")
+    common = dict(vocab_size=shape.vocab, use_cache=False, attn_implementation="sdpa", bos_token_id=None,
+                  eos_token_id=None, pad_token_id=None)
+    torch.manual_seed(0)
+    if family == "gpt2":
+        cfg = tf.GPT2Config(n_positions=shape.context, n_embd=shape.d_model, n_layer=shape.n_layers,
+                            n_head=shape.n_heads, activation_function="gelu", resid_pdrop=0.0, embd_pdrop=0.0,
+                            attn_pdrop=0.0, layer_norm_epsilon=1e-5, tie_word_embeddings=True, **common)
+        model = tf.GPT2LMHeadModel(cfg)
+    else:
+        d_ff = default_d_ff(shape.d_model, gated=True)
+        cfg = tf.LlamaConfig(hidden_size=shape.d_model, intermediate_size=d_ff, num_hidden_layers=shape.n_layers,
+                             num_attention_heads=shape.n_heads, num_key_value_heads=shape.n_kv_heads,
+                             max_position_embeddings=shape.context, rms_norm_eps=1e-5, attention_bias=False,
+                             mlp_bias=False, attention_dropout=0.0, tie_word_embeddings=False, **common)
+        model = tf.LlamaForCausalLM(cfg)
+    return model, lambda m, x, y: lm_loss(m(input_ids=x).logits, y)
+
+
+def build_xt(shape: Shape, family: str, s: Settings):
+    xt = _require("x_transformers")
+    torch.manual_seed(0)
+    head_dim = shape.d_model // shape.n_heads
+    if family == "gpt2":  # x-transformers has no biases in attention and LayerNorm: a few params fewer
+        layers = xt.Decoder(dim=shape.d_model, depth=shape.n_layers, heads=shape.n_heads, attn_dim_head=head_dim,
+                            attn_flash=True, ff_mult=4)
+        model = xt.TransformerWrapper(num_tokens=shape.vocab, max_seq_len=shape.context, attn_layers=layers,
+                                      tie_embedding=True)
+    else:
+        d_ff = default_d_ff(shape.d_model, gated=True)
+        layers = xt.Decoder(dim=shape.d_model, depth=shape.n_layers, heads=shape.n_heads, attn_dim_head=head_dim,
+                            attn_flash=True, rotary_pos_emb=True, use_rmsnorm=True, ff_glu=True, ff_swish=True,
+                            ff_no_bias=True, attn_kv_heads=shape.n_kv_heads, ff_mult=(d_ff + 0.5) / shape.d_model)
+        model = xt.TransformerWrapper(num_tokens=shape.vocab, max_seq_len=shape.context, attn_layers=layers,
+                                      use_abs_pos_emb=False, tie_embedding=False)
+    return model, lambda m, x, y: lm_loss(m(x), y)
+
+
+def load_nanogpt(path: Path):
+    """nanoGPT's model.py imported from a checkout at run time (nothing of it lives in zoo)."""
+    path = Path(path).expanduser().resolve()
+    file = path / "model.py"
+    if not file.is_file():
+        raise NotInstalled(f"no model.py in {path}")
+    name = "zoo_bench_nanogpt_model"
+    if name not in sys.modules:
+        sys.path.insert(0, str(path))
+        spec = importlib.util.spec_from_file_location(name, file)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name]
+
+
+def build_nanogpt(shape: Shape, family: str, s: Settings):
+    if s.nanogpt is None:
+        raise NotInstalled("not given (--nanogpt PATH)")
+    if family != "gpt2":
+        raise NotInstalled("GPT-2 style only")
+    ng = load_nanogpt(s.nanogpt)
+    cfg = ng.GPTConfig(block_size=shape.context, vocab_size=shape.vocab, n_layer=shape.n_layers,
+                       n_head=shape.n_heads, n_embd=shape.d_model, dropout=0.0, bias=True)
+    torch.manual_seed(0)
+    with contextlib.redirect_stdout(io.StringIO()):  # it prints its parameter count
+        model = ng.GPT(cfg)
+    return model, lambda m, x, y: m(x, y)[1]  # its loss is lm_loss's call on the full logits
+
+
+BUILDERS = {"zoo": build_zoo, "hf": build_hf, "xt": build_xt, "nanogpt": build_nanogpt}
+LABELS = {"zoo": "zoo", "hf": "HF transformers", "xt": "x-transformers", "nanogpt": "nanoGPT"}
+FAMILY_LABELS = {"gpt2": "GPT-2 style", "llama": "Llama style"}
+
+
+@dataclass(frozen=True)
+class Variant:
+    peer: str
+    family: str
+    bf16: bool = False
+    compile: bool = False
+
+    @property
+    def key(self) -> str:
+        return "-".join([self.peer, self.family, *(["compile"] if self.compile else []),
+                         *(["bf16"] if self.bf16 else [])])
+
+    @property
+    def mode(self) -> str:
+        return {(False, False): "fp32 eager", (False, True): "bf16 eager", (True, False): "fp32 compile",
+                (True, True): "bf16 compile"}[(self.compile, self.bf16)]
+
+    @classmethod
+    def parse(cls, key: str) -> Variant:
+        parts = key.split("-")
+        return cls(parts[0], parts[1], bf16="bf16" in parts[2:], compile="compile" in parts[2:])
+
+
+def n_params(model: nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())  # tied weights counted once
+
+
+def batch(shape: Shape, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    data = torch.randint(0, shape.vocab, (shape.batch, shape.context + 1), generator=g)
+    return data[:, :-1].contiguous(), data[:, 1:].contiguous()
+
+
+@dataclass
+class TrainRun:
+    variant: Variant
+    params: int
+    step: Callable[[], float]
+
+
+def make_train_run(shape: Shape, v: Variant, s: Settings) -> TrainRun:
+    """A model, AdamW and one fixed batch; `step()` runs forward + backward + optimizer step."""
+    model, loss_of = BUILDERS[v.peer](shape, v.family, s)
+    model.train()
+    params = n_params(model)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.1)
+    run_model = torch.compile(model) if v.compile else model
+    x, y = batch(shape)
+    amp = (lambda: torch.autocast("cpu", dtype=torch.bfloat16)) if v.bf16 else contextlib.nullcontext
+
+    def step() -> float:
+        with amp():
+            loss = loss_of(run_model, x, y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return loss.item()
+
+    return TrainRun(v, params, step)
+
+
+@dataclass
+class Session:
+    """Settings plus the measurements taken so far, so later sections can reuse earlier ones."""
+
+    settings: Settings
+    train: dict[tuple[str, str], Stats] = field(default_factory=dict)  # (shape, variant key) -> Stats
+    params: dict[tuple[str, str], int] = field(default_factory=dict)
+    compile_s: dict[tuple[str, str], float] = field(default_factory=dict)
+    missing: dict[tuple[str, str], str] = field(default_factory=dict)  # why a contender did not run
+    peak: dict[bool, list[float]] = field(default_factory=lambda: {False: [], True: []})  # bf16 -> FLOP/s samples
+
+    def sample_peak(self, repeats: int = 3) -> None:
+        """Matmul FLOP/s now, float32 and bf16. Taken around every timed group, so the run-wide best is
+        the machine's peak even if another process was using the cores during part of the run."""
+        n = self.settings.matmul_n
+        self.peak[False].append(matmul_peak(torch.float32, n, repeats))
+        self.peak[True].append(matmul_peak(torch.bfloat16, n, repeats))
+
+
+def measure_group(sess: Session, shape: Shape, variants: Sequence[Variant]) -> None:
+    """Build every variant that can be built, then time them interleaved; results go into sess."""
+    runs: dict[str, TrainRun] = {}
+    for v in variants:
+        if v.peer not in sess.settings.peers:
+            sess.missing[(shape.name, v.key)] = "not selected (--peers)"
+            continue
+        try:
+            runs[v.key] = make_train_run(shape, v, sess.settings)
+            sess.params[(shape.name, v.key)] = runs[v.key].params
+        except NotInstalled as e:
+            sess.missing[(shape.name, v.key)] = str(e)
+    first: dict[str, float] = {}
+    ok: dict[str, Callable[[], object]] = {}
+    for key, run in runs.items():  # a compile that fails is reported, not fatal
+        try:
+            first[key] = time_call(run.step)
+            ok[key] = run.step
+        except Exception as e:
+            sess.missing[(shape.name, key)] = f"failed: {type(e).__name__}: {str(e).splitlines()[0][:120]}"
+    sess.sample_peak()
+    stats = interleave(ok, sess.settings)
+    sess.sample_peak()
+    for key, st in stats.items():
+        sess.train[(shape.name, key)] = st
+        if Variant.parse(key).compile:
+            sess.compile_s[(shape.name, key)] = max(0.0, first[key] - st.median)
+
+
+# ----------------------------------------------------------------------------------------------
+# Markdown helpers
+
+
+def table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
+    lines = ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
+    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def num(x: float) -> str:
+    """A positive number with about three significant digits, never in scientific notation."""
+    if x == 0:
+        return "0"
+    if x >= 100:
+        return f"{x:.0f}"
+    if x >= 10:
+        return f"{x:.1f}"
+    if x >= 1:
+        return f"{x:.2f}"
+    return f"{x:.3g}" if x >= 1e-3 else f"{x:.6f}"
+
+
+def ratio(x: float) -> str:
+    return f"{x:.2f}x"
+
+
+def ms(seconds: float) -> str:
+    return num(seconds * 1e3)
+
+
+# ----------------------------------------------------------------------------------------------
+# Sections
+
+
+def section_train(sess: Session) -> str:
+    s = sess.settings
+    out = ["## Training step", "",
+           "Forward + backward + AdamW step (lr 1e-4, weight decay 0.1, PyTorch's default implementation) on one "
+           "fixed batch of random tokens, float32, eager. Loss: next-token cross-entropy over the full logits. "
+           "`time / zoo` is the contender's median over zoo's median of the same family (above 1: zoo is faster); "
+           "`min ms` is the fastest step, the one least disturbed by other processes. "
+           "Peers are built from configs with random weights; HF GPT-2 uses exact GELU (`activation_function="
+           "'gelu'`) like zoo and nanoGPT; HF uses `attn_implementation='sdpa'`, x-transformers `attn_flash=True`.",
+           ""]
+    for shape_name in s.shapes:
+        shape = SHAPES[shape_name]
+        variants = [Variant(p, f) for f in ("gpt2", "llama") for p in PEERS if not (p == "nanogpt" and f == "llama")]
+        measure_group(sess, shape, variants)
+        rows = []
+        for v in variants:
+            k = (shape.name, v.key)
+            if k not in sess.train:
+                if v.peer == "nanogpt" and s.nanogpt is None:
+                    continue
+                rows.append([FAMILY_LABELS[v.family], LABELS[v.peer], "-", "-", "-", "-", "-", "-",
+                             sess.missing.get(k, "-")])
+                continue
+            st, base = sess.train[k], sess.train.get((shape.name, Variant("zoo", v.family).key))
+            rows.append([FAMILY_LABELS[v.family], LABELS[v.peer], sess.params[k], ms(st.median), ms(st.iqr),
+                         ms(min(st.times)), num(shape.tokens / st.median),
+                         ratio(st.median / base.median) if base else "-"])
+            rows[-1].append(f"{len(st.times)} steps")
+        out += [f"### {shape.name}: {shape.describe()}", "",
+                table(["family", "contender", "params", "median ms", "IQR ms", "min ms", "tokens/s", "time / zoo",
+                       "notes"], rows), ""]
+    return "\n".join(out)
+
+
+@contextlib.contextmanager
+def cold_compile_caches():
+    """Compile from scratch, as a first run would: a fresh Inductor cache directory, and the FX-graph and
+    AOTAutograd caches off (otherwise a second benchmark run reports the time of a cache hit)."""
+    from torch._functorch import config as functorch_config
+    from torch._inductor import config as inductor_config
+
+    flags = [(inductor_config, "fx_graph_cache"), (functorch_config, "enable_autograd_cache")]
+    old_flags = [(mod, name, getattr(mod, name)) for mod, name in flags if hasattr(mod, name)]
+    old_dir = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    with tempfile.TemporaryDirectory(prefix="zoo-bench-inductor-") as tmp:
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = tmp
+        for mod, name, _ in old_flags:
+            setattr(mod, name, False)
+        try:
+            yield
+        finally:
+            for mod, name, value in old_flags:
+                setattr(mod, name, value)
+            if old_dir is None:
+                os.environ.pop("TORCHINDUCTOR_CACHE_DIR", None)
+            else:
+                os.environ["TORCHINDUCTOR_CACHE_DIR"] = old_dir
+
+
+def section_compile(sess: Session) -> str:
+    with cold_compile_caches():
+        return _section_compile(sess)
+
+
+def _section_compile(sess: Session) -> str:
+    s = sess.settings
+    out = ["## torch.compile and bf16 autocast", "",
+           "zoo's training step with `torch.compile(model)` (default mode), with "
+           "`torch.autocast('cpu', dtype=torch.bfloat16)`, and with both; `speedup` is zoo float32 eager's median "
+           "over the row's median (above 1: faster). Compile time = first step (which compiles forward and "
+           "backward) minus the steady median, with empty compile caches at the start of the section (later "
+           "variants reuse kernels compiled for earlier ones, as in one training process); it is not in the "
+           "timings. nanoGPT rows also give `time / zoo`, against zoo's GPT-2-style model in the same mode.", ""]
+    for shape_name in s.shapes:
+        shape = SHAPES[shape_name]
+        torch._dynamo.reset()
+        for family in ("gpt2", "llama"):
+            variants = [Variant("zoo", family, bf16=b, compile=c) for c in (False, True) for b in (False, True)]
+            if family == "gpt2" and s.nanogpt is not None:
+                variants += [Variant("nanogpt", "gpt2"), Variant("nanogpt", "gpt2", bf16=True),
+                             Variant("nanogpt", "gpt2", bf16=True, compile=True)]
+            measure_group(sess, shape, variants)
+            base = sess.train.get((shape.name, Variant("zoo", family).key))
+            rows = []
+            for v in variants:
+                k = (shape.name, v.key)
+                if k not in sess.train:
+                    rows.append([LABELS[v.peer], v.mode, "-", "-", "-", "-", "-", "-", "-", sess.missing.get(k, "-")])
+                    continue
+                st = sess.train[k]
+                same = sess.train.get((shape.name, replace(v, peer="zoo").key))
+                rows.append([LABELS[v.peer], v.mode, ms(st.median), ms(st.iqr), ms(min(st.times)),
+                             num(shape.tokens / st.median),
+                             ratio(base.median / st.median) if base else "-",
+                             ratio(st.median / same.median) if same and v.peer != "zoo" else "-",
+                             num(sess.compile_s[k]) if k in sess.compile_s else "-", ""])
+            out += [f"### {shape.name}, {FAMILY_LABELS[family]}: {shape.describe()}", "",
+                    table(["contender", "mode", "median ms", "IQR ms", "min ms", "tokens/s",
+                           "speedup vs zoo fp32 eager", "time / zoo", "compile s", "notes"], rows), ""]
+    return "\n".join(out)
+
+
+def generation_model(s: Settings, attention: str = "gqa") -> tuple[nn.Module, dict]:
+    """A Llama-style zoo model (RoPE: any length) of the generation shape, in eval mode."""
+    shape = SHAPES[s.gen_shape]
+    cfg = zoo_config(shape, "llama")
+    if attention != "gqa":
+        cfg["attention"] = {"name": attention}
+    model = zoo.build_model(cfg).eval()
+    return model, cfg
+
+
+class StepTimer:
+    """Per-step times of a `generate` call that runs unchanged: a hook stamps the start of every pass through
+    the decoder stack; step i lasts from pass i's start to pass i + 1's (the last one to generate's return),
+    so the head, sampling and bookkeeping of each token are in it. Step 0 is the prefill."""
+
+    def __init__(self, stack: nn.Module):
+        self.starts: list[float] = []
+        stack.register_forward_pre_hook(self._stamp)
+
+    def _stamp(self, module, args) -> None:
+        self.starts.append(time.perf_counter())
+
+    def steps(self, fn: Callable[[], object]) -> list[float]:
+        self.starts.clear()
+        fn()
+        marks = [*self.starts, time.perf_counter()]
+        return [b - a for a, b in zip(marks, marks[1:], strict=False)]
+
+
+def section_generate(sess: Session) -> str:
+    s = sess.settings
+    model, cfg = generation_model(s)
+    timer = StepTimer(model.decoder)
+    g = torch.Generator().manual_seed(0)
+    n = s.gen_new_tokens
+    results = {}
+    for ctx in s.gen_contexts:
+        prompt = torch.randint(0, cfg["vocab_size"], (1, ctx), generator=g)
+        runs: dict[bool, list[tuple[float, list[float]]]] = {True: [], False: []}  # (prefill, steps) per call
+
+        def run(cache: bool, p: torch.Tensor = prompt, out: dict = runs) -> None:
+            steps = timer.steps(lambda: generate(model, p, n + 1, use_cache=cache))
+            out[cache].append((steps[0], steps[1:]))
+
+        interleave({"cache": partial(run, True), "no cache": partial(run, False)},
+                   replace(s, warmup=1, min_rounds=s.gen_rounds, max_rounds=s.gen_rounds, target_s=0))
+        timed = {c: runs[c][-s.gen_rounds:] for c in (True, False)}  # warm-up calls dropped
+        per = {c: Stats([statistics.mean(steps) for _, steps in timed[c]]) for c in (True, False)}
+        best = {c: min(min(steps) for _, steps in timed[c]) for c in (True, False)}
+        results[ctx] = (per[True], per[False], Stats([pre for pre, _ in timed[True]]), best)
+    rows = [[ctx, ms(c.median), ms(c.iqr), ms(nc.median), ms(nc.iqr), ratio(nc.median / c.median),
+             ms(best[True]), ms(best[False]), ratio(best[False] / best[True]), ms(pre.median)]
+            for ctx, (c, nc, pre, best) in results.items()]
+    shape = SHAPES[s.gen_shape]
+    out = ["## Generation", "",
+           f"Greedy decoding with `zoo.generate.generate` of 1 + {n} tokens, batch 1, float32, Llama-style zoo "
+           f"model ({shape.n_layers} layers, {shape.n_heads} heads, d_model {shape.d_model}, GQA n_kv_heads "
+           f"{shape.n_kv_heads}, RoPE). Prompt length = context. A hook on the decoder stack splits each call into "
+           f"steps (start of one pass to the start of the next): the first is the prefill and its first token "
+           f"(last column, with the cache), the other {n} are decoding steps, whose mean is the "
+           f"per-token latency of a call; the table gives its median (and IQR) over {s.gen_rounds} interleaved "
+           "rounds, and `best` the fastest single step (the least disturbed by other processes).", "",
+           table(["context", "with cache ms/token", "IQR", "without cache ms/token", "IQR", "cache speedup",
+                  "best with", "best without", "best speedup", "prefill ms"], rows), ""]
+    key = 512 if 512 in results else max(results)
+    c, nc, _, best = results[key]
+    out += [f"KV-cache speedup at context {key}: **{ratio(nc.median / c.median)}** "
+            f"({ms(nc.median)} ms -> {ms(c.median)} ms per token; fastest steps: "
+            f"{ratio(best[False] / best[True])}).", ""]
+    return "\n".join(out)
+
+
+def kv_bytes(s: Settings, attention: str, context: int, batch_size: int = 1) -> dict:
+    """Prefill `context` tokens into a fresh cache; nbytes() summed over layers, and the formula."""
+    model, cfg = generation_model(s, attention)
+    prompt = torch.zeros(batch_size, context, dtype=torch.long)
+    cache = model.new_cache()
+    with torch.no_grad():
+        model(prompt, cache=cache)
+    measured = sum(c.nbytes() for layer in cache for c in layer)
+    n_kv = kv_heads(attention, cfg["n_heads"], cfg["attention"].get("n_kv_heads"))
+    head_dim = cfg["d_model"] // cfg["n_heads"]
+    elem = next(model.parameters()).element_size()
+    formula = 2 * cfg["n_layers"] * batch_size * n_kv * context * head_dim * elem
+    return dict(attention=attention, n_kv=n_kv, layers=cfg["n_layers"], head_dim=head_dim, context=context,
+                batch=batch_size, bytes_per_elem=elem, measured=measured, formula=formula)
+
+
+def section_kv(sess: Session) -> str:
+    s = sess.settings
+    rows, res = [], [kv_bytes(s, a, s.kv_context) for a in ("mha", "gqa", "mqa")]
+    for r in res:
+        rows.append([r["attention"], r["n_kv"], r["layers"], r["head_dim"], r["context"], r["measured"],
+                     num(r["measured"] / 2**20), r["formula"], "yes" if r["measured"] == r["formula"] else "**NO**",
+                     ratio(r["measured"] / res[0]["measured"])])
+    return "\n".join(["## KV-cache size", "",
+                      f"`KVCache.nbytes()` summed over layers after a prefill of {s.kv_context} tokens (batch 1, "
+                      "float32), against 2 * layers * batch * n_kv * T * head_dim * bytes.", "",
+                      table(["attention", "n_kv", "layers", "head_dim", "T", "bytes", "MiB", "formula", "match",
+                             "vs mha"], rows), ""])
+
+
+def matmul_peak(dtype: torch.dtype, n: int, repeats: int) -> float:
+    """Best FLOP/s of an n x n matrix product over `repeats` tries."""
+    a, b = torch.randn(n, n).to(dtype), torch.randn(n, n).to(dtype)
+    torch.mm(a, b)
+    best = min(time_call(lambda: torch.mm(a, b)) for _ in range(repeats))
+    return 2 * n**3 / best
+
+
+def section_mfu(sess: Session) -> str:
+    s = sess.settings
+    sess.sample_peak(s.matmul_repeats)
+    rows = []
+    for shape_name in s.shapes:
+        shape = SHAPES[shape_name]
+        for family in ("gpt2", "llama"):
+            wanted = [Variant("zoo", family), Variant("zoo", family, bf16=True)]
+            todo = [v for v in wanted if (shape.name, v.key) not in sess.train]
+            if todo:
+                measure_group(sess, shape, todo)
+            measured = [Variant.parse(k) for (sh, k) in sess.train
+                        if sh == shape.name and k.startswith(f"zoo-{family}")]
+            flops = zoo.flops_per_token(zoo_config(shape, family), shape.context)["train"] * shape.tokens
+            peak = {b: max(sess.peak[b]) for b in (False, True)}
+            for v in sorted(measured, key=lambda v: (v.compile, v.bf16)):
+                st = sess.train[(shape.name, v.key)]
+                achieved = flops / st.median
+                rows.append([shape.name, FAMILY_LABELS[family], v.mode, num(flops / 1e9), ms(st.median),
+                             num(achieved / 1e9), num(peak[v.bf16] / 1e9), f"{100 * achieved / peak[v.bf16]:.1f}%"])
+    peak = {b: max(sess.peak[b]) for b in (False, True)}
+    return "\n".join([
+        "## Model FLOP utilisation", "",
+        f"Achieved = `zoo.flops_per_token(cfg, context)['train']` x tokens per step / median step time. Peak = the "
+        f"fastest {s.matmul_n}x{s.matmul_n} matrix product of this run (sampled before and after every timed group, "
+        f"{len(sess.peak[False])} samples): **{num(peak[False] / 1e9)} GFLOP/s float32**, "
+        f"**{num(peak[True] / 1e9)} GFLOP/s bf16** (median sample {num(statistics.median(sess.peak[False]) / 1e9)} "
+        f"and {num(statistics.median(sess.peak[True]) / 1e9)}). bf16 rows are over the bf16 peak. The FLOP count "
+        "ignores the causal mask (it counts the full T x T scores). A step timed while other processes used the "
+        "cores has a lower MFU than the machine allows.", "",
+        table(["shape", "family", "mode", "GFLOP/step", "median ms", "achieved GFLOP/s", "peak GFLOP/s", "MFU"], rows),
+        ""])
+
+
+# --- peak memory: one subprocess per contender ------------------------------------------------
+
+
+def _child_env() -> dict[str, str]:
+    """The environment for `python -m zoo.bench` children: zoo importable from any working directory."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [env.get("PYTHONPATH")])])
+    return env
+
+
+def _status_kib(field_name: str) -> int:
+    text = Path("/proc/self/status").read_text()
+    return int(re.search(rf"^{field_name}:\s+(\d+)", text, re.M).group(1))
+
+
+def memory_probe(shape_name: str, key: str, s: Settings) -> dict:
+    """Run in a fresh process: RSS growth (peak minus before) over a few training steps."""
+    run = make_train_run(SHAPES[shape_name], Variant.parse(key), s)
+    gc.collect()
+    before = _status_kib("VmRSS")
+    try:  # "5" resets the peak RSS (VmHWM) to the current RSS (Linux >= 4.0)
+        Path("/proc/self/clear_refs").write_text("5")
+        method = "VmHWM after reset"
+    except OSError:
+        method = "VmHWM (not reset: includes the imports' peak)"
+    for _ in range(s.memory_steps):
+        run.step()
+    peak = _status_kib("VmHWM")
+    return dict(before_mib=before / 1024, peak_mib=peak / 1024, delta_mib=max(0, peak - before) / 1024,
+                method=method, params=run.params)
+
+
+def section_memory(sess: Session) -> str:
+    s = sess.settings
+    rows, methods = [], set()
+    if not Path("/proc/self/status").exists():
+        return "## Peak memory\n\nskipped: needs Linux /proc to read the resident set size.\n"
+    for shape_name in s.shapes:
+        variants = [Variant("zoo", "gpt2"), Variant("zoo", "gpt2", bf16=True), Variant("hf", "gpt2"),
+                    Variant("xt", "gpt2"), Variant("nanogpt", "gpt2"), Variant("zoo", "llama"),
+                    Variant("zoo", "llama", bf16=True), Variant("hf", "llama"), Variant("xt", "llama")]
+        for v in variants:
+            if v.peer not in s.peers or (v.peer == "nanogpt" and s.nanogpt is None):
+                continue
+            cmd = [sys.executable, "-m", "zoo.bench", "--memory-probe", f"{shape_name}:{v.key}",
+                   "--memory-steps", str(s.memory_steps)]
+            if s.nanogpt is not None:
+                cmd += ["--nanogpt", str(s.nanogpt)]
+            if s.threads:
+                cmd += ["--threads", str(s.threads)]
+            proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=600, env=_child_env())
+            line = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
+            if proc.returncode != 0 or not line:
+                err = (proc.stderr.strip().splitlines() or ["?"])[-1][:120]
+                rows.append([shape_name, FAMILY_LABELS[v.family], LABELS[v.peer], v.mode, "-", "-", "-", err])
+                continue
+            r = json.loads(line[-1])
+            methods.add(r["method"])
+            rows.append([shape_name, FAMILY_LABELS[v.family], LABELS[v.peer], v.mode, r["params"],
+                         num(r["before_mib"]), num(r["delta_mib"]), ""])
+    return "\n".join([
+        "## Peak memory", "",
+        f"Each contender runs in its own process: build model, AdamW and batch, read the resident set size "
+        f"(RSS), reset the kernel's peak-RSS counter, run {s.memory_steps} training steps, read the peak. "
+        "`peak growth` therefore holds activations, gradients, AdamW state and allocator slack; `RSS before` "
+        f"holds the interpreter, imported libraries and weights. Method: {', '.join(sorted(methods)) or '-'}.", "",
+        table(["shape", "family", "contender", "mode", "params", "RSS before MiB", "peak growth MiB", "notes"], rows),
+        ""])
+
+
+# --- train.py overhead (isolated: the lead defines train.py's summary.json) ---------------------
+
+OVERHEAD_SHAPE = "small"  # assumed to be what `experiment=nanogpt_cpu` trains; adjust with train.py
+
+
+def bare_loop(steps: int, spawned_at: float, spec: dict | None = None) -> dict:
+    """A plain PyTorch loop (runs in a subprocess): zoo model, AdamW, random windows of the Shakespeare characters.
+
+    spec: {"model": zoo model config, "batch": B, "context": T}; train.py's summary.json supplies them, and the
+    default is the small GPT-2-style shape. time_to_first_step_s counts from the parent's spawn time, so
+    interpreter start and imports are in it."""
+    from zoo.data import load_default_corpus
+
+    spec = spec or {}
+    small = SHAPES[OVERHEAD_SHAPE]
+    cfg = spec.get("model") or zoo_config(small, "gpt2")
+    batch_size, context = spec.get("batch") or small.batch, spec.get("context") or small.context
+    codes = torch.from_numpy(np.frombuffer(load_default_corpus().encode("utf-32-le"), dtype=np.uint32).astype(np.int64))
+    _, data = torch.unique(codes, return_inverse=True)  # character ids in code-point order
+    data = data % cfg["vocab_size"]
+    model = zoo.build_model(cfg).train()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.1)
+    g = torch.Generator().manual_seed(0)
+    t_first, t0 = 0.0, 0.0
+    for i in range(steps):
+        idx = torch.randint(0, len(data) - context - 1, (batch_size,), generator=g).tolist()
+        x = torch.stack([data[j: j + context] for j in idx])
+        y = torch.stack([data[j + 1: j + 1 + context] for j in idx])
+        loss = lm_loss(model(x), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        if i == 0:
+            t_first, t0 = time.time(), time.perf_counter()
+    rest = time.perf_counter() - t0
+    sps = (steps - 1) / rest if steps > 1 else float("nan")
+    return dict(time_to_first_step_s=t_first - spawned_at, steps_per_second=sps,
+                tokens_per_second=sps * batch_size * context, steps=steps, loss=loss.item())
+
+
+def _find_summary(stdout: str, root: Path, started: float) -> Path | None:
+    """summary.json in a directory train.py printed, else the newest one written since it started."""
+    for token in reversed(re.findall(r"[\w./\\:~-]+", stdout)):
+        p = (root / token).expanduser() if not Path(token).is_absolute() else Path(token)
+        for cand in (p, p / "summary.json"):
+            if cand.name == "summary.json" and cand.is_file():
+                return cand
+    found = [p for d in ("outputs", "runs", "multirun", "logs") for p in (root / d).glob("**/summary.json")
+             if p.stat().st_mtime >= started]
+    return max(found, key=lambda p: p.stat().st_mtime) if found else None
+
+
+def bench_train_overhead(s: Settings, root: Path = ROOT) -> str:
+    """train.py against a bare loop over the same zoo model; time to first step. Skipped without train.py.
+
+    Runs `python train.py experiment=nanogpt_cpu trainer.max_steps=N [--train-args ...]` in `root` and
+    reads `summary.json` (keys tokens_per_second, wall_time_s, time_to_first_step_s) from the run
+    directory it prints; then `python -m zoo.bench --bare-loop N`, the same model in a plain loop."""
+    head = "## train.py overhead\n\n"
+    train_py = root / "train.py"
+    if not train_py.is_file():
+        msg = "skipped: train.py not found"
+        print(msg)
+        return head + msg + "\n"
+    n = s.overhead_steps
+    cmd = [sys.executable, str(train_py), "experiment=nanogpt_cpu", f"trainer.max_steps={n}", *s.train_args]
+    started, load_before = time.time(), _load(short=True)
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=root, timeout=3600)
+    wall, train_load = time.time() - started, f"{load_before} -> {_load(short=True)}"
+    if proc.returncode != 0:
+        err = (proc.stderr.strip().splitlines() or ["?"])[-1][:200]
+        return head + f"failed: `{shlex.join(cmd[1:])}` exited {proc.returncode}: {err}\n"
+    summary_path = _find_summary(proc.stdout + "\n" + proc.stderr, root, started)
+    if summary_path is None:
+        return head + "failed: no summary.json found in train.py's output or run directories\n"
+    summary = json.loads(summary_path.read_text())
+    data = summary.get("data") or {}
+    spec = {"model": summary.get("model"), "batch": data.get("batch_size"), "context": data.get("context")}
+    bare_cmd = [sys.executable, "-m", "zoo.bench", "--bare-loop", str(n), "--bare-spec", json.dumps(spec),
+                "--spawned-at", repr(time.time()), *(["--threads", str(s.threads)] if s.threads else [])]
+    load_before = _load(short=True)
+    bp = subprocess.run(bare_cmd, capture_output=True, text=True, cwd=root, timeout=3600, env=_child_env())
+    bare_load = f"{load_before} -> {_load(short=True)}"
+    lines = [ln for ln in bp.stdout.splitlines() if ln.startswith("{")]
+    if bp.returncode != 0 or not lines:
+        return head + f"failed: bare loop: {(bp.stderr.strip().splitlines() or ['?'])[-1][:200]}\n"
+    bare = json.loads(lines[-1])
+
+    def get(d: dict, k: str) -> str:
+        v = d.get(k)
+        return num(v) if isinstance(v, (int, float)) and v > 0 else "-"
+
+    tps = summary.get("tokens_per_second")
+    rows = [["train.py", get(summary, "tokens_per_second"), get(summary, "time_to_first_step_s"),
+             get(summary, "wall_time_s"), num(wall), train_load],
+            ["bare PyTorch loop", num(bare["tokens_per_second"]), num(bare["time_to_first_step_s"]), "-", "-",
+             bare_load]]
+    rel = ratio(tps / bare["tokens_per_second"]) if isinstance(tps, (int, float)) and tps > 0 else "-"
+    return head + "\n".join([
+        f"`{shlex.join(['python', 'train.py', *cmd[2:]])}` (summary: `{summary_path.relative_to(root)}`) against "
+        "a bare loop (`zoo.bench.bare_loop`: the same zoo model config, batch and context as the summary's, "
+        f"AdamW, random windows of the Shakespeare characters), {n} steps each. The bare loop's time to first "
+        "step counts from process spawn; train.py's figures are its own summary's (its own definitions of "
+        "throughput and time to first step, which may exclude start-up or include evaluation). The two runs are "
+        "sequential, not interleaved: compare their load averages before trusting the ratio.", "",
+        table(["run", "tokens/s", "time to first step s", "wall s (summary)", "wall s (process)", "load average"],
+              rows), "",
+        f"train.py throughput / bare loop: **{rel}**", ""])
+
+
+def section_overhead(sess: Session) -> str:
+    return bench_train_overhead(sess.settings)
+
+
+# ----------------------------------------------------------------------------------------------
+# Report and CLI
+
+RUNNERS: dict[str, Callable[[Session], str]] = {
+    "train": section_train, "compile": section_compile, "generate": section_generate, "kv": section_kv,
+    "mfu": section_mfu, "memory": section_memory, "overhead": section_overhead,
+}
+
+
+def _version(dist: str) -> str:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return "not installed"
+
+
+def machine_info(s: Settings) -> list[tuple[str, str]]:
+    cpu, flags = platform.processor() or "unknown", ""
+    with contextlib.suppress(OSError):
+        info = Path("/proc/cpuinfo").read_text()
+        m = re.search(r"^model name\s*:\s*(.+)$", info, re.M)
+        cpu = m.group(1).strip() if m else cpu
+        m = re.search(r"^flags\s*:\s*(.+)$", info, re.M)
+        flags = m.group(1) if m else ""
+    bf16 = [f for f in ("avx512_bf16", "amx_bf16") if f in flags.split()]
+    nano = "-"
+    if s.nanogpt is not None:
+        nano = str(s.nanogpt)
+        with contextlib.suppress(OSError, subprocess.SubprocessError):
+            commit = subprocess.run(["git", "-C", str(s.nanogpt), "rev-parse", "--short", "HEAD"],
+                                    capture_output=True, text=True, timeout=10).stdout.strip()
+            nano += f" ({commit})" if commit else ""
+    return [
+        ("CPU", f"{cpu}, {os.cpu_count()} logical cores, torch threads {torch.get_num_threads()}, "
+                f"capability {torch.backends.cpu.get_cpu_capability()}, bf16 flags: {', '.join(bf16) or 'none'}"),
+        ("OS", platform.platform()), ("Python", platform.python_version()), ("torch", torch.__version__),
+        ("transformers", _version("transformers")), ("x-transformers", _version("x-transformers")),
+        ("nanoGPT", nano), ("date", time.strftime("%Y-%m-%d %H:%M %Z")), ("load average at start", _load()),
+    ]
+
+
+def _load(short: bool = False) -> str:
+    """The 1-minute load average; above the core count, processes were competing for the cores."""
+    with contextlib.suppress(OSError, AttributeError):
+        return f"{os.getloadavg()[0]:.2f}" + ("" if short else f" on {os.cpu_count()} cores")
+    return "unknown"
+
+
+def report(sections: dict[str, str], s: Settings, argv: Sequence[str],
+           info: list[tuple[str, str]] | None = None) -> str:
+    lines = ["# Benchmarks", "",
+             "Generated by `python -m zoo.bench` (see `python -m zoo.bench --help`); do not edit by hand, rerun it. "
+             "Compare ratios measured in the same run, not absolute numbers across runs or machines. Each section "
+             "ends with the load average at its start and end: a load well above the core count means other "
+             "processes were competing for the cores and the timings of that section are disturbed.", "",
+             "Command: `" + shlex.join(["python", "-m", "zoo.bench", *argv]) + "`", "",
+             table(["", ""], info or machine_info(s)), ""]
+    if s.quick:
+        lines += ["**Quick smoke run (`--quick`): too few steps to be a measurement.**", ""]
+    return "\n".join(lines + [sections[k] for k in SECTIONS if k in sections]).rstrip() + "\n"
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m zoo.bench", description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--only", default=",".join(SECTIONS), help=f"comma-separated sections: {','.join(SECTIONS)}")
+    p.add_argument("--quick", action="store_true", help="a fast smoke run with few steps")
+    p.add_argument("--out", default="docs/benchmarks.md", help="Markdown file to write ('-' for stdout only)")
+    p.add_argument("--shapes", default=None, help=f"comma-separated, of {','.join(SHAPES)} (default small,large)")
+    p.add_argument("--peers", default=",".join(PEERS), help="contenders to include: zoo,hf,xt,nanogpt")
+    p.add_argument("--nanogpt", default=None, help="a karpathy/nanoGPT checkout (directory with model.py)")
+    p.add_argument("--rounds", type=int, default=None, help="fixed number of interleaved rounds")
+    p.add_argument("--target-s", type=float, default=None, help="timed seconds per contender (default 3)")
+    p.add_argument("--gen-contexts", default=None, help="comma-separated prompt lengths for generation")
+    p.add_argument("--gen-shape", default=None, help="shape of the generation model (default large)")
+    p.add_argument("--kv-context", type=int, default=None, help="context for the KV-cache size table")
+    p.add_argument("--train-steps", type=int, default=None, help="steps for the train.py overhead section")
+    p.add_argument("--train-args", default="", help="extra overrides passed to train.py (one string)")
+    p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's default)")
+    p.add_argument("--memory-steps", type=int, default=None, help=argparse.SUPPRESS)
+    p.add_argument("--memory-probe", default=None, help=argparse.SUPPRESS)  # SHAPE:VARIANT, internal
+    p.add_argument("--bare-loop", type=int, default=None, help=argparse.SUPPRESS)  # internal
+    p.add_argument("--bare-spec", default=None, help=argparse.SUPPRESS)  # internal: JSON for bare_loop
+    p.add_argument("--spawned-at", type=float, default=None, help=argparse.SUPPRESS)  # internal
+    return p.parse_args(argv)
+
+
+def settings_from_args(a: argparse.Namespace) -> Settings:
+    over: dict = {}
+    if a.shapes:
+        over["shapes"] = tuple(x for x in a.shapes.split(",") if x)
+        bad = [x for x in over["shapes"] if x not in SHAPES]
+        if bad:
+            raise SystemExit(f"--shapes: unknown '{bad[0]}'; valid: {', '.join(SHAPES)}")
+    over["peers"] = tuple(x for x in a.peers.split(",") if x)
+    if a.nanogpt:
+        over["nanogpt"] = Path(a.nanogpt).expanduser().resolve()
+    if a.rounds:
+        over.update(min_rounds=a.rounds, max_rounds=a.rounds, target_s=0.0)
+    if a.target_s is not None:
+        over["target_s"] = a.target_s
+    if a.gen_contexts:
+        over["gen_contexts"] = tuple(int(x) for x in a.gen_contexts.split(",") if x)
+    if a.gen_shape:
+        over["gen_shape"] = a.gen_shape
+    if a.kv_context:
+        over["kv_context"] = a.kv_context
+    if a.train_steps:
+        over["overhead_steps"] = a.train_steps
+    if a.memory_steps:
+        over["memory_steps"] = a.memory_steps
+    over["train_args"] = tuple(shlex.split(a.train_args))
+    over["threads"] = a.threads
+    return Settings.quick_run(**over) if a.quick else Settings(**over)
+
+
+def run_sections(names: Sequence[str], s: Settings, argv: Sequence[str] = (), out: Path | None = None,
+                 echo: bool = True) -> str:
+    """Run the named sections in order; rewrite `out` after each one, so a crash keeps what finished."""
+    sess, done, info = Session(s), {}, machine_info(s)
+    for name in [n for n in SECTIONS if n in names]:
+        t0 = time.perf_counter()
+        if echo:
+            print(f"[zoo.bench] {name} ...", flush=True)
+        load = _load()
+        done[name] = RUNNERS[name](sess).rstrip() + f"\n\n_Section time {time.perf_counter() - t0:.0f} s; " \
+            f"load average {load} at its start, {_load()} at its end._\n"
+        if echo:
+            print(done[name], f"[zoo.bench] {name}: {time.perf_counter() - t0:.0f} s", sep="\n", flush=True)
+        if out is not None:
+            out.parent.mkdir(parents=True, exist_ok=True)
+            out.write_text(report(done, s, argv, info))
+    return report(done, s, argv, info)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    a = parse_args(argv)
+    s = settings_from_args(a)
+    if a.threads:
+        torch.set_num_threads(a.threads)
+    if a.memory_probe:
+        shape_name, key = a.memory_probe.split(":", 1)
+        print(json.dumps(memory_probe(shape_name, key, s)))
+        return 0
+    if a.bare_loop:
+        spec = json.loads(a.bare_spec) if a.bare_spec else None
+        print(json.dumps(bare_loop(a.bare_loop, a.spawned_at or time.time(), spec)))
+        return 0
+    names = [x for x in a.only.split(",") if x]
+    bad = [x for x in names if x not in SECTIONS]
+    if bad:
+        raise SystemExit(f"--only: unknown section '{bad[0]}'; valid: {', '.join(SECTIONS)}")
+    out = None if a.out == "-" else Path(a.out)
+    run_sections(names, s, argv, out)
+    if out is not None:
+        print(f"[zoo.bench] wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
