@@ -11,16 +11,20 @@ UNIGRAM_ENTROPY = 3.34  # nats per character of the embedded corpus: the best lo
 
 pytestmark = pytest.mark.slow
 
-SMALL = ["model.d_model=64", "model.n_layers=2", "model.n_heads=4", "logger=none", "data.eval_batches=8"]
+SMALL = ["model.d_model=64", "model.n_layers=2", "model.n_heads=4", "logger=none"]
 
 
-@pytest.mark.parametrize("lineage,bound", [("decoder_only", 2.6), ("encoder_only", 2.6), ("encoder_decoder", 2.6)])
-def test_each_lineage_learns_the_corpus(train, lineage, bound):
+# A masked char's own embedding is <mask>: everything comes through attention by position. With learned
+# positions this 2-layer encoder sits at the unigram loss (3.1-3.3) for 2000+ steps; with RoPE's relative
+# positions it reaches 2.2 in 600. The test checks learning, so it gives the encoder RoPE.
+@pytest.mark.parametrize("lineage,extra", [("decoder_only", []), ("encoder_only", ["position=rope"]),
+                                           ("encoder_decoder", [])])
+def test_each_lineage_learns_the_corpus(train, lineage, extra):
     """From ln(102) = 4.62 at initialisation to well below the unigram entropy: the model uses context."""
-    code, run_dir = train([f"model={lineage}", *SMALL, "trainer.max_steps=600", "trainer.val_check_interval=200",
-                           "data.context=64", "data.batch_size=16"], tiny=False)
+    code, run_dir = train([f"model={lineage}", *SMALL, *extra, "data.eval_batches=8", "trainer.max_steps=600",
+                           "trainer.val_check_interval=200", "data.context=64", "data.batch_size=16"], tiny=False)
     s = json.loads((run_dir / "summary.json").read_text())
-    assert code == 0 and s["final"]["val_loss"] < bound < UNIGRAM_ENTROPY, s["history"]
+    assert code == 0 and s["final"]["val_loss"] < 2.6 < UNIGRAM_ENTROPY, s["history"]
 
 
 @pytest.mark.parametrize("lineage", ["decoder_only", "encoder_only", "encoder_decoder"])
