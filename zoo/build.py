@@ -79,6 +79,17 @@ def resolve_config(model_cfg: Mapping) -> dict:
     return cfg
 
 
+def flatten_config(d: Mapping, prefix: str = "") -> dict:
+    """{"a": {"b": 1}} -> {"a.b": 1}: the dotted keys of a nested config."""
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, Mapping):
+            out.update(flatten_config(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
 def _need(ok: bool, key: str, msg: str) -> None:
     if not ok:
         raise ConfigError(f"model.{key}: {msg}")

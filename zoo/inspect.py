@@ -187,20 +187,12 @@ def format_single(info: dict) -> str:
     return "\n".join(lines)
 
 
-def _flat(d: dict, prefix: str = "") -> dict:
-    out = {}
-    for k, v in d.items():
-        if isinstance(v, dict):
-            out.update(_flat(v, f"{prefix}{k}."))
-        else:
-            out[f"{prefix}{k}"] = v
-    return out
-
-
 def config_changes(a: dict, b: dict) -> list[str]:
     """'key: A -> B' for every setting that differs (the resolved model config and the rest of the run)."""
-    fa = _flat({**a["config"], "model": a["model"]})
-    fb = _flat({**b["config"], "model": b["model"]})
+    from zoo.build import flatten_config
+
+    fa = flatten_config({**a["config"], "model": a["model"]})
+    fb = flatten_config({**b["config"], "model": b["model"]})
     return [f"{k}: {fa.get(k, '(unset)')} -> {fb.get(k, '(unset)')}" for k in dict.fromkeys([*fa, *fb])
             if fa.get(k, "(unset)") != fb.get(k, "(unset)")]
 

@@ -18,7 +18,7 @@ import lightning as L
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from zoo.build import ConfigError, count_params, flops_per_token, resolve_config
+from zoo.build import ConfigError, count_params, flatten_config, flops_per_token, resolve_config
 from zoo.data.corpus import DataError
 from zoo.io import atomic_write, atomic_write_json, atomic_write_text
 from zoo.training.callbacks import BestMetrics, DivergenceGuard, GracefulStop, Throughput
@@ -78,7 +78,7 @@ def run(cfg: DictConfig, run_dir: str | Path | None = None) -> int:
         check_val_every_n_epoch=None, use_distributed_sampler=False,  # StepLoader shards batches itself
     )
     for lg in loggers:
-        lg.log_hyperparams(_flat(plain))
+        lg.log_hyperparams(flatten_config(plain))
     status = "completed"
     trainer.fit(module, datamodule=data, ckpt_path=ckpt)
     if trainer.interrupted or stop.signal is not None:
@@ -172,9 +172,10 @@ def _checkpoint_path(ckpt: str | None, run_dir: Path, model_cfg: dict) -> str | 
         raise ConfigError(f"ckpt_path: no checkpoint at '{path}'{hint}")
     saved = read_checkpoint(path).get("hyper_parameters", {}).get("cfg", {}).get("model")
     if saved != model_cfg:
-        diff = next((k for k in _flat(model_cfg) if _flat(saved or {}).get(k) != _flat(model_cfg)[k]), "model")
+        ours, theirs = flatten_config(model_cfg), flatten_config(saved or {})
+        diff = next((k for k in ours if theirs.get(k) != ours[k]), "name")
         raise ConfigError(f"ckpt_path: '{path}' holds a different architecture (model.{diff}: checkpoint "
-                          f"{_flat(saved or {}).get(diff)!r}, this run {_flat(model_cfg).get(diff)!r})")
+                          f"{theirs.get(diff)!r}, this run {ours.get(diff)!r})")
     return str(path)
 
 
@@ -213,16 +214,6 @@ def _prepend_rows(path: Path, rows: list[dict]) -> None:
         w.writerows(rows + new)
 
     atomic_write(path, write)
-
-
-def _flat(d: dict, prefix: str = "") -> dict:
-    out = {}
-    for k, v in d.items():
-        if isinstance(v, dict):
-            out.update(_flat(v, f"{prefix}{k}."))
-        else:
-            out[f"{prefix}{k}"] = v
-    return out
 
 
 def _summary(plain, data, trainer, throughput, best, status, diverged_step, start) -> dict:
