@@ -904,11 +904,24 @@ def report(sections: dict[str, str], s: Settings, argv: Sequence[str],
              "Compare ratios measured in the same run, not absolute numbers across runs or machines. Each section "
              "ends with the load average at its start and end: a load well above the core count means other "
              "processes were competing for the cores and the timings of that section are disturbed.", "",
-             "Command: `" + shlex.join(["python", "-m", "zoo.bench", *argv]) + "`", "",
+             "Command: `" + shlex.join(["python", "-m", "zoo.bench", *_without_out(argv)]) + "`", "",
              table(["", ""], info or machine_info(s)), ""]
     if s.quick:
         lines += ["**Quick smoke run (`--quick`): too few steps to be a measurement.**", ""]
     return "\n".join(lines + [sections[k] for k in SECTIONS if k in sections]).rstrip() + "\n"
+
+
+def _without_out(argv: Sequence[str]) -> list[str]:
+    """The command line minus `--out PATH`: where the report went does not change what it measured."""
+    out, skip = [], False
+    for arg in argv:
+        if skip or arg.startswith("--out="):
+            skip = False
+            continue
+        skip = arg == "--out"
+        if not skip:
+            out.append(arg)
+    return out
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:

@@ -60,9 +60,10 @@ def generate(model: nn.Module, prompt: torch.Tensor, max_new_tokens: int, temper
     memory = model.encode(src, src_padding) if src is not None else None
 
     def logits_of(tokens: torch.Tensor, cache) -> torch.Tensor:
-        if memory is None:
-            return model(tokens, cache=cache)
-        return model.decode(tokens, memory, src_padding, cache=cache)
+        # Only the last position is sampled from: run the output head on it alone (a large vocabulary
+        # makes the head the most expensive matrix product of a prefill).
+        hidden = model.decoder(tokens, memory=memory, memory_padding=src_padding, cache=cache)
+        return model.head(hidden[:, -1:])
 
     cache = model.new_cache() if use_cache else None
     out, step_input = prompt, prompt
