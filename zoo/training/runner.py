@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import csv
 import logging
+import math
 import sys
 import time
 import traceback
@@ -26,8 +27,6 @@ from zoo.training.checkpoint import AtomicCheckpointIO, CheckpointError, read_ch
 from zoo.training.data import bits_per_char, build_data
 from zoo.training.module import ZooModule
 from zoo.training.safety import instantiate_allowed
-
-log = logging.getLogger("zoo")
 
 
 class _QuietLightning(logging.Filter):
@@ -220,7 +219,7 @@ def _summary(plain, data, trainer, throughput, best, status, diverged_step, star
     m = plain["model"]
     final = {k: v for k, v in best.final.items() if k != "step"}
     if "val_loss" in final and not data.is_task and m["name"] == "decoder_only":  # per-token LM loss only
-        final["val_ppl"] = float(torch.tensor(final["val_loss"]).exp())
+        final["val_ppl"] = math.exp(final["val_loss"])
         final["val_bpc"] = bits_per_char(final["val_loss"], data.tokens_per_char)
     return {
         "status": status,
