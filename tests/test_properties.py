@@ -139,6 +139,23 @@ def test_sdpa_and_math_backends_agree(lineage, attention, position):
     torch.testing.assert_close(a, b, atol=1e-5, rtol=0)
 
 
+@pytest.mark.parametrize("attention", ATTENTIONS, ids=lambda a: str(a))
+def test_bf16_training_on_cpu_takes_the_math_path(attention):
+    """Under CPU bf16 autocast with gradients, the sdpa backend routes to the math form (its fused
+    backward is slow there): bit-identical to backend=math, and within bf16 error of float32."""
+    cfg = tiny_cfg("decoder_only", attention=attention, position={"name": "alibi"})
+    fast = build_model(cfg).train()
+    slow = build_model({**cfg, "attention": {**cfg["attention"], "backend": "math"}}).train()
+    slow.load_state_dict(fast.state_dict())
+    tokens = torch.randint(0, 37, (3, 11))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        a, b = fast(tokens), slow(tokens)
+    assert torch.equal(a, b)
+    a.float().square().mean().backward()
+    assert all(p.grad is not None and p.grad.isfinite().all() for p in fast.parameters() if p.requires_grad)
+    torch.testing.assert_close(a.float(), fast(tokens), atol=0.1, rtol=0.05)
+
+
 def test_padding_keys_are_ignored_by_the_encoder():
     model = build_model(tiny_cfg("encoder_only")).eval()
     tokens = torch.randint(0, 37, (1, 8))
