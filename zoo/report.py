@@ -27,10 +27,12 @@ import math
 import os
 import re
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+from hydra.experimental.callback import Callback
 
 from zoo.io import atomic_write, atomic_write_text
 
@@ -719,6 +721,40 @@ def write_report(report: Report, out_dir: Path) -> list[Path]:
     return [out_dir / "report.md", out_dir / "report.html"] + written
 
 
+def console_summary(report: Report) -> str:
+    """The table and the comparison sentences, as printed on the terminal."""
+    md = report.markdown()
+    text = md[md.index("| "):md.index("## Method")].rstrip()
+    return text + ("\n\n" + "\n".join(report.sentences) if report.sentences else "")
+
+
+class ReportAfterSweep(Callback):
+    """A Hydra callback (`hydra.callbacks`) that writes the sweep's report when a multirun ends.
+
+    The first metric's report goes into the sweep directory, any further one into report_<metric>/.
+    The study presets in conf/study/ use it, so `python train.py -m study=ffn` ends with its report."""
+
+    def __init__(self, metrics: Sequence[str] = ("val_loss",), baseline: str | None = None):
+        self.metrics, self.baseline = list(metrics), baseline
+
+    def on_multirun_end(self, config, **kwargs) -> None:
+        root = Path(config.hydra.sweep.dir)
+        for i, metric in enumerate(self.metrics):
+            out = root if i == 0 else root / f"report_{metric}"
+            try:
+                try:
+                    report = build_report(root, metric, baseline=self.baseline)
+                except ReportError as e:  # a sweep narrowed on the command line may leave the baseline out
+                    if not str(e).startswith("--baseline"):
+                        raise
+                    report = build_report(root, metric)
+                write_report(report, out)
+            except ReportError as e:
+                print(f"report ({metric}): {e}", file=sys.stderr)
+                continue
+            print(f"\n{metric}:\n{console_summary(report)}\nreport: {out / 'report.md'}", flush=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m zoo.report", description=__doc__.split("\n\n")[0])
     p.add_argument("dir", type=Path, help="a multirun directory (or any directory holding runs)")
@@ -735,10 +771,7 @@ def main(argv: list[str] | None = None) -> int:
     except ReportError as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_ERROR
-    md = report.markdown()
-    print(md[md.index("| "):md.index("## Method")].rstrip())
-    if report.sentences:
-        print("\n" + "\n".join(report.sentences))
+    print(console_summary(report))
     print("\nwrote " + ", ".join(str(w) for w in written))
     return EXIT_OK
 

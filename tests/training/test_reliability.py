@@ -52,6 +52,8 @@ BAD_OVERRIDES = [  # (overrides, the start of the one-line error)
     (["data=addition", "model=encoder_only"], "data.task: encoder_only fills the target positions"),
     (["data=copy", "data.task=foo"], "task: unknown 'foo'; valid: addition, copy, reverse, sort"),
     (["trainer.max_steps=0"], "trainer.max_steps: must be a positive integer"),
+    (["threads=0"], "threads: must be a positive integer or null"),
+    (["data.long_context=-5"], "data.long_context: must be a positive integer"),
     (["data.val_fraction=1.5"], "data.val_fraction: must be between 0 and 1"),
     (["data.context=0"], "data.context: must be a positive integer"),
     (["data.batch_size=-2"], "data.batch_size: must be a positive integer"),

@@ -106,6 +106,11 @@ def test_nanogpt_preset_is_the_recipe():
     assert (cfg.optim.lr, cfg.optim.min_lr, cfg.optim.warmup_steps, cfg.optim.betas[1]) == (1e-3, 1e-4, 100, 0.99)
 
 
+def test_experiment_values_override_the_primary_config():
+    assert compose_cfg(["experiment=transformer_base"]).optim.warmup_steps == 200  # config.yaml says 100
+    assert compose_cfg(["experiment=transformer_base", "optim.warmup_steps=7"]).optim.warmup_steps == 7
+
+
 @pytest.mark.parametrize("tokenizer", ["char", "byte", "bpe"])
 def test_text_file_with_each_tokenizer(train, tmp_path, tokenizer, monkeypatch):
     monkeypatch.setenv("HOME", str(tmp_path))

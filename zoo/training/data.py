@@ -71,6 +71,8 @@ class ZooData(L.LightningDataModule):
                 raise DataError(f"data.{key}: must be a positive integer, got {cfg[key]!r}")
         self.objective: Objective | None = None  # set by the training run once the model is known
 
+    long_val_batches: list[dict] = []  # text data with data.long_context: validation at a longer length
+
     def required_len(self) -> int:
         """The longest sequence the model will see (sizes learned positions)."""
         raise NotImplementedError
@@ -111,6 +113,16 @@ class TextData(ZooData):
                                 f"data.context={self.context} + 1; use more text or a smaller data.context")
         g = generator(seed, "val", 0)
         self.val_windows = [self._windows(self.val_tokens, g) for _ in range(cfg.get("eval_batches", 20))]
+        self.long_context = cfg.get("long_context")  # also evaluated at this length: extrapolation
+        self.long_val_windows = []
+        if self.long_context is not None:
+            if not isinstance(self.long_context, int) or self.long_context <= 0 or len(self.val_tokens) <= \
+                    self.long_context + 1:
+                raise DataError(f"data.long_context: must be a positive integer shorter than the validation split "
+                                f"({len(self.val_tokens)} tokens), got {self.long_context!r}")
+            g = generator(seed, "val-long", 0)
+            self.long_val_windows = [self._windows(self.val_tokens, g, self.long_context)
+                                     for _ in range(cfg.get("eval_batches", 20))]
 
     def read_text(self) -> str:
         path = self.cfg.get("path")
@@ -123,11 +135,12 @@ class TextData(ZooData):
         return Path(path).with_suffix(Path(path).suffix + ".bpe.json")  # cached next to the data
 
     def required_len(self) -> int:
-        return self.context
+        return max(self.context, self.long_context or 0)
 
-    def _windows(self, tokens: torch.Tensor, g: torch.Generator) -> torch.Tensor:
-        starts = torch.randint(0, len(tokens) - self.context - 1, (self.batch_size,), generator=g)
-        return torch.stack([tokens[s:s + self.context + 1] for s in starts.tolist()])
+    def _windows(self, tokens: torch.Tensor, g: torch.Generator, context: int | None = None) -> torch.Tensor:
+        context = context or self.context
+        starts = torch.randint(0, len(tokens) - context - 1, (self.batch_size,), generator=g)
+        return torch.stack([tokens[s:s + context + 1] for s in starts.tolist()])
 
     def train_batch(self, g):
         return self.objective.text_batch(self._windows(self.train_tokens, g), g)
@@ -136,6 +149,11 @@ class TextData(ZooData):
     def val_batches(self) -> list[dict]:
         g = generator(self.seed, "val-objective", 0)
         return [self.objective.text_batch(w, g) for w in self.val_windows]
+
+    @property
+    def long_val_batches(self) -> list[dict]:
+        g = generator(self.seed, "val-long-objective", 0)
+        return [self.objective.text_batch(w, g) for w in self.long_val_windows]
 
 
 @DATA.register("hf")

@@ -61,6 +61,11 @@ class ZooModule(L.LightningModule):
 
     def on_validation_epoch_end(self) -> None:
         data = self.trainer.datamodule
+        if data is not None and data.long_val_batches:  # data.long_context: does the model extrapolate?
+            with torch.no_grad():
+                losses = [self.objective.loss(self.model, self.transfer_batch_to_device(b, self.device, 0))[0]
+                          for b in data.long_val_batches]
+            self.log("val_loss_long", torch.stack(losses).mean())
         if data is not None and data.is_task:
             n = self.cfg["data"].get("eval_examples", 256)
             for split, key in (("val", "exact_match"), ("test", "exact_match_long")):

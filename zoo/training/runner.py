@@ -53,6 +53,8 @@ def run(cfg: DictConfig, run_dir: str | Path | None = None) -> int:
     run_dir.mkdir(parents=True, exist_ok=True)
     plain = OmegaConf.to_container(cfg, resolve=True)
     data = _prepare(plain)  # raises ConfigError / DataError before any training
+    if plain.get("threads"):  # e.g. 1 per run when a joblib sweep runs one run per core
+        torch.set_num_threads(plain["threads"])
     ckpt = _checkpoint_path(plain.get("ckpt_path"), run_dir, plain["model"])
     atomic_write_text(run_dir / "config.yaml", OmegaConf.to_yaml(OmegaConf.create(plain)))
 
@@ -96,7 +98,7 @@ def run(cfg: DictConfig, run_dir: str | Path | None = None) -> int:
     if trainer.is_global_zero:
         atomic_write_json(run_dir / "summary.json", summary)
         _print_result(summary, run_dir)
-        if status == "completed":
+        if status == "completed" and plain["sample"]["max_new_tokens"] > 0:
             _print_sample(module, data, plain)
     return {"completed": EXIT_OK, "diverged": EXIT_DIVERGED}.get(status, EXIT_INTERRUPTED)
 
@@ -115,6 +117,9 @@ def _prepare(plain: dict):
     trainer = plain["trainer"]
     if not isinstance(trainer.get("max_steps"), int) or trainer["max_steps"] <= 0:
         raise ConfigError(f"trainer.max_steps: must be a positive integer, got {trainer.get('max_steps')!r}")
+    threads = plain.get("threads")
+    if threads is not None and (not isinstance(threads, int) or isinstance(threads, bool) or threads <= 0):
+        raise ConfigError(f"threads: must be a positive integer or null (torch's default), got {threads!r}")
     data = build_data(plain["data"], plain["seed"], trainer["max_steps"] * trainer.get("accumulate_grad_batches", 1))
     if data.is_task and model_cfg["name"] == "encoder_only" and data.task.name == "addition":
         raise ConfigError("data.task: encoder_only fills the target positions in one pass and needs the target "
@@ -233,7 +238,7 @@ def _summary(plain, data, trainer, throughput, best, status, diverged_step, star
         "data": {k: v for k, v in plain["data"].items()},
         "seed": plain["seed"],
         "params": count_params(m),
-        "flops_per_token": flops_per_token(m, data.required_len()),
+        "flops_per_token": flops_per_token(m, plain["data"].get("context") or data.required_len()),
         "steps": trainer.global_step,
         "tokens_seen": throughput.tokens,
         "wall_time_s": time.perf_counter() - start,
