@@ -14,6 +14,7 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig
 
+from zoo.training import final_metric
 from zoo.training import main as train
 from zoo.training.cli import check_group_choices, expand
 
@@ -21,12 +22,15 @@ CONF = Path(__file__).resolve().parent / "conf"
 
 
 @hydra.main(config_path="conf", config_name="config", version_base="1.3")
-def main(cfg: DictConfig) -> None:
+def main(cfg: DictConfig) -> float | None:
     code = train(cfg)
     from hydra.core.hydra_config import HydraConfig
 
     if code and HydraConfig.get().mode.name == "RUN":  # in a sweep, one failed run must not stop the others
         sys.exit(code)
+    if cfg.get("optimized_metric"):  # what a search sweeper (Optuna) minimises or maximises
+        return final_metric(HydraConfig.get().runtime.output_dir, cfg.optimized_metric)
+    return None
 
 
 if __name__ == "__main__":

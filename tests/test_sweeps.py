@@ -38,3 +38,83 @@ def test_unknown_budget_is_refused(tmp_path, capsys):
 
     assert main(compose_cfg(TINY + ["budget=flops"]), tmp_path) == 2
     assert "budget: unknown 'flops'; valid: params, null" in capsys.readouterr().err
+
+
+def _train_py(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "train.py", "-m", *args, f"hydra.sweep.dir={tmp_path}"]
+    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+
+
+def test_optuna_search_returns_each_trials_metric(tmp_path):
+    pytest.importorskip("hydra_plugins.hydra_optuna_sweeper")
+    proc = _train_py(tmp_path, "hparams_search=lr_warmup", *TINY, "logger=none", "hydra.sweeper.n_trials=3")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summaries = [json.loads(p.read_text()) for p in tmp_path.glob("*/summary.json")]
+    assert len(summaries) == 3 and all(s["status"] == "completed" for s in summaries)
+    lrs = {s["overrides"][0] for s in summaries}
+    assert len(lrs) == 3  # three different trials were sampled
+    from omegaconf import OmegaConf
+
+    result = OmegaConf.load(tmp_path / "optimization_results.yaml")
+    assert result.best_value == pytest.approx(min(s["final"]["val_loss"] for s in summaries))
+
+
+def test_final_metric_is_nan_for_a_failed_run(tmp_path):
+    from zoo.training import final_metric
+
+    assert final_metric(tmp_path, "val_loss") != final_metric(tmp_path, "val_loss")  # no summary: nan
+    (tmp_path / "summary.json").write_text(json.dumps({"status": "diverged", "final": {"val_loss": 9.0}}))
+    assert final_metric(tmp_path, "val_loss") != final_metric(tmp_path, "val_loss")
+    (tmp_path / "summary.json").write_text(json.dumps({"status": "completed", "final": {"val_loss": 2.5}}))
+    assert final_metric(tmp_path, "val_loss") == 2.5
+
+
+def test_submitit_local_launcher(tmp_path):
+    """The submitit launcher, run locally: the same code path a SLURM sweep takes, minus the queue."""
+    pytest.importorskip("hydra_plugins.hydra_submitit_launcher")
+    proc = _train_py(tmp_path, "hydra/launcher=submitit_local", *TINY, "logger=none", "ffn=gelu,swiglu")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    statuses = [json.loads(p.read_text())["status"] for p in tmp_path.glob("*/summary.json")]
+    assert statuses == ["completed", "completed"]
+
+
+def test_slurm_launcher_preset_composes():
+    pytest.importorskip("hydra_plugins.hydra_submitit_launcher")
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+        cfg = compose("config", overrides=["hydra/launcher=slurm", "trainer=ddp", "hydra.launcher.partition=gpu"],
+                      return_hydra_config=True)
+    launcher = OmegaConf.to_container(cfg.hydra.launcher, resolve=True)
+    assert launcher["_target_"].endswith("SlurmLauncher") and launcher["partition"] == "gpu"
+    assert launcher["tasks_per_node"] == launcher["gpus_per_node"] == 2  # one task per GPU for DDP
+
+
+STUDIES = {"ffn": {"ffn", "seed"}, "norm_placement": {"norm", "optim.warmup_steps", "optim.lr", "seed"},
+           "position": {"position", "seed"}, "norm_type": {"norm", "seed"}, "attention": {"attention", "seed"},
+           "lineage": {"model", "seed"}}
+
+
+@pytest.mark.parametrize("study", STUDIES)
+def test_study_presets_sweep_three_seeds(study):
+    from hydra import compose, initialize_config_dir
+
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+        cfg = compose("config", overrides=[f"study={study}"], return_hydra_config=True)
+    params = cfg.hydra.sweeper.params
+    assert set(params) == STUDIES[study] and params.seed == "0,1,2"
+    assert cfg.hydra.callbacks.report._target_ == "zoo.report.ReportAfterSweep"
+
+
+def test_a_study_ends_with_its_report(tmp_path):
+    pytest.importorskip("hydra_plugins.hydra_joblib_launcher")
+    proc = _train_py(tmp_path, "study=position", *TINY, "logger=csv", "position=learned,alibi", "seed=0,1",
+                     "data.long_context=32")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = (tmp_path / "report.md").read_text()
+    assert "| learned |" in report and "| alibi |" in report and "(2 seeds)" not in report
+    long = (tmp_path / "report_val_loss_long" / "report.md").read_text()
+    assert "val_loss_long" in long and (tmp_path / "report_val_loss_long" / "curves.png").is_file()
+    summary = json.loads(next(tmp_path.glob("*/summary.json")).read_text())
+    assert summary["model"]["max_seq_len"] == 32 and "val_loss_long" in summary["final"]

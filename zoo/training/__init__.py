@@ -6,7 +6,7 @@ without Lightning's start-up cost.
 
 import importlib
 
-__all__ = ["main", "run"]
+__all__ = ["final_metric", "main", "run"]
 
 
 def __getattr__(name: str):

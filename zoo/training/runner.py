@@ -7,6 +7,7 @@ and summary.json, whatever happened: a diverged or failed run still writes its s
 from __future__ import annotations
 
 import csv
+import json
 import logging
 import math
 import sys
@@ -301,6 +302,17 @@ def main(cfg: DictConfig, run_dir: str | Path | None = None) -> int:
         traceback.print_exc()
         _write_failure(f"{type(e).__name__}: {e}", run_dir)
         return EXIT_FAILED
+
+
+def final_metric(run_dir: str | Path, metric: str) -> float:
+    """A run's final `metric` from its summary.json, for search sweepers; nan when the run failed,
+    diverged or never logged the metric, so the search records a failed trial and goes on."""
+    try:
+        summary = json.loads((Path(run_dir) / "summary.json").read_text())
+    except (OSError, ValueError):
+        return math.nan
+    value = summary.get("final", {}).get(metric) if summary.get("status") == "completed" else None
+    return math.nan if value is None else float(value)
 
 
 def _write_failure(error: str, run_dir: str | Path | None) -> None:
