@@ -4,6 +4,7 @@ import json
 import math
 
 import pytest
+import torch
 
 from tests.training.conftest import compose_cfg
 from zoo.registry import ATTENTION, FFN, POSITION
@@ -109,6 +110,20 @@ def test_nanogpt_preset_is_the_recipe():
 def test_experiment_values_override_the_primary_config():
     assert compose_cfg(["experiment=transformer_base"]).optim.warmup_steps == 200  # config.yaml says 100
     assert compose_cfg(["experiment=transformer_base", "optim.warmup_steps=7"]).optim.warmup_steps == 7
+
+
+def test_validation_windows_are_the_same_for_every_seed():
+    from zoo.training.data import build_data
+    from zoo.training.objectives import OBJECTIVE
+
+    cfg = {"kind": "text", "path": None, "context": 32, "batch_size": 4, "eval_batches": 3, "long_context": 64}
+    a, b = build_data(cfg, seed=0, steps=1), build_data(cfg, seed=1, steps=1)
+    for d in (a, b):
+        d.objective = OBJECTIVE.get("encoder_only")(d.tokenizer.vocab_size)  # random masking too
+    for x, y in zip(a.val_batches + a.long_val_batches, b.val_batches + b.long_val_batches, strict=True):
+        assert x.keys() == y.keys() and all(torch.equal(x[k], y[k]) for k in x)
+    assert a.long_val_batches[0]["input"].shape == (4, 64) and a.val_batches[0]["input"].shape == (4, 32)
+    assert not torch.equal(a.val_windows[0], a.val_windows[1])  # different windows, not one repeated
 
 
 @pytest.mark.parametrize("tokenizer", ["char", "byte", "bpe"])
