@@ -86,6 +86,10 @@ def test_kv_section_reports_matches():
     assert [r["attention"] for r in rows] == ["mha", "gqa", "mqa"]
     assert all(r["match"] == "yes" and r["bytes"] == r["formula"] for r in rows)
     assert [r["vs mha"] for r in rows] == ["1.00x", "0.50x", "0.25x"]
+    latency = rows_of(md, "| attention | ms/token |")
+    assert [r["attention"] for r in latency] == ["mha", "gqa", "mqa"] and latency[0]["mha / this"] == "1.00x"
+    for r in latency:
+        positive(r["ms/token"])
 
 
 def test_mfu_section_table():
@@ -132,6 +136,24 @@ def test_overhead_reads_summary_of_a_stand_in_train_py(tmp_path):
     positive(rows[1]["time to first step s"])
 
 
+def test_precision_compares_bf16_with_float32_runs(tmp_path):
+    """A stand-in train.py whose loss and speed depend on trainer.precision, as the real one's do."""
+    (tmp_path / "train.py").write_text(textwrap.dedent("""
+        import json, pathlib, sys
+        bf16 = "trainer.precision=bf16-mixed" in sys.argv
+        assert "model.d_model=384" in sys.argv and "trainer.max_steps=4" in sys.argv, sys.argv
+        run = pathlib.Path("outputs/bf16" if bf16 else "outputs/fp32")
+        run.mkdir(parents=True)
+        summary = {"final": {"val_loss": 2.02 if bf16 else 2.0}, "tokens_per_second": 300.0 if bf16 else 200.0}
+        (run / "summary.json").write_text(json.dumps(summary))
+        print("run directory:", run)
+    """))
+    md = bench.section_precision(bench.Session(quick()), root=tmp_path)
+    rows = rows_of(md, "| precision | final val_loss |")
+    assert [r["final val_loss"] for r in rows] == ["2.0000", "2.0200"]
+    assert "relative to float32: **+1.00%**; throughput **1.50x**" in md
+
+
 def test_cli_writes_report(tmp_path):
     out = tmp_path / "docs" / "benchmarks.md"
     assert bench.main(["--quick", "--only", "kv", "--gen-shape", "tiny", "--kv-context", "16",
@@ -153,3 +175,11 @@ def test_variant_keys_round_trip():
               bench.Variant("hf", "llama", bf16=True)):
         assert bench.Variant.parse(v.key) == v
     json.dumps(bench.machine_info(quick()))  # plain strings only
+
+
+def test_norm_section_times_both_norms():
+    md = bench.section_norm(bench.Session(quick()))
+    rows = rows_of(md, "| shape | activations |")
+    assert [r["shape"] for r in rows] == ["tiny"]
+    positive(rows[0]["LayerNorm ms"])
+    positive(rows[0]["RMSNorm ms"])

@@ -9,9 +9,11 @@ Sections (pick with `--only train,compile,...`; default: all):
             nanoGPT float32 / bf16 / compile+bf16 when given);
 - generate  per-token decoding latency with and without the KV cache at growing contexts;
 - kv        KV-cache bytes of MHA, GQA and MQA, checked against 2 * layers * batch * n_kv * T * hd * bytes;
+- norm      LayerNorm against RMSNorm, one layer forward + backward;
 - mfu       achieved FLOP/s of zoo's training steps over a matrix-multiply peak measured in the same run;
 - memory    peak RSS growth of three training steps, one subprocess per contender;
-- overhead  `train.py` against a bare PyTorch loop (skipped while train.py does not exist).
+- overhead  `train.py` against a bare PyTorch loop (skipped while train.py does not exist);
+- precision a short train.py run at the large shape in float32 and bf16-mixed: validation loss and speed.
 
 Timing: every contender is warmed up, then the contenders of a group run round-robin (A B C A B C ...,
 the starting contender rotating each round), so slow drifts of a shared, noisy machine hit all of them
@@ -58,7 +60,7 @@ from zoo.generate import generate
 from zoo.layers.attention import kv_heads
 from zoo.layers.ffn import default_d_ff
 
-SECTIONS = ("train", "compile", "generate", "kv", "mfu", "memory", "overhead")
+SECTIONS = ("train", "compile", "generate", "kv", "norm", "mfu", "memory", "overhead", "precision")
 PEERS = ("zoo", "hf", "xt", "nanogpt")
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -111,6 +113,7 @@ class Settings:
     matmul_repeats: int = 10
     memory_steps: int = 3
     overhead_steps: int = 200
+    precision_steps: int = 150
     train_args: tuple[str, ...] = ()
     nanogpt: Path | None = None
     threads: int | None = None  # torch.set_num_threads; None leaves torch's default
@@ -121,7 +124,7 @@ class Settings:
         """Few steps everywhere: a smoke run, not a measurement."""
         base = dict(warmup=1, min_rounds=3, max_rounds=3, target_s=0.0, gen_contexts=(64, 128, 256),
                     gen_new_tokens=4, gen_rounds=2, kv_context=256, matmul_n=1024, matmul_repeats=3,
-                    memory_steps=1, overhead_steps=20, quick=True)
+                    memory_steps=1, overhead_steps=20, precision_steps=4, quick=True)
         return cls(**{**base, **over})
 
 
@@ -609,6 +612,25 @@ def kv_bytes(s: Settings, attention: str, context: int, batch_size: int = 1) -> 
                 batch=batch_size, bytes_per_elem=elem, measured=measured, formula=formula)
 
 
+def decode_latency(s: Settings, batch_size: int) -> dict[str, Stats]:
+    """Per-token decoding time with the KV cache after a prompt of s.kv_context tokens, for mha, gqa and mqa
+    models of the generation shape, interleaved. Every call's decoding steps are averaged into one sample."""
+    g = torch.Generator().manual_seed(0)
+    samples: dict[str, list[float]] = {}
+    fns = {}
+    for attention in ("mha", "gqa", "mqa"):
+        model, cfg = generation_model(s, attention)
+        timer, out = StepTimer(model.decoder), samples.setdefault(attention, [])
+        prompt = torch.randint(0, cfg["vocab_size"], (batch_size, s.kv_context), generator=g)
+
+        def run(m=model, t=timer, p=prompt, o=out) -> None:
+            o.append(statistics.mean(t.steps(lambda: generate(m, p, s.gen_new_tokens + 1))[1:]))
+
+        fns[attention] = run
+    interleave(fns, replace(s, warmup=1, min_rounds=s.gen_rounds, max_rounds=s.gen_rounds, target_s=0))
+    return {a: Stats(v[-s.gen_rounds:]) for a, v in samples.items()}  # warm-up calls dropped
+
+
 def section_kv(sess: Session) -> str:
     s = sess.settings
     rows, res = [], [kv_bytes(s, a, s.kv_context) for a in ("mha", "gqa", "mqa")]
@@ -616,11 +638,43 @@ def section_kv(sess: Session) -> str:
         rows.append([r["attention"], r["n_kv"], r["layers"], r["head_dim"], r["context"], r["measured"],
                      num(r["measured"] / 2**20), r["formula"], "yes" if r["measured"] == r["formula"] else "**NO**",
                      ratio(r["measured"] / res[0]["measured"])])
+    batch = 8
+    lat = decode_latency(s, batch)
+    lat_rows = [[a, ms(st.median), ms(st.iqr), ratio(lat["mha"].median / st.median)] for a, st in lat.items()]
     return "\n".join(["## KV-cache size", "",
                       f"`KVCache.nbytes()` summed over layers after a prefill of {s.kv_context} tokens (batch 1, "
                       "float32), against 2 * layers * batch * n_kv * T * head_dim * bytes.", "",
                       table(["attention", "n_kv", "layers", "head_dim", "T", "bytes", "MiB", "formula", "match",
-                             "vs mha"], rows), ""])
+                             "vs mha"], rows), "",
+                      f"Decoding with the cache after a {s.kv_context}-token prompt, batch {batch}: mean time per "
+                      f"token of {s.gen_new_tokens} greedy steps, median over {s.gen_rounds} interleaved calls "
+                      "(models of the generation shape with mha, gqa and mqa; the parameter counts differ by the "
+                      "key/value projections).", "",
+                      table(["attention", "ms/token", "IQR", "mha / this"], lat_rows), ""])
+
+
+def _norm_step(norm: nn.Module, x: torch.Tensor, grad: torch.Tensor) -> None:
+    norm(x).backward(grad)
+
+
+def section_norm(sess: Session) -> str:
+    """zoo's LayerNorm and RMSNorm alone, forward + backward on (batch x context, d_model) activations of each
+    shape, interleaved: the speed half of Zhang and Sennrich's finding, without the rest of the model around it."""
+    from zoo.registry import NORM
+
+    s, rows = sess.settings, []
+    for shape_name in s.shapes:
+        shape = SHAPES[shape_name]
+        x = torch.randn(shape.batch * shape.context, shape.d_model, requires_grad=True)
+        grad = torch.randn_like(x)
+        fns = {name: partial(_norm_step, NORM.get(name)(shape.d_model), x, grad) for name in ("layernorm", "rmsnorm")}
+        stats = interleave(fns, replace(s, target_s=s.target_s / 4))
+        ln, rms = stats["layernorm"].median, stats["rmsnorm"].median
+        rows.append([shape_name, f"{shape.batch * shape.context} x {shape.d_model}", ms(ln), ms(rms), ratio(ln / rms)])
+    return "\n".join(["## LayerNorm against RMSNorm", "",
+                      "One norm layer, forward + backward, float32, interleaved; `LN / RMS` above 1 means RMSNorm is "
+                      "faster.", "", table(["shape", "activations", "LayerNorm ms", "RMSNorm ms", "LN / RMS"], rows),
+                      ""])
 
 
 def matmul_peak(dtype: torch.dtype, n: int, repeats: int) -> float:
@@ -787,6 +841,20 @@ def _find_summary(stdout: str, root: Path, started: float) -> Path | None:
     return max(found, key=lambda p: p.stat().st_mtime) if found else None
 
 
+def run_train_py(cmd: list[str], root: Path) -> tuple[dict, Path, float, str] | str:
+    """Run train.py; (summary, its path, process wall seconds, load average before -> after), or why it failed."""
+    started, load_before = time.time(), _load(short=True)
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=root, timeout=3600)
+    wall, load = time.time() - started, f"{load_before} -> {_load(short=True)}"
+    if proc.returncode != 0:
+        err = (proc.stderr.strip().splitlines() or ["?"])[-1][:200]
+        return f"failed: `{shlex.join(cmd[1:])}` exited {proc.returncode}: {err}\n"
+    summary_path = _find_summary(proc.stdout + "\n" + proc.stderr, root, started)
+    if summary_path is None:
+        return "failed: no summary.json found in train.py's output or run directories\n"
+    return json.loads(summary_path.read_text()), summary_path, wall, load
+
+
 def bench_train_overhead(s: Settings, root: Path = ROOT) -> str:
     """train.py against a bare loop over the same zoo model; time to first step. Skipped without train.py.
 
@@ -801,16 +869,10 @@ def bench_train_overhead(s: Settings, root: Path = ROOT) -> str:
         return head + msg + "\n"
     n = s.overhead_steps
     cmd = [sys.executable, str(train_py), "experiment=nanogpt_cpu", f"trainer.max_steps={n}", *s.train_args]
-    started, load_before = time.time(), _load(short=True)
-    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=root, timeout=3600)
-    wall, train_load = time.time() - started, f"{load_before} -> {_load(short=True)}"
-    if proc.returncode != 0:
-        err = (proc.stderr.strip().splitlines() or ["?"])[-1][:200]
-        return head + f"failed: `{shlex.join(cmd[1:])}` exited {proc.returncode}: {err}\n"
-    summary_path = _find_summary(proc.stdout + "\n" + proc.stderr, root, started)
-    if summary_path is None:
-        return head + "failed: no summary.json found in train.py's output or run directories\n"
-    summary = json.loads(summary_path.read_text())
+    run = run_train_py(cmd, root)
+    if isinstance(run, str):
+        return head + run
+    summary, summary_path, wall, train_load = run
     data = summary.get("data") or {}
     spec = {"model": summary.get("model"), "batch": data.get("batch_size"), "context": data.get("context")}
     bare_cmd = [sys.executable, "-m", "zoo.bench", "--bare-loop", str(n), "--bare-spec", json.dumps(spec),
@@ -849,12 +911,42 @@ def section_overhead(sess: Session) -> str:
     return bench_train_overhead(sess.settings)
 
 
+def section_precision(sess: Session, root: Path = ROOT) -> str:
+    """A short train.py run at the large shape in float32 and in bf16-mixed: loss and speed."""
+    s, shape = sess.settings, SHAPES["large"]
+    head = "## bf16-mixed training against float32\n\n"
+    if not (root / "train.py").is_file():
+        return head + "skipped: train.py not found\n"
+    args = [f"model.n_layers={shape.n_layers}", f"model.n_heads={shape.n_heads}", f"model.d_model={shape.d_model}",
+            f"data.context={shape.context}", f"data.batch_size={shape.batch}", f"trainer.max_steps={s.precision_steps}",
+            f"trainer.val_check_interval={s.precision_steps}", "optim.warmup_steps=20", "logger=none",
+            "sample.max_new_tokens=0"]
+    rows, loss, tps = [], {}, {}
+    for precision in ("32-true", "bf16-mixed"):
+        cmd = [sys.executable, str(root / "train.py"), "experiment=nanogpt_cpu", *args,
+               f"trainer.precision={precision}", *s.train_args]
+        run = run_train_py(cmd, root)
+        if isinstance(run, str):
+            return head + run
+        summary, _, wall, load = run
+        loss[precision], tps[precision] = summary["final"]["val_loss"], summary["tokens_per_second"]
+        rows.append([precision, f"{loss[precision]:.4f}", num(summary["tokens_per_second"]), num(wall), load])
+    rel = (loss["bf16-mixed"] - loss["32-true"]) / loss["32-true"]
+    return head + "\n".join([
+        f"`python train.py experiment=nanogpt_cpu {shlex.join(args)} trainer.precision=...` at the large shape "
+        f"({shape.describe()}), {s.precision_steps} steps each, the two runs one after the other.", "",
+        table(["precision", "final val_loss", "tokens/s", "wall s (process)", "load average"], rows), "",
+        f"bf16-mixed val_loss relative to float32: **{rel:+.2%}**; throughput "
+        f"**{ratio(tps['bf16-mixed'] / tps['32-true'])}**", ""])
+
+
 # ----------------------------------------------------------------------------------------------
 # Report and CLI
 
 RUNNERS: dict[str, Callable[[Session], str]] = {
     "train": section_train, "compile": section_compile, "generate": section_generate, "kv": section_kv,
-    "mfu": section_mfu, "memory": section_memory, "overhead": section_overhead,
+    "mfu": section_mfu, "memory": section_memory, "overhead": section_overhead, "precision": section_precision,
+    "norm": section_norm,
 }
 
 
