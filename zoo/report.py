@@ -543,7 +543,9 @@ def _figure(w: float, h: float):
 
 
 def plot_curves(rows: list[Row], metric: str, target: float, path: Path) -> None:
-    fig = _figure(7.5, 4.5)
+    # Many or long variant names: the legend goes beside the axes, where it hides no curve.
+    outside = len(rows) > 4 or max((len(r.variant.label) for r in rows), default=0) > 24
+    fig = _figure(11 if outside else 7.5, 4.5)
     ax = fig.add_subplot()
     colors = [f"C{i % 10}" for i in range(len(rows))]
     for row, color in zip(rows, colors, strict=True):
@@ -567,7 +569,7 @@ def plot_curves(rows: list[Row], metric: str, target: float, path: Path) -> None
     ax.set_ylabel(metric)
     ax.set_title(f"validation {metric}: mean over seeds, band = min-max over seeds")
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, **({"loc": "upper left", "bbox_to_anchor": (1.01, 1)} if outside else {}))
     fig.tight_layout()
     atomic_write(path, lambda f: fig.savefig(f, format="png"), mode="wb")
 
