@@ -56,7 +56,6 @@ import torch.nn.functional as F
 from torch import nn
 
 import zoo
-from zoo.allocator import keep_freed_memory
 from zoo.generate import generate
 from zoo.layers.attention import kv_heads
 from zoo.layers.ffn import default_d_ff
@@ -1094,7 +1093,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     a = parse_args(argv)
     s = settings_from_args(a)
-    keep_freed_memory()  # as train.py does; the same for every contender, since they share this process
     if a.threads:
         torch.set_num_threads(a.threads)
     if a.memory_probe:
