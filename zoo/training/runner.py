@@ -23,7 +23,7 @@ from omegaconf import DictConfig, OmegaConf
 from zoo.build import ConfigError, count_params, flatten_config, flops_per_token, resolve_config
 from zoo.data.corpus import DataError
 from zoo.io import atomic_write, atomic_write_json, atomic_write_text
-from zoo.training.callbacks import BestMetrics, DivergenceGuard, GracefulStop, Throughput
+from zoo.training.callbacks import BestMetrics, DivergenceGuard, GracefulStop, Throughput, higher_is_better
 from zoo.training.checkpoint import AtomicCheckpointIO, CheckpointError, read_checkpoint
 from zoo.training.data import bits_per_char, build_data
 from zoo.training.module import ZooModule
@@ -305,14 +305,16 @@ def main(cfg: DictConfig, run_dir: str | Path | None = None) -> int:
 
 
 def final_metric(run_dir: str | Path, metric: str) -> float:
-    """A run's final `metric` from its summary.json, for search sweepers; nan when the run failed,
-    diverged or never logged the metric, so the search records a failed trial and goes on."""
+    """A run's final `metric` from its summary.json, for search sweepers. A failed or diverged run, or
+    one that never logged the metric, scores the worst possible value (inf for losses, -inf for
+    accuracies): a finished trial that the search ranks last, where nan would stop the Optuna sweeper."""
+    worst = -math.inf if higher_is_better(metric) else math.inf
     try:
         summary = json.loads((Path(run_dir) / "summary.json").read_text())
     except (OSError, ValueError):
-        return math.nan
+        return worst
     value = summary.get("final", {}).get(metric) if summary.get("status") == "completed" else None
-    return math.nan if value is None else float(value)
+    return worst if value is None or not math.isfinite(value) else float(value)
 
 
 def _write_failure(error: str, run_dir: str | Path | None) -> None:
