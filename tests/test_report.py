@@ -256,3 +256,18 @@ def test_one_variant_has_nothing_to_compare(tmp_path):
     assert main([str(tmp_path)]) == 0
     md = (tmp_path / "report.md").read_text()
     assert rows(md)["all runs"][8] == "2" and "nothing to compare" in md
+
+
+def test_after_sweep_callback_writes_each_metric_and_survives_a_missing_baseline(tmp_path, capsys):
+    from omegaconf import OmegaConf
+
+    from zoo.report import ReportAfterSweep
+
+    sweep(tmp_path, {"relu": [[3.0, 2.0], [3.1, 2.1]], "swiglu": [[3.0, 1.5], [3.1, 1.6]]})
+    config = OmegaConf.create({"hydra": {"sweep": {"dir": str(tmp_path)}}})
+    ReportAfterSweep(metrics=["val_loss", "val_acc"], baseline="ffn=gelu").on_multirun_end(config)
+    md = (tmp_path / "report.md").read_text()
+    assert "swiglu vs relu: 0.5000 lower val_loss" in md  # no gelu in this sweep: best against the others
+    out = capsys.readouterr()
+    assert "report: " + str(tmp_path / "report.md") in out.out
+    assert "report (val_acc): --metric: no run has 'val_acc'" in out.err  # one line, and no crash

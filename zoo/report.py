@@ -744,17 +744,20 @@ class ReportAfterSweep(Callback):
         for i, metric in enumerate(self.metrics):
             out = root if i == 0 else root / f"report_{metric}"
             try:
-                try:
-                    report = build_report(root, metric, baseline=self.baseline)
-                except ReportError as e:  # a sweep narrowed on the command line may leave the baseline out
-                    if not str(e).startswith("--baseline"):
-                        raise
-                    report = build_report(root, metric)
+                report = self._build(root, metric)
                 write_report(report, out)
             except ReportError as e:
                 print(f"report ({metric}): {e}", file=sys.stderr)
                 continue
             print(f"\n{metric}:\n{console_summary(report)}\nreport: {out / 'report.md'}", flush=True)
+
+    def _build(self, root: Path, metric: str) -> Report:
+        try:
+            return build_report(root, metric, baseline=self.baseline)
+        except ReportError as e:  # a sweep narrowed on the command line may leave the baseline out
+            if self.baseline is None or not str(e).startswith("--baseline"):
+                raise
+            return build_report(root, metric)
 
 
 def main(argv: list[str] | None = None) -> int:
