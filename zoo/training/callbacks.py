@@ -10,6 +10,8 @@ import time
 import lightning as L
 import torch
 
+from zoo.report import higher_is_better
+
 
 class Throughput(L.Callback):
     """Tokens per second on the progress bar; tokens seen and time to the first step for the summary."""
@@ -84,10 +86,6 @@ class BestMetrics(L.Callback):
             better = (lambda a, b: a > b) if higher_is_better(k) else (lambda a, b: a < b)
             if k not in self.best or better(v, self.best[k]["value"]):
                 self.best[k] = {"value": v, "step": trainer.global_step}
-
-
-def higher_is_better(metric: str) -> bool:
-    return "acc" in metric or "exact_match" in metric
 
 
 class GracefulStop(L.Callback):

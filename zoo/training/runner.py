@@ -23,7 +23,8 @@ from omegaconf import DictConfig, OmegaConf
 from zoo.build import ConfigError, count_params, flatten_config, flops_per_token, resolve_config
 from zoo.data.corpus import DataError
 from zoo.io import atomic_write, atomic_write_json, atomic_write_text
-from zoo.training.callbacks import BestMetrics, DivergenceGuard, GracefulStop, Throughput, higher_is_better
+from zoo.report import higher_is_better
+from zoo.training.callbacks import BestMetrics, DivergenceGuard, GracefulStop, Throughput
 from zoo.training.checkpoint import AtomicCheckpointIO, CheckpointError, read_checkpoint
 from zoo.training.data import bits_per_char, build_data
 from zoo.training.module import ZooModule
