@@ -106,9 +106,9 @@ class Attention(nn.Module):
         groups = self.n_heads // self.n_kv_heads
         k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
         scores = (q @ k.transpose(-2, -1)) / math.sqrt(self.head_dim)
-        if is_causal:  # built here, not by the cached attention_mask, so torch.compile traces it cleanly
-            t_q, t_k = q.shape[2], k.shape[2]
-            mask = torch.ones(t_q, t_k, dtype=torch.bool, device=q.device).tril(t_k - t_q)
+        if is_causal:  # eager reuses the cached mask; under torch.compile dynamo traces the builder itself
+            build = attention_mask.__wrapped__ if torch.compiler.is_compiling() else attention_mask
+            mask = build(q.shape[2], k.shape[2], True, None, q.device)
         if mask is not None:
             scores = scores.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else scores + mask
         weights = scores.float().softmax(dim=-1).to(q.dtype)
