@@ -64,17 +64,19 @@ class ZooData(L.LightningDataModule):
 
     tokenizer: Tokenizer
     is_task = False
+    long_val_batches: list[dict] = []  # text data with data.long_context: validation at a longer length
 
     def __init__(self, cfg: dict, seed: int, steps: int):
         super().__init__()
         self.cfg, self.seed, self.steps = cfg, seed, steps
         self.batch_size = cfg["batch_size"]
-        for key in ("batch_size", "context") if "context" in cfg else ("batch_size",):
+        sizes = [k for k in ("batch_size", "context") if k in cfg]
+        if cfg.get("long_context") is not None:  # optional: null turns it off
+            sizes.append("long_context")
+        for key in sizes:
             if not isinstance(cfg[key], int) or isinstance(cfg[key], bool) or cfg[key] <= 0:
                 raise DataError(f"data.{key}: must be a positive integer, got {cfg[key]!r}")
         self.objective: Objective | None = None  # set by the training run once the model is known
-
-    long_val_batches: list[dict] = []  # text data with data.long_context: validation at a longer length
 
     def required_len(self) -> int:
         """The longest sequence the model will see (sizes learned positions)."""
@@ -119,10 +121,9 @@ class TextData(ZooData):
         self.long_context = cfg.get("long_context")  # also evaluated at this length: extrapolation
         self.long_val_windows = []
         if self.long_context is not None:
-            if not isinstance(self.long_context, int) or self.long_context <= 0 or len(self.val_tokens) <= \
-                    self.long_context + 1:
-                raise DataError(f"data.long_context: must be a positive integer shorter than the validation split "
-                                f"({len(self.val_tokens)} tokens), got {self.long_context!r}")
+            if len(self.val_tokens) <= self.long_context + 1:
+                raise DataError(f"data.long_context: {self.long_context} is not shorter than the validation split "
+                                f"({len(self.val_tokens)} tokens)")
             g = generator(VAL_SEED, "val-long", 0)
             self.long_val_windows = [self._windows(self.val_tokens, g, self.long_context)
                                      for _ in range(cfg.get("eval_batches", 20))]
