@@ -930,7 +930,7 @@ def section_precision(sess: Session, root: Path = ROOT) -> str:
             return head + run
         summary, _, wall, load = run
         loss[precision], tps[precision] = summary["final"]["val_loss"], summary["tokens_per_second"]
-        rows.append([precision, f"{loss[precision]:.4f}", num(summary["tokens_per_second"]), num(wall), load])
+        rows.append([precision, f"{loss[precision]:.4f}", num(tps[precision]), num(wall), load])
     rel = (loss["bf16-mixed"] - loss["32-true"]) / loss["32-true"]
     return head + "\n".join([
         f"`python train.py experiment=nanogpt_cpu {shlex.join(args)} trainer.precision=...` at the large shape "
