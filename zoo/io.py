@@ -32,3 +32,45 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> None:
 
 def atomic_write_json(path: str | os.PathLike, data: Any) -> None:
     atomic_write_text(path, json.dumps(data, indent=2, default=str) + "\n")
+
+
+# A run directory is owned by one process at a time: it holds an exclusive flock on RUN_LOCK for as long
+# as it runs (the kernel drops the lock when the process dies, even by SIGKILL), so anyone can tell a
+# running job from a dead one by trying the lock.
+RUN_LOCK = "run.lock"
+
+
+def lock_run_dir(run_dir: str | os.PathLike) -> IO | None:
+    """Take the run directory's lock; returns the open lock file (keep it open), or None if another
+    live process holds it."""
+    import fcntl
+
+    path = Path(run_dir) / RUN_LOCK
+    path.parent.mkdir(parents=True, exist_ok=True)
+    f = path.open("a+")
+    try:
+        fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        f.close()
+        return None
+    f.seek(0)
+    f.truncate()
+    f.write(f"{os.getpid()}\n")
+    f.flush()
+    return f
+
+
+def is_running(run_dir: str | os.PathLike) -> bool:
+    """True while a live process holds the run directory's lock."""
+    import fcntl
+
+    path = Path(run_dir) / RUN_LOCK
+    if not path.is_file():
+        return False
+    with path.open() as f:
+        try:
+            fcntl.flock(f.fileno(), fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+        return False
