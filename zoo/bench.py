@@ -933,7 +933,7 @@ def section_precision(sess: Session, root: Path = ROOT) -> str:
         rows.append([precision, f"{loss[precision]:.4f}", num(tps[precision]), num(wall), load])
     rel = (loss["bf16-mixed"] - loss["32-true"]) / loss["32-true"]
     return head + "\n".join([
-        f"`python train.py experiment=nanogpt_cpu {shlex.join(args)} trainer.precision=...` at the large shape "
+        f"`python train.py experiment=nanogpt_cpu {shlex.join(args)} trainer.precision=<precision>` at the large shape "
         f"({shape.describe()}), {s.precision_steps} steps each, the two runs one after the other.", "",
         table(["precision", "final val_loss", "tokens/s", "wall s (process)", "load average"], rows), "",
         f"bf16-mixed val_loss relative to float32: **{rel:+.2%}**; throughput "
@@ -996,7 +996,8 @@ def report(sections: dict[str, str], s: Settings, argv: Sequence[str],
              "Compare ratios measured in the same run, not absolute numbers across runs or machines. Each section "
              "ends with the load average at its start and end: a load well above the core count means other "
              "processes were competing for the cores and the timings of that section are disturbed.", "",
-             "Command: `" + shlex.join(["python", "-m", "zoo.bench", *_without_out(argv)]) + "`", "",
+             "Command: `" + shlex.join(["python", "-m", "zoo.bench", *_without_out(argv)])
+             + ("   # needs: a karpathy/nanoGPT checkout" if "--nanogpt" in argv else "") + "`", "",
              table(["", ""], info or machine_info(s)), ""]
     if s.quick:
         lines += ["**Quick smoke run (`--quick`): too few steps to be a measurement.**", ""]

@@ -1,0 +1,231 @@
+"""Every command in README.md and docs/*.md runs as written.
+
+Commands come from the docs themselves: each line of a ```bash block, each `$ ` line of a console block
+(whose following lines are the output it must print), each ```python block, and each inline `python ...`
+command. They run in document order in one fresh working directory holding links to train.py, sample.py
+and conf/, as in a user's checkout, so a later command finds what an earlier one wrote
+(`outputs/<date>/<time>/checkpoints/best.ckpt`). The only changes shrink a run: overrides appended for steps,
+sizes and seeds the command leaves at their defaults, and steps or sizes it sets lowered to the test's;
+placeholders (`<ckpt>`) are filled with the path the command describes. A command that needs what this machine lacks says so in the docs with a
+trailing `# needs: <what>` and is skipped with that reason.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import subprocess
+import sys
+import textwrap
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+TIMEOUT = 900  # generous: imports alone take a minute on a busy machine
+
+# Appended to every train.py command that does not set the key itself: a few steps of a small model.
+SHRINK_TRAIN = {
+    "trainer.max_steps": "4", "trainer.val_check_interval": "2", "data.eval_batches": "1",
+    "data.batch_size": "2", "data.context": "16", "model.n_layers": "1", "sample.max_new_tokens": "20",
+    "seed": "0",  # a study sweeps three seeds; one shows that it runs
+}
+SHRINK_BENCH = ["--quick", "--out", "-"]
+# Commands that are the set-up itself: .ci/run installs the extras and runs this very suite.
+SETUP = {"pip install": "installs packages: done by the set-up (.ci/run) before the tests",
+         "python -m pytest": "runs the test suite: this test is part of it"}
+
+
+@dataclass
+class Command:
+    where: str  # file:line
+    text: str  # as written in the docs
+    kind: str  # shell, python
+    output: str = ""  # what a console block shows it printing
+    needs: str = ""  # a `# needs: ...` marker
+
+
+def _strip_comment(line: str) -> tuple[str, str]:
+    """A shell line without its trailing comment, and the comment."""
+    quote = None
+    for i, ch in enumerate(line):
+        if quote:
+            quote = None if ch == quote else quote
+        elif ch in "'\"":
+            quote = ch
+        elif ch == "#" and (i == 0 or line[i - 1].isspace()):
+            return line[:i].rstrip(), line[i + 1:].strip()
+    return line.rstrip(), ""
+
+
+def collect() -> list[Command]:
+    commands = []
+    for path in DOCS:
+        text = path.read_text()
+        rel = path.relative_to(ROOT)
+        blocks = [(m.start(), m.end()) for m in re.finditer(r"^ *```.*?^ *```", text, re.S | re.M)]
+        for m in re.finditer(r"^( *)```(\w*)\n(.*?)^ *```", text, re.S | re.M):
+            lang, body = m.group(2), textwrap.dedent(m.group(3))
+            first = text.count("\n", 0, m.start()) + 2
+            if lang == "python":
+                commands.append(Command(f"{rel}:{first}", body, "python"))
+            elif lang in ("bash", "sh"):
+                for i, line in enumerate(body.splitlines()):
+                    cmd, comment = _strip_comment(line)
+                    if cmd:
+                        commands.append(Command(f"{rel}:{first + i}", cmd, "shell", needs=_needs(comment)))
+            elif lang in ("", "console") and body.lstrip().startswith("$ "):
+                for chunk in re.split(r"^\$ ", body, flags=re.M)[1:]:
+                    line, _, out = chunk.partition("\n")
+                    cmd, comment = _strip_comment(line)
+                    commands.append(Command(f"{rel}:{first}", cmd, "shell", out.strip(), _needs(comment)))
+        for m in re.finditer(r"`((?:python|zoo-report) [^`]+)`", text):
+            if any(a <= m.start() < b for a, b in blocks):
+                continue
+            cmd, comment = _strip_comment(m.group(1))
+            commands.append(Command(f"{rel}:{text.count(chr(10), 0, m.start()) + 1}", cmd, "shell",
+                                    needs=_needs(comment)))
+    return commands
+
+
+def _needs(comment: str) -> str:
+    m = re.search(r"needs: ([^#]+)", comment)
+    return m.group(1).strip() if m else ""
+
+
+def _in_order(commands: list[Command]) -> list[Command]:
+    """Document order (a file's code blocks and inline commands interleaved); a repeated command runs once."""
+    files = [str(p.relative_to(ROOT)) for p in DOCS]
+    key = lambda c: (files.index(c.where.rsplit(":", 1)[0]), int(c.where.rsplit(":", 1)[1]))
+    seen: set[str] = set()
+    return [c for c in sorted(commands, key=key) if not (c.text in seen or seen.add(c.text))]
+
+
+COMMANDS = _in_order(collect())
+
+
+def test_the_docs_have_commands():
+    assert len([c for c in COMMANDS if c.kind == "shell"]) >= 20, [c.text for c in COMMANDS]
+    assert any("study=" in c.text for c in COMMANDS)
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory) -> Path:
+    """A user's checkout: train.py, sample.py and conf/ where the docs expect them, nothing else."""
+    d = tmp_path_factory.mktemp("user")
+    for name in ("train.py", "sample.py", "conf"):
+        (d / name).symlink_to(ROOT / name)
+    return d
+
+
+def _latest(pattern: str, cwd: Path) -> str:
+    found = sorted(cwd.glob(pattern), key=lambda p: p.stat().st_mtime)
+    if not found:
+        pytest.fail(f"nothing matches {pattern} under the working directory: an earlier command should have made it")
+    return str(found[-1].relative_to(cwd))
+
+
+def _latest_plain_run(cwd: Path) -> str:
+    """The newest run of plain `python train.py` (only the test's shrinking overrides), which
+    `<same overrides>` then repeats."""
+    import yaml
+
+    for run in sorted(cwd.glob("outputs/[0-9]*/[0-9]*"), key=lambda p: p.stat().st_mtime, reverse=True):
+        overrides = yaml.safe_load((run / ".hydra" / "overrides.yaml").read_text()) or []
+        if (run / "checkpoints" / "last.ckpt").is_file() and \
+                all(o.partition("=")[0] in SHRINK_TRAIN for o in overrides):
+            return str(run.relative_to(cwd))
+    pytest.fail("no run of plain `python train.py` with a checkpoint: an earlier command should have made one")
+
+
+def fill_placeholders(cmd: str, cwd: Path) -> str:
+    """`<ckpt>` and the like become the path the docs describe, from what earlier commands wrote."""
+    runs = "outputs/[0-9]*/[0-9]*"  # Hydra's outputs/<date>/<time>
+    fills = {
+        "outputs/<date>/<time>": lambda: _latest(runs, cwd),
+        "multirun/study-<name>/<date_time>": lambda: _latest("multirun/study-*/*", cwd),
+        "multirun/study-ffn/<date_time>": lambda: _latest("multirun/study-ffn/*", cwd),
+        "multirun/<date>/<time>": lambda: _latest("multirun/2*/*", cwd),
+        "<sweep dir>": lambda: _latest("multirun/*/*", cwd),
+        "<dir>": lambda: _latest("multirun/*/*", cwd),
+        "<run dir>": lambda: _latest_plain_run(cwd),
+        "<ckpt>": lambda: _latest(f"{runs}/checkpoints/best.ckpt", cwd),
+        "<same overrides> ": lambda: "",
+        "<precision>": lambda: "bf16-mixed",
+    }
+    for placeholder, value in fills.items():
+        if placeholder in cmd:
+            cmd = cmd.replace(placeholder, value())
+    if m := re.search(r"<[a-z][^>]*>", cmd):
+        pytest.fail(f"unknown placeholder {m.group(0)} in `{cmd}`: fill it in tests/test_docs.py or write it out")
+    return cmd
+
+
+def _smaller(arg: str) -> str:
+    """`trainer.max_steps=500` -> `trainer.max_steps=4`: a size the command sets, lowered to the test's."""
+    key, sep, value = arg.partition("=")
+    if sep and key in SHRINK_TRAIN and key != "seed" and value.isdigit() and int(value) > int(SHRINK_TRAIN[key]):
+        return f"{key}={SHRINK_TRAIN[key]}"
+    return arg
+
+
+def shrink(argv: list[str]) -> list[str]:
+    """Append overrides that make a documented command cheap; a size it sets itself is only ever lowered."""
+    if argv[:2] == ["python", "train.py"]:
+        argv = [_smaller(a) for a in argv]
+        keys = {a.lstrip("+~").partition("=")[0] for a in argv[2:]}
+        if "hparams_search=lr_warmup" in argv:  # an Optuna search: a few trials instead of 20
+            keys.add("seed")
+            argv = argv + ["hydra.sweeper.n_trials=2"]
+        return argv + [f"{k}={v}" for k, v in SHRINK_TRAIN.items() if k not in keys]
+    if argv[:3] == ["python", "-m", "zoo.bench"] and "--help" not in argv:
+        return argv + [a for a in SHRINK_BENCH if a not in argv]
+    if argv[:3] == ["python", "-m", "zoo.sample"] and "--max-new-tokens" not in argv:
+        return argv + ["--max-new-tokens", "20"]
+    return argv
+
+
+def _env(cwd: Path) -> dict:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "WANDB_MODE": "offline", "WANDB_SILENT": "true",
+           "HYDRA_FULL_ERROR": "0"}
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+    return env
+
+
+@pytest.mark.parametrize("command", COMMANDS, ids=[f"{c.where} {c.text[:60]}" for c in COMMANDS])
+def test_documented_command_runs_as_written(command: Command, workdir: Path):
+    if command.needs:
+        pytest.skip(f"needs {command.needs} (marked in {command.where})")
+    if command.kind == "python":
+        proc = subprocess.run([sys.executable, "-c", command.text], cwd=workdir, env=_env(workdir),
+                              capture_output=True, text=True, timeout=TIMEOUT)
+        assert proc.returncode == 0, f"{command.where}: the Python example fails:\n{proc.stderr[-3000:]}"
+        return
+    parts = [p.strip() for p in command.text.split("&&")]
+    runnable = [p for p in parts if not p.startswith(tuple(SETUP))]
+    if not runnable:
+        pytest.skip(next(why for prefix, why in SETUP.items() if parts[0].startswith(prefix)))
+    for part in runnable:  # `pip install -e . && python train.py`: the set-up is done, the rest runs
+        argv = shlex.split(fill_placeholders(part, workdir))
+        env = _env(workdir)
+        while argv and re.fullmatch(r"[A-Z_]+=\S*", argv[0]):  # VAR=value python ...
+            key, _, value = argv.pop(0).partition("=")
+            env[key] = value
+        if argv[0] == "zoo-report":
+            argv = ["python", "-m", "zoo.report", *argv[1:]]
+        argv = shrink(argv)
+        proc = subprocess.run([sys.executable if argv[0] == "python" else argv[0], *argv[1:]], cwd=workdir,
+                              env=env, capture_output=True, text=True, timeout=TIMEOUT)
+        shown = f"{command.where}: `{' '.join(argv)}` exited {proc.returncode}\n{proc.stdout[-2000:]}\n" \
+                f"{proc.stderr[-3000:]}"
+        if command.output:  # a console block: the documented output, and the exit code it implies
+            assert command.output in (proc.stdout + proc.stderr), shown
+            assert proc.returncode == (2 if command.output.startswith("error:") else 0), shown
+        else:
+            assert proc.returncode == 0, shown
+        if m := re.search(r"study=(\w+)", part):  # docs/studies.md: the report lands in the sweep directory
+            sweep = workdir / _latest(f"multirun/study-{m.group(1)}/*", workdir)
+            assert (sweep / "report.md").is_file() and (sweep / "report.html").is_file(), shown
