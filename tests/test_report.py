@@ -340,6 +340,13 @@ def test_planned_jobs_follow_hydras_basic_sweeper(tmp_path):
     planned, source = planned_jobs(tmp_path)
     assert source == "multirun.yaml"
     assert planned == [[f"ffn={f}", f"seed={s}", "model.d_model=32"] for f in ("relu", "gelu") for s in (0, 1)]
+    # a study preset's params narrowed on the command line: the command line's values win, as in Hydra
+    (tmp_path / "multirun.yaml").write_text(
+        "hydra:\n  sweeper:\n    _target_: hydra._internal.core_plugins.basic_sweeper.BasicSweeper\n"
+        "    params:\n      position: learned,rope,alibi\n      seed: 0,1,2\n"
+        "  overrides:\n    task:\n    - study=position\n    - position=learned,alibi\n    - seed=0,1\n")
+    assert planned_jobs(tmp_path)[0] == [[f"position={p}", f"seed={s}", "study=position"]
+                                         for p in ("learned", "alibi") for s in (0, 1)]
     (tmp_path / "multirun.yaml").write_text("hydra:\n  sweeper:\n    _target_: "
                                            "hydra_plugins.hydra_optuna_sweeper.optuna_sweeper.OptunaSweeper\n")
     planned, source = planned_jobs(tmp_path)
