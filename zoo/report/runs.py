@@ -225,7 +225,7 @@ def load_run(path: Path) -> Run:
         if is_running(path):
             status, detail = "running", "run.lock held by a live process"
         else:
-            status, detail = "killed", "no summary.json and run.lock not held: the process died (killed)"
+            status, detail = "killed", "no summary.json and run.lock not held: the process died"
     else:
         status = str(summary.get("status") or "failed")
         detail = str(summary.get("error") or "")

@@ -311,7 +311,7 @@ class Report:
                  "</title>", "<style>body{font-family:sans-serif;max-width:1200px;margin:2em auto;padding:0 1em}"
                  "table{border-collapse:collapse;font-size:0.9em}td,th{border:1px solid #ccc;padding:4px 8px;"
                  "text-align:right}th{background:#f3f3f3}td:first-child,th:first-child{text-align:left}"
-                 "img{max-width:100%}</style></head><body>",
+                 "table.jobs td{text-align:left}img{max-width:100%}</style></head><body>",
                  f"<h1>Sweep report</h1><p><code>{e(str(self.root))}</code></p>",
                  f"<p>{self.n_runs} runs in {len(self.rows)} variants; metric <code>{e(self.metric)}</code> "
                  f"({'higher' if self.higher else 'lower'} is better).</p>",
