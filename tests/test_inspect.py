@@ -129,3 +129,44 @@ def test_encoder_decoder_maps_are_labelled(tmp_path):
     out = tmp_path / "ed.png"
     assert main(["--attention", str(tmp_path / "ed.ckpt"), "--text", "abc", "--out", str(out)]) == 0
     assert out.read_bytes().startswith(PNG) and out.stat().st_size > 5000
+
+
+# -- loss by position -----------------------------------------------------------------------------
+
+def test_loss_by_position_matches_val_loss_long(tmp_path, capsys):
+    """The per-position losses average to the run's own val_loss_long on the same windows (data.long_context)."""
+    import json
+
+    from zoo.inspect import loss_by_position
+
+    run_dir = tmp_path / "rope"
+    cmd = [sys.executable, "train.py", "position=rope", "trainer.max_steps=2", "trainer.val_check_interval=2",
+           "model.d_model=32", "model.n_layers=1", "model.n_heads=2", "data.context=16", "data.long_context=32",
+           "data.eval_batches=2", "data.batch_size=4", "logger=none", "sample.max_new_tokens=1", "threads=1",
+           f"hydra.run.dir={run_dir}"]
+    out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    ckpt = run_dir / "checkpoints" / "last.ckpt"
+    result = loss_by_position(ckpt, 32, buckets=4)
+    assert result["context"] == 16 and result["windows"] == 8
+    assert [(a, b) for a, b, _ in result["rows"]] == [(0, 7), (8, 15), (16, 23), (24, 31)]
+    mean = sum(loss for _, _, loss in result["rows"]) / 4  # equal buckets
+    final = json.loads((run_dir / "summary.json").read_text())["final"]
+    assert mean == pytest.approx(final["val_loss_long"], rel=1e-4)
+    assert main(["--loss-by-position", str(ckpt), "--length", "32"]) == 0
+    table = capsys.readouterr().out
+    assert "trained with context 16" in table and "| 8-11 |" in table and "| 12-15 |" in table
+    assert [ln.endswith("beyond the training context |") for ln in table.splitlines() if ln.startswith("| ")
+            and "-" in ln.split("|")[1]] == [False] * 4 + [True] * 4
+
+
+def test_loss_by_position_bad_input(checkpoint, tmp_path, capsys):
+    for argv, message in [(["--loss-by-position", str(checkpoint), "--length", "64"],
+                           "error: --length: 64 is past the learned positions' max_seq_len; valid: 2..16"),
+                          (["--loss-by-position", str(checkpoint), "--length", "1"],
+                           "error: --length: must be an integer >= 2, got 1"),
+                          (["--length", "64"], "error: --length goes with --loss-by-position CHECKPOINT"),
+                          (["--loss-by-position", str(tmp_path / "none.ckpt"), "--length", "8"], "error: ")]:
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(message) and err.count("\n") == 1, err

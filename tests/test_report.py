@@ -9,14 +9,13 @@ import sys
 from pathlib import Path
 
 import pytest
+from scipy import stats
 
 from zoo.report import (
     confidence_interval,
     main,
     mean_std,
     steps_to_target,
-    t_ppf,
-    t_sf2,
     welch_test,
 )
 
@@ -38,9 +37,11 @@ def test_mean_std_and_ci_of_known_numbers():
 
 
 @pytest.mark.parametrize("df,t", [(1, 12.706), (2, 4.303), (3, 3.182), (4, 2.776), (9, 2.262), (30, 2.042)])
-def test_t_quantiles_match_the_table(df, t):
-    assert t_ppf(0.975, df) == pytest.approx(t, abs=1e-3)
-    assert t_sf2(t, df) == pytest.approx(0.05, abs=1e-4)
+def test_interval_uses_the_t_table(df, t):
+    values = [float(i % 2) for i in range(df + 1)]  # n = df + 1 values
+    m, s, n = mean_std(values)
+    lo, hi = confidence_interval(values)
+    assert (hi - lo) / 2 == pytest.approx(t * s / math.sqrt(n), rel=2e-4)
 
 
 def test_welch_by_hand():
@@ -57,7 +58,6 @@ def test_welch_by_hand():
 
 
 def test_welch_agrees_with_scipy():
-    stats = pytest.importorskip("scipy.stats")
     for a, b in [([1, 2, 3], [4, 5, 6, 7]), ([0.3, 0.9], [0.1, 2.5, 0.7]), ([4.1, 4.3, 4.2, 4.0], [4.5, 4.4])]:
         ref = stats.ttest_ind(a, b, equal_var=False)
         assert welch_test(a, b).p == pytest.approx(ref.pvalue, rel=1e-8)
@@ -100,10 +100,30 @@ def sweep(root: Path, groups: dict[str, list[list[float]]]) -> Path:
     return root
 
 
+def tables(md: str) -> list[list[list[str]]]:
+    """Every table of report.md: rows of cells, the header included, the |---| line left out."""
+    out, current = [], None
+    for ln in md.splitlines():
+        if ln.startswith("|"):
+            if current is None:
+                current = []
+                out.append(current)
+            if not ln.startswith("|:") and not ln.startswith("|-"):
+                current.append([c.strip() for c in ln.strip().strip("|").split("|")])
+        else:
+            current = None
+    return out
+
+
 def rows(md: str) -> dict[str, list[str]]:
-    """Table rows of report.md, the header included, keyed by their first cell."""
-    lines = [ln for ln in md.splitlines() if ln.startswith("| ")]
-    return {cells[0]: cells for ln in lines if (cells := [c.strip() for c in ln.strip("|").split("|")])}
+    """Rows of report.md's variant table, the header included, keyed by their first cell."""
+    return {cells[0]: cells for cells in tables(md)[0]}
+
+
+def jobs(md: str) -> list[dict[str, str]]:
+    """The job table of report.md as {column: cell} per job."""
+    head, *body = tables(md)[1]
+    return [dict(zip(head, r, strict=True)) for r in body]
 
 
 def test_separated_variants_are_significant(tmp_path, capsys):
@@ -215,8 +235,11 @@ def test_report_of_a_real_multirun(multirun, tmp_path):
     for name in ("curves.png", "final.png"):
         data = (out / name).read_bytes()
         assert data.startswith(PNG) and len(data) > 5000
+    summary = json.loads((multirun / "0" / "summary.json").read_text())
+    assert summary["directions"] == {"val_loss": "min", "val_ppl": "min", "val_bpc": "min"}
+    assert set(summary["load"]) == {"loadavg", "cpu_count"} and len(summary["load"]["loadavg"]) == 3
     page = (out / "report.html").read_text()
-    assert page.count("data:image/png;base64,") == 2 and "<table>" in page and "src='curves.png'" not in page
+    assert page.count("data:image/png;base64,") == 2 and "<table" in page and "src='curves.png'" not in page
     # the report writes next to the runs by default
     assert main([str(multirun)]) == 0 and (multirun / "report.html").is_file()
 
@@ -244,9 +267,8 @@ def test_only_varying_factors_are_columns(tmp_path):
     md = (tmp_path / "report.md").read_text()
     table = rows(md)
     assert table["ffn"][:3] == ["ffn", "norm", "params"]  # seed and the constant d_model are no columns
-    body = [ln.strip("|").split("|")[:2] for ln in md.splitlines() if ln.startswith("| ")][1:]
-    assert [[c.strip() for c in r] for r in body] == [["relu", "pre_ln"], ["relu", "pre_rms"], ["gelu", "pre_ln"],
-                                                      ["gelu", "pre_rms"]]
+    body = [r[:2] for r in tables(md)[0][1:]]
+    assert body == [["relu", "pre_ln"], ["relu", "pre_rms"], ["gelu", "pre_ln"], ["gelu", "pre_rms"]]
     assert md.count("\n- ffn=relu, norm=pre_ln vs ffn=") == 3
 
 
@@ -271,3 +293,186 @@ def test_after_sweep_callback_writes_each_metric_and_survives_a_missing_baseline
     out = capsys.readouterr()
     assert "report: " + str(tmp_path / "report.md") in out.out
     assert "report (val_acc): --metric: no run has 'val_acc'" in out.err  # one line, and no crash
+
+
+# -- the sweep's jobs: finished, running, failed (killed), missing --------------------------------
+
+def test_jobs_of_a_real_multirun_running_killed_and_missing(multirun, tmp_path):
+    root = tmp_path / "mr"
+    shutil.copytree(multirun, root, ignore=shutil.ignore_patterns("checkpoints", "report*", "*.png"))
+    (root / "1" / "summary.json").unlink()  # relu, seed 1: died before its summary (killed)
+    shutil.rmtree(root / "2")  # swiglu, seed 0: never started
+    (root / "3" / "summary.json").unlink()  # swiglu, seed 1: still running, it holds its lock
+    holder = subprocess.Popen([sys.executable, "-c", "import sys; from zoo.io import lock_run_dir; "
+                               f"f = lock_run_dir({str(root / '3')!r}); print('locked', flush=True); "
+                               "sys.stdin.read()"], cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              text=True)
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        assert main([str(root)]) == 0
+    finally:
+        holder.stdin.close()
+        holder.wait(timeout=300)
+    md = (root / "report.md").read_text()
+    assert "4 jobs (4 planned in multirun.yaml): 1 finished, 1 running, 1 failed, 0 diverged, 1 missing." in md
+    states = {j["overrides"]: (j["job"], j["status"], j["detail"]) for j in jobs(md)}
+    assert states["ffn=relu seed=0"] == ("0", "finished", "")
+    assert states["ffn=relu seed=1"][:2] == ("1", "failed") and "killed" in states["ffn=relu seed=1"][2]
+    assert states["ffn=swiglu seed=0"] == ("-", "missing", "no run directory")
+    assert states["ffn=swiglu seed=1"][:2] == ("3", "running")
+    table = rows(md)
+    relu, swiglu = (dict(zip(table["ffn"], table[v], strict=True)) for v in ("relu", "swiglu"))
+    assert relu["failed"] == "1" and relu["running"] == "0" and relu["seeds"] == "1"
+    assert swiglu["failed"] == "0" and swiglu["running"] == "1"  # a running job is not a failed one
+    # once the lock is released (the process died), the same job is a killed one
+    assert main([str(root)]) == 0
+    assert "0 running, 2 failed" in (root / "report.md").read_text()
+
+
+def test_planned_jobs_follow_hydras_basic_sweeper(tmp_path):
+    """Sweeper params from the config, then the command line's overrides; ranges and choice() expand."""
+    from zoo.report.runs import planned_jobs
+
+    (tmp_path / "multirun.yaml").write_text(
+        "hydra:\n  sweeper:\n    _target_: hydra._internal.core_plugins.basic_sweeper.BasicSweeper\n"
+        "    max_batch_size: null\n    params:\n      ffn: relu,gelu\n"
+        "  overrides:\n    task:\n    - seed=range(2)\n    - model.d_model=32\n")
+    planned, source = planned_jobs(tmp_path)
+    assert source == "multirun.yaml"
+    assert planned == [[f"ffn={f}", f"seed={s}", "model.d_model=32"] for f in ("relu", "gelu") for s in (0, 1)]
+    # a study preset's params narrowed on the command line: the command line's values win, as in Hydra
+    (tmp_path / "multirun.yaml").write_text(
+        "hydra:\n  sweeper:\n    _target_: hydra._internal.core_plugins.basic_sweeper.BasicSweeper\n"
+        "    params:\n      position: learned,rope,alibi\n      seed: 0,1,2\n"
+        "  overrides:\n    task:\n    - study=position\n    - position=learned,alibi\n    - seed=0,1\n")
+    assert planned_jobs(tmp_path)[0] == [[f"position={p}", f"seed={s}", "study=position"]
+                                         for p in ("learned", "alibi") for s in (0, 1)]
+    (tmp_path / "multirun.yaml").write_text("hydra:\n  sweeper:\n    _target_: "
+                                           "hydra_plugins.hydra_optuna_sweeper.optuna_sweeper.OptunaSweeper\n")
+    planned, source = planned_jobs(tmp_path)
+    assert planned is None and "OptunaSweeper: the jobs found on disk" in source
+
+
+# -- bad input ------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("content,reason", [
+    ("[1, 2]", "summary.json holds an array, not a JSON object"),
+    ("null", "summary.json holds null, not a JSON object"),
+    ("{not json", "summary.json is not JSON"),
+    ('{"status": "completed", "final": {"val_loss": "low"}}', "final.val_loss is 'low', not a number"),
+    ('{"status": "completed", "final": {"val_loss": 1.0}, "history": [{"step": 3, "val_loss": [1]}]}',
+     "history[0].val_loss is [1], not a number"),
+    ('{"status": "completed", "final": {"val_loss": 1.0}, "best": {"val_loss": 1.0}}',
+     "best.val_loss is 1.0, not {'value': <number>, ...}"),
+    ('{"status": "completed", "final": 3}', "'final' is 3, not an object"),
+])
+def test_unreadable_summary_is_listed_with_its_reason(tmp_path, content, reason):
+    sweep(tmp_path, {"relu": [[2.0, 1.0], [2.0, 1.1]]})
+    fake_run(tmp_path / "9", ["ffn=gelu", "seed=0", "trainer.max_steps=30"], None, summary=False)
+    (tmp_path / "9" / "summary.json").write_text(content)
+    assert main([str(tmp_path)]) == 0  # an exception here would be the traceback the user sees
+    md = (tmp_path / "report.md").read_text()
+    job = next(j for j in jobs(md) if j["job"] == "9")
+    assert job["status"] == "failed" and job["detail"].startswith("unreadable: ") and reason in job["detail"]
+    assert rows(md)["gelu"][-1] == "1"  # counted as failed, not averaged
+
+
+@pytest.mark.parametrize("make,message", [
+    (lambda d: None, "error: no runs under"),
+    (lambda d: (d / "notes").mkdir(), "error: no runs under"),
+    (lambda d: (d / "file.txt").write_text("x"), "error: no runs under"),
+])
+def test_no_runs_exits_2_with_one_line(tmp_path, capsys, make, message):
+    make(tmp_path)
+    assert main([str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(message) and err.count("\n") == 1, err
+
+
+# -- direction of a metric ------------------------------------------------------------------------
+
+def test_direction_comes_from_the_summaries(tmp_path):
+    """val_score says nothing by its name (the old rule calls it lower-is-better); the summaries say max."""
+    for i, (ffn, v) in enumerate([("relu", 0.9), ("relu", 0.8), ("gelu", 0.2), ("gelu", 0.3)]):
+        fake_run(tmp_path / str(i), [f"ffn={ffn}", f"seed={i % 2}"], [0.0, v], metric="val_score")
+        s = json.loads((tmp_path / str(i) / "summary.json").read_text())
+        s["directions"] = {"val_score": "max"}
+        (tmp_path / str(i) / "summary.json").write_text(json.dumps(s))
+    assert main([str(tmp_path), "--metric", "val_score"]) == 0
+    md = (tmp_path / "report.md").read_text()
+    assert "(higher is better)" in md and "val_score ≥ 0.2500" in md
+    assert "relu vs gelu: 0.6000 higher val_score (better)" in md
+
+
+def test_objectives_declare_directions_and_training_does_not_import_the_report():
+    from zoo.training.objectives import higher_is_better, metric_directions
+
+    assert metric_directions()["val_masked_acc"] == "max" and metric_directions()["val_loss"] == "min"
+    assert higher_is_better("exact_match") and not higher_is_better("val_bpc")
+    with pytest.raises(ValueError, match="no declared direction; valid: "):
+        higher_is_better("val_bleu")
+    code = ("import sys, zoo.training, zoo.training.runner, zoo.training.callbacks; "
+            "assert 'zoo.report' not in sys.modules, 'zoo.training imports zoo.report'")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+
+
+# -- short sweeps and busy machines ---------------------------------------------------------------
+
+def test_short_sweep_plots_the_training_loss_and_flags_busy_runs(tmp_path):
+    for i, (ffn, v) in enumerate([("relu", 1.0), ("relu", 1.1), ("gelu", 1.5), ("gelu", 1.6)]):
+        d = tmp_path / str(i)
+        fake_run(d, [f"ffn={ffn}", f"seed={i % 2}"], [v])  # one evaluation: a curve of one dot
+        (d / "metrics.csv").write_text("epoch,step,train_loss,val_loss\n" + "".join(
+            f"0,{s},{5.0 - 0.1 * s - 0.2 * i},\n" for s in range(0, 10)) + f"0,9,,{v}\n")
+        s = json.loads((d / "summary.json").read_text())
+        s["load"] = {"loadavg": [7.5, 6.0, 5.0] if ffn == "gelu" else [0.5, 0.4, 0.3], "cpu_count": 2}
+        (d / "summary.json").write_text(json.dumps(s))
+    assert main([str(tmp_path)]) == 0
+    md = (tmp_path / "report.md").read_text()
+    assert "Training loss per variant (fewer than 3 evaluations of val_loss)" in md
+    assert rows(md)["gelu"][3] == "100 (busy)" and rows(md)["relu"][3] == "100"
+    assert "tok/s marked (busy)" in md
+
+
+# -- report.html in a real browser ----------------------------------------------------------------
+
+PROBE = """<script>
+window.addEventListener("load", () => {
+  const imgs = [...document.images];
+  document.body.setAttribute("data-images", imgs.length);
+  document.body.setAttribute("data-broken", imgs.filter(i => !(i.complete && i.naturalWidth > 0)).length);
+  document.body.setAttribute("data-tables", document.querySelectorAll("table").length);
+});
+</script>
+"""
+
+
+def render(page: Path) -> tuple[dict[str, int], list[str]]:
+    """Load a copy of `page` (with a probe script) in headless Chromium: (image and table counts from the
+    rendered DOM, console messages). The report itself has no scripts, so any console message is its own."""
+    probe = page.with_name("probe_" + page.name)
+    probe.write_text(page.read_text().replace("</body>", PROBE + "</body>"))
+    out = subprocess.run([shutil.which("chromium"), "--headless", "--no-sandbox", "--disable-gpu",
+                          "--enable-logging=stderr", "--v=0", "--virtual-time-budget=5000", "--dump-dom",
+                          probe.as_uri()], capture_output=True, text=True, timeout=300)
+    body = re.search(r"<body([^>]*)>", out.stdout)
+    assert body, f"chromium rendered nothing: {out.stderr[-2000:]}"
+    counts = {k: int(v) for k, v in re.findall(r'data-(\w+)="(\d+)"', body.group(1))}
+    console = [ln for ln in out.stderr.splitlines() if ":CONSOLE" in ln and "probe_" in ln]
+    return counts, console
+
+
+@pytest.mark.skipif(shutil.which("chromium") is None, reason="chromium is not installed "
+                    "(apt-get install chromium) to render report.html")
+def test_report_html_renders_in_chromium(multirun, tmp_path):
+    out = tmp_path / "report"
+    assert main([str(multirun), "--out", str(out)]) == 0
+    counts, console = render(out / "report.html")
+    assert counts == {"images": 2, "broken": 0, "tables": 2} and console == []
+    # the probe sees what it must: a corrupt image, a missing table, a script error
+    page = (out / "report.html").read_text()
+    (out / "bad.html").write_text(page.replace("base64,iVBOR", "base64,AAAA", 1)
+                                  .replace("<table", "<div", 1).replace("</body>", "<script>nope()</script></body>"))
+    counts, console = render(out / "bad.html")
+    assert counts["broken"] == 1 and counts["tables"] == 1 and any("nope is not defined" in c for c in console)

@@ -5,6 +5,7 @@
     python -m zoo.inspect --vs ffn=swiglu                   # A = defaults, B = A with ffn=swiglu
     python -m zoo.inspect experiment=llama_style --vs attention=mha
     python -m zoo.inspect --attention run/checkpoints/last.ckpt --text "To be, or not" --out attn.png
+    python -m zoo.inspect --loss-by-position run/checkpoints/last.ckpt --length 128   # does it extrapolate?
 
 Nothing is trained or built: the counts come from `zoo.build.count_params` and `flops_per_token`, for the
 config composed from conf/ with the overrides. The vocabulary is the data's tokenizer's: 102 for the
@@ -313,6 +314,64 @@ def attention_figure(checkpoint: str | Path, text: str, out: str | Path, max_lab
     return out
 
 
+def loss_by_position(checkpoint: str | Path, length: int, buckets: int = 8) -> dict:
+    """Mean next-token loss of a decoder-only checkpoint at each position of `length`-token validation
+    windows, the same windows as training's val_loss_long with data.long_context=length. Returns
+    {"context": the training context, "length", "windows", "rows": [(first, last, mean loss), ...]}."""
+    import torch
+    import torch.nn.functional as F
+
+    from zoo.data.corpus import DataError
+    from zoo.training.checkpoint import CheckpointError, load_checkpoint
+    from zoo.training.data import build_data
+    from zoo.training.objectives import OBJECTIVE
+
+    if not isinstance(length, int) or length < 2:
+        raise InspectError(f"--length: must be an integer >= 2, got {length!r}")
+    try:
+        model, _, cfg = load_checkpoint(checkpoint)
+    except CheckpointError as e:
+        raise InspectError(str(e)) from None
+    lineage, data_cfg = cfg["model"]["name"], dict(cfg["data"])
+    if lineage != "decoder_only" or data_cfg.get("kind") not in ("text", "hf"):
+        raise InspectError(f"--loss-by-position: needs a decoder_only model trained on text; this checkpoint is "
+                           f"{lineage} on data.kind={data_cfg.get('kind')}")
+    limit = getattr(getattr(getattr(model, "decoder", None), "position", None), "max_len", None)
+    if limit is not None and length > limit:
+        raise InspectError(f"--length: {length} is past the learned positions' max_seq_len; valid: 2..{limit}")
+    try:
+        data = build_data({**data_cfg, "long_context": length}, cfg.get("seed", 0), 1)
+    except DataError as e:
+        raise InspectError(str(e)) from None
+    data.objective = OBJECTIVE.get(lineage)(cfg["model"]["vocab_size"])
+    total = torch.zeros(length, dtype=torch.float64)
+    n = 0
+    with torch.no_grad():
+        for batch in data.long_val_batches:
+            logits = model(batch["input"])
+            loss = F.cross_entropy(logits.flatten(0, 1).float(), batch["target"].flatten(), reduction="none")
+            total += loss.view(batch["target"].shape).double().sum(0)
+            n += batch["target"].shape[0]
+    mean = total / max(n, 1)
+    edges = sorted({round(i * length / buckets) for i in range(buckets + 1)})
+    context = data_cfg["context"]
+    if context < length and context not in edges:  # a bucket never straddles the training context
+        edges = sorted(edges + [context])
+    rows = [(a, b - 1, float(mean[a:b].mean())) for a, b in zip(edges, edges[1:], strict=False) if b > a]
+    return {"context": context, "length": length, "windows": n, "rows": rows}
+
+
+def format_loss_by_position(result: dict) -> str:
+    context = result["context"]
+    lines = [f"loss by position: {result['windows']} validation windows of {result['length']} tokens; "
+             f"trained with context {context} (positions 0..{context - 1})", "",
+             "| positions | mean loss | |", "|---|---|---|"]
+    for first, last, loss in result["rows"]:
+        where = "inside the training context" if last < context else "beyond the training context"
+        lines.append(f"| {first}-{last} | {loss:.4f} | {where} |")
+    return "\n".join(lines)
+
+
 # ----------------------------------------------------------------------------------------------
 # Command line
 # ----------------------------------------------------------------------------------------------
@@ -325,8 +384,27 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--attention", metavar="CHECKPOINT", default=None, help="plot a checkpoint's attention maps")
     p.add_argument("--text", default=None, help="the text to run through the checkpoint (with --attention)")
     p.add_argument("--out", default="attn.png", help="PNG to write (with --attention; default attn.png)")
+    p.add_argument("--loss-by-position", metavar="CHECKPOINT", default=None,
+                   help="mean validation loss per position bucket, inside and beyond the training context")
+    p.add_argument("--length", type=int, default=None, help="window length for --loss-by-position "
+                   "(default: twice the training context)")
     args = p.parse_args(argv)
     try:
+        if args.loss_by_position is not None:
+            if args.overrides or args.vs or args.attention:
+                raise InspectError("--loss-by-position takes no config overrides, --vs or --attention")
+            length = args.length
+            if length is None:
+                from zoo.training.checkpoint import CheckpointError, read_checkpoint
+
+                try:
+                    length = 2 * read_checkpoint(args.loss_by_position)["hyper_parameters"]["cfg"]["data"]["context"]
+                except (CheckpointError, KeyError, TypeError):
+                    length = 0  # load_checkpoint below says what is wrong with the file
+            print(format_loss_by_position(loss_by_position(args.loss_by_position, length or 2)))
+            return EXIT_OK
+        if args.length is not None:
+            raise InspectError("--length goes with --loss-by-position CHECKPOINT")
         if args.attention is not None:
             if args.text is None:
                 raise InspectError("--attention needs --text \"some text\"")

@@ -10,7 +10,7 @@ import time
 import lightning as L
 import torch
 
-from zoo.report import higher_is_better
+from zoo.training.objectives import metric_directions
 
 
 class Throughput(L.Callback):
@@ -66,6 +66,7 @@ class BestMetrics(L.Callback):
         self.final: dict[str, float] = {}
         self.best: dict[str, dict] = {}
         self.history: list[dict] = []
+        self.directions = metric_directions()  # recorded in summary.json for the report
 
     def state_dict(self) -> dict:
         return {"final": self.final, "best": self.best, "history": self.history}
@@ -83,7 +84,8 @@ class BestMetrics(L.Callback):
         self.final = {**metrics, "step": trainer.global_step}
         self.history.append(self.final)
         for k, v in metrics.items():
-            better = (lambda a, b: a > b) if higher_is_better(k) else (lambda a, b: a < b)
+            # a metric no objective declares is tracked as a loss (lower is better)
+            better = (lambda a, b: a > b) if self.directions.get(k) == "max" else (lambda a, b: a < b)
             if k not in self.best or better(v, self.best[k]["value"]):
                 self.best[k] = {"value": v, "step": trainer.global_step}
 

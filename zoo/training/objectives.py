@@ -39,6 +39,10 @@ def cross_entropy(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
 class Objective:
     """Turns raw data into batches for one lineage and computes its loss."""
 
+    # Each metric this objective's loss() returns (logged as val_<name>), with its direction: "min" when
+    # lower is better, "max" when higher is. The report and the best-checkpoint tracking read these.
+    metrics: dict[str, str] = {}
+
     def __init__(self, vocab_size: int):
         self.vocab_size = vocab_size
 
@@ -102,6 +106,7 @@ class CausalLM(Objective):
 @OBJECTIVE.register("encoder_only")
 class MaskedLM(Objective):
     rate = 0.15  # fraction of tokens to predict (Devlin et al. 2019)
+    metrics = {"masked_acc": "max"}
 
     def text_batch(self, windows, g):
         tokens = windows[:, :-1].clone()
@@ -170,6 +175,28 @@ class Denoising(Objective):
         prompt = torch.full_like(src[:, :1], BOS_ID)
         out = generate(model, prompt, target_len + 1, src=src, eos_id=EOS_ID)
         return [_until_eos(row) for row in out[:, 1:].tolist()]
+
+
+# Metrics every objective reports: the loss (val_loss, and val_loss_long beyond the training context),
+# perplexity and bits per character derived from it, and exact match on tasks (zoo.training.module, runner).
+COMMON_METRICS = {"val_loss": "min", "val_loss_long": "min", "val_ppl": "min", "val_bpc": "min",
+                  "exact_match": "max", "exact_match_long": "max"}
+
+
+def metric_directions() -> dict[str, str]:
+    """Every validation metric of every objective -> "min" or "max"."""
+    out = dict(COMMON_METRICS)
+    for name in OBJECTIVE.names():
+        out.update({f"val_{k}": d for k, d in OBJECTIVE.get(name).metrics.items()})
+    return out
+
+
+def higher_is_better(metric: str) -> bool:
+    """The declared direction of a validation metric; ValueError for one no objective declares."""
+    directions = metric_directions()
+    if metric not in directions:
+        raise ValueError(f"metric '{metric}' has no declared direction; valid: {', '.join(sorted(directions))}")
+    return directions[metric] == "max"
 
 
 def _random_split(total: int, parts: int, g: torch.Generator) -> list[int]:

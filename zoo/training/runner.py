@@ -10,6 +10,7 @@ import csv
 import json
 import logging
 import math
+import os
 import sys
 import time
 import traceback
@@ -23,11 +24,11 @@ from omegaconf import DictConfig, OmegaConf
 from zoo.build import ConfigError, count_params, flatten_config, flops_per_token, resolve_config
 from zoo.data.corpus import DataError
 from zoo.io import atomic_write, atomic_write_json, atomic_write_text
-from zoo.report import higher_is_better
 from zoo.training.callbacks import BestMetrics, DivergenceGuard, GracefulStop, Throughput
 from zoo.training.checkpoint import AtomicCheckpointIO, CheckpointError, read_checkpoint
 from zoo.training.data import bits_per_char, build_data
 from zoo.training.module import ZooModule
+from zoo.training.objectives import higher_is_better
 from zoo.training.safety import instantiate_allowed
 
 
@@ -249,10 +250,12 @@ def _summary(plain, data, trainer, throughput, best, status, diverged_step, star
         "tokens_per_second": throughput.tokens / max(throughput.train_time, 1e-9),
         "final": final,
         "best": best.best,
+        "directions": {k: d for k, d in best.directions.items() if k in final or k in best.best},
         "history": best.history,
         "budget": plain.get("budget"),
         "overrides": _overrides(),
         "torch": torch.__version__,
+        "load": {"loadavg": list(os.getloadavg()), "cpu_count": os.cpu_count()},  # tok/s on a busy machine?
     }
 
 
@@ -308,11 +311,17 @@ def main(cfg: DictConfig, run_dir: str | Path | None = None) -> int:
 def final_metric(run_dir: str | Path, metric: str) -> float:
     """A run's final `metric` from its summary.json, for search sweepers. A failed or diverged run, or
     one that never logged the metric, scores the worst possible value (inf for losses, -inf for
-    accuracies): a finished trial that the search ranks last, where nan would stop the Optuna sweeper."""
-    worst = -math.inf if higher_is_better(metric) else math.inf
+    accuracies): a finished trial that the search ranks last, where nan would stop the Optuna sweeper.
+    The direction is the one the summary records, else the one the objectives declare."""
     try:
         summary = json.loads((Path(run_dir) / "summary.json").read_text())
     except (OSError, ValueError):
+        summary = {}
+    summary = summary if isinstance(summary, dict) else {}
+    direction = (summary.get("directions") or {}).get(metric)
+    higher = direction == "max" if direction in ("min", "max") else higher_is_better(metric)
+    worst = -math.inf if higher else math.inf
+    if not summary:
         return worst
     value = summary.get("final", {}).get(metric) if summary.get("status") == "completed" else None
     return worst if value is None or not math.isfinite(value) else float(value)

@@ -1,0 +1,5 @@
+import sys
+
+from zoo.report.cli import main
+
+sys.exit(main())

@@ -1,0 +1,85 @@
+"""Building and writing a report, and the command line: python -m zoo.report DIR."""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from pathlib import Path
+
+from zoo.io import atomic_write_text
+from zoo.report.plots import plot_curves, plot_final
+from zoo.report.runs import ReportError, load_runs, match_jobs, metric_direction
+from zoo.report.stats import mean_std
+from zoo.report.tables import Report, comparisons, find_baseline, group_variants, make_rows, table
+
+EXIT_OK, EXIT_ERROR = 0, 2
+
+
+def build_report(root: Path, metric: str = "val_loss", target: float | None = None,
+                 baseline: str | None = None) -> Report:
+    root = Path(root)
+    if not root.is_dir():
+        raise ReportError(f"no such directory: '{root}'")
+    runs = load_runs(root)
+    if not runs:
+        raise ReportError(f"no runs under '{root}' (looked for summary.json, metrics.csv, .hydra/overrides.yaml)")
+    factors, variants = group_variants(runs)
+    have = sorted({k for r in runs for k in ((r.summary or {}).get("final") or {})})
+    if not any(r.final(metric) is not None for r in runs) and any(r.summary for r in runs):
+        raise ReportError(f"--metric: no run has '{metric}'; available: {', '.join(have) or 'none'}")
+    higher = metric_direction(runs, metric)
+    base = find_baseline(variants, baseline) if baseline else None
+    means = [m for v in variants if math.isfinite(m := mean_std(v.finals(metric))[0])]
+    if target is not None:
+        note = "given with --target"
+    elif means:
+        target, note = (min if higher else max)(means), f"default: the worst variant's mean final {metric}"
+    else:
+        target, note = math.nan, "no completed run"
+    rows = make_rows(variants, metric, target, higher)
+    intro, sentences = comparisons(rows, metric, base, higher)
+    return Report(root, metric, higher, target, note, factors, rows, table(rows, factors, metric, target, higher),
+                  intro, sentences, len(runs), match_jobs(root, runs))
+
+
+def write_report(report: Report, out_dir: Path) -> list[Path]:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    written = []
+    if any(r.final[2] for r in report.rows):
+        report.plots = [("curves.png", plot_curves(report.rows, report.metric, report.target, out_dir / "curves.png")),
+                        ("final.png", plot_final(report.rows, report.metric, out_dir / "final.png"))]
+        written += [out_dir / "curves.png", out_dir / "final.png"]
+    atomic_write_text(out_dir / "report.md", report.markdown())
+    atomic_write_text(out_dir / "report.html", report.html(out_dir))
+    return [out_dir / "report.md", out_dir / "report.html"] + written
+
+
+def console_summary(report: Report) -> str:
+    """The table, the jobs' states and the comparison sentences, as printed on the terminal."""
+    md = report.markdown()
+    start = md.index("| ")
+    text = md[start:md.index("\n\n", start)] + "\n\n" + report.jobs_line()
+    return text + ("\n\n" + "\n".join(report.sentences) if report.sentences else "")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m zoo.report",
+                                description="Compare the runs of a sweep: one table row per variant.")
+    p.add_argument("dir", type=Path, help="a multirun directory (or any directory holding runs)")
+    p.add_argument("--metric", default="val_loss", help="validation metric to compare (default: val_loss)")
+    p.add_argument("--target", type=float, default=None,
+                   help="metric value for the steps-to-target column (default: the worst variant's final mean)")
+    p.add_argument("--baseline", default=None, help="compare every variant against this one, e.g. 'ffn=gelu' "
+                   "(default: against the best variant)")
+    p.add_argument("--out", type=Path, default=None, help="where to write the report (default: DIR)")
+    args = p.parse_args(argv)
+    try:
+        report = build_report(args.dir, args.metric, args.target, args.baseline)
+        written = write_report(report, args.out or args.dir)
+    except ReportError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_ERROR
+    print(console_summary(report))
+    print("\nwrote " + ", ".join(str(w) for w in written))
+    return EXIT_OK

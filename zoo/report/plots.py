@@ -1,0 +1,99 @@
+"""The report's two figures: curves per variant, and final values with intervals and seeds."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from zoo.io import atomic_write
+from zoo.report.tables import Row, fmt
+
+MIN_EVALS = 3  # fewer evaluations than this make no curve: plot the training loss instead
+
+
+def _figure(w: float, h: float):
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(w, h), dpi=100)
+    FigureCanvasAgg(fig)
+    return fig
+
+
+def _band(ax, histories: list[list[tuple[float, float]]], color: str, label: str) -> None:
+    """Mean over runs on the union of their steps, and a min-max band when there are several."""
+    grid = np.array(sorted({s for h in histories for s, _ in h}))
+    ys = np.array([np.interp(grid, [s for s, _ in h], [v for _, v in h], left=np.nan, right=np.nan)
+                   for h in histories])
+    counts = np.sum(~np.isnan(ys), axis=0)
+    mean = np.where(np.isnan(ys), 0.0, ys).sum(axis=0) / np.maximum(counts, 1)
+    lo = np.where(np.isnan(ys), np.inf, ys).min(axis=0)
+    hi = np.where(np.isnan(ys), -np.inf, ys).max(axis=0)
+    keep = counts > 0
+    ax.plot(grid[keep], mean[keep], "-o", color=color, ms=3, label=f"{label} (n={len(histories)})")
+    if len(histories) > 1:
+        ax.fill_between(grid[keep], lo[keep], hi[keep], color=color, alpha=0.2, lw=0)
+
+
+def plot_curves(rows: list[Row], metric: str, target: float, path: Path) -> str:
+    """Validation curves per variant; the training loss from metrics.csv when the runs were evaluated fewer
+    than MIN_EVALS times (a short sweep's validation curve is one dot). Returns the figure's caption."""
+    evals = max((len(r.history(metric)) for row in rows for r in row.variant.ok_runs(metric)), default=0)
+    train = evals < MIN_EVALS and any(r.train_history for row in rows for r in row.variant.ok_runs(metric))
+    # Many or long variant names: the legend goes beside the axes, where it hides no curve.
+    outside = len(rows) > 4 or max((len(r.variant.label) for r in rows), default=0) > 24
+    fig = _figure(11 if outside else 7.5, 4.5)
+    ax = fig.add_subplot()
+    for i, row in enumerate(rows):
+        runs = row.variant.ok_runs(metric)
+        histories = [h for r in runs if (h := (r.train_history if train else r.history(metric)))]
+        if histories:
+            _band(ax, histories, f"C{i % 10}", row.variant.label)
+    if train:
+        ax.set_ylabel("train_loss")
+        ax.set_title(f"training loss (metrics.csv): {evals} evaluation(s) of {metric} make no curve", fontsize=10)
+        caption = (f"Training loss per variant (fewer than {MIN_EVALS} evaluations of {metric}): mean over seeds, "
+                   "band = min-max.")
+    else:
+        ax.axhline(target, color="grey", ls="--", lw=1, label=f"target {fmt(target)}")
+        ax.set_ylabel(metric)
+        ax.set_title(f"validation {metric}: mean over seeds, band = min-max over seeds")
+        caption = f"Validation {metric} per variant: mean over seeds, band = min-max."
+    ax.set_xlabel("step")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, **({"loc": "upper left", "bbox_to_anchor": (1.01, 1)} if outside else {}))
+    fig.tight_layout()
+    atomic_write(path, lambda f: fig.savefig(f, format="png"), mode="wb")
+    return caption
+
+
+def plot_final(rows: list[Row], metric: str, path: Path) -> str:
+    fig = _figure(max(5.0, 1.2 * len(rows) + 2), 4.8)
+    ax = fig.add_subplot()
+    x = np.arange(len(rows))
+    means = np.array([r.final[0] if r.final[2] else np.nan for r in rows])
+    err = np.array([(r.final_ci[1] - r.final_ci[0]) / 2 if r.final_ci else 0.0 for r in rows])
+    ax.bar(x, np.nan_to_num(means), color=[f"C{i % 10}" for i in range(len(rows))], alpha=0.7,
+           yerr=err, capsize=6, error_kw={"lw": 1.5})
+    points = [(i, v) for i, r in enumerate(rows) for v in r.variant.finals(metric)]
+    if points:
+        ax.scatter([p[0] for p in points], [p[1] for p in points], color="black", s=12, zorder=3, label="seeds")
+        ax.legend(fontsize=8)
+    lo = np.nanmin([np.nanmin(means - err)] + [p[1] for p in points]) if points else 0.0
+    hi = np.nanmax([np.nanmax(means + err)] + [p[1] for p in points]) if points else 1.0
+    zoom = ""
+    if points and lo > 0 and hi > lo:
+        pad = 0.15 * (hi - lo) if hi > lo else 0.05 * abs(hi)
+        if lo - pad > 0.5 * hi:  # the bars would look equal from zero: zoom in
+            ax.set_ylim(lo - pad, hi + pad)
+            zoom = "\n(the y axis does not start at 0)"
+    ax.set_xticks(x)
+    ax.set_xticklabels([r.variant.label for r in rows], rotation=20 if len(rows) > 4 else 0, ha="right"
+                       if len(rows) > 4 else "center", fontsize=8)
+    ax.set_ylabel(f"final {metric}")
+    ax.set_title(f"final {metric}\nmean and 95% CI (Student t) over seeds{zoom}", fontsize=9)
+    ax.grid(axis="y", alpha=0.3)
+    fig.tight_layout()
+    atomic_write(path, lambda f: fig.savefig(f, format="png"), mode="wb")
+    return f"Final {metric}: mean per variant, error bars = 95% CI (Student t), dots = seeds."

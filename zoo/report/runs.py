@@ -1,0 +1,330 @@
+"""Finding the runs of a sweep, reading them, and matching them to the jobs the sweep planned."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from zoo.io import is_running
+from zoo.report.stats import higher_is_better
+
+# Run statuses: completed | diverged | interrupted | failed (the summary says so) | killed (no summary.json,
+# nobody holds run.lock) | running (no summary.json yet, run.lock held) | unreadable (a broken summary.json).
+FAILED = ("failed", "interrupted", "killed", "unreadable")  # counted in the table's `failed` column
+BASIC_SWEEPER = "hydra._internal.core_plugins.basic_sweeper.BasicSweeper"
+
+
+class ReportError(ValueError):
+    """Bad input to the report (no runs, unknown metric, unknown baseline), reported as one line."""
+
+
+@dataclass
+class Run:
+    path: Path
+    status: str
+    overrides: dict[str, str]
+    summary: dict | None = None
+    csv_history: list[dict] = field(default_factory=list)
+    train_history: list[tuple[float, float]] = field(default_factory=list)  # (step, train_loss) of metrics.csv
+    detail: str = ""  # why a run is not completed, for the job list
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "completed"
+
+    @property
+    def directions(self) -> dict[str, str]:
+        d = (self.summary or {}).get("directions")
+        return d if isinstance(d, dict) else {}
+
+    @property
+    def busy(self) -> bool:
+        """The machine's 1-minute load average exceeded its core count when the run ended."""
+        load = (self.summary or {}).get("load") or {}
+        try:
+            return float(load["loadavg"][0]) > float(load["cpu_count"])
+        except (KeyError, IndexError, TypeError, ValueError):
+            return False
+
+    def history(self, metric: str) -> list[tuple[float, float]]:
+        """(step, value) of every evaluation; from summary.json, else from metrics.csv."""
+        rows = (self.summary or {}).get("history") or self.csv_history
+        out = []
+        for row in rows:
+            value, step = row.get(metric), row.get("step")
+            if value is not None and step is not None and math.isfinite(float(value)):
+                out.append((float(step), float(value)))
+        return out
+
+    def final(self, metric: str) -> float | None:
+        value = ((self.summary or {}).get("final") or {}).get(metric)
+        if value is None:
+            hist = self.history(metric)
+            value = hist[-1][1] if hist else None
+        return None if value is None or not math.isfinite(value) else float(value)
+
+    def best(self, metric: str, higher: bool) -> float | None:
+        entry = ((self.summary or {}).get("best") or {}).get(metric)
+        if entry is not None:
+            return float(entry["value"])
+        values = [v for _, v in self.history(metric)]
+        if not values:
+            return None
+        return max(values) if higher else min(values)
+
+    def get(self, *keys):
+        d = self.summary or {}
+        for k in keys:
+            if not isinstance(d, dict) or k not in d:
+                return None
+            d = d[k]
+        return d
+
+
+def _natural_key(path: Path) -> list:
+    return [int(p) if p.isdigit() else p for part in path.parts for p in re.split(r"(\d+)", part) if p]
+
+
+def find_run_dirs(root: Path) -> list[Path]:
+    """Directories holding summary.json, metrics.csv or .hydra/overrides.yaml, outermost only."""
+    found = set()
+    for dirpath, dirnames, filenames in os.walk(root):
+        here = Path(dirpath)
+        if "summary.json" in filenames or "metrics.csv" in filenames:
+            found.add(here)
+        if here.name == ".hydra" and "overrides.yaml" in filenames:
+            found.add(here.parent)
+        dirnames[:] = [d for d in dirnames if d != "checkpoints"]
+    found = sorted(found, key=lambda p: (len(p.parts), _natural_key(p)))
+    outer: list[Path] = []
+    for p in found:
+        if not any(o in p.parents for o in outer):
+            outer.append(p)
+    return sorted(outer, key=_natural_key)
+
+
+def parse_overrides(items) -> dict[str, str]:
+    """['ffn=relu', '+x=1', '~y'] -> {'ffn': 'relu', 'x': '1', 'y': '(deleted)'}."""
+    out = {}
+    for item in items or []:
+        item = str(item).strip()
+        key, sep, value = item.partition("=")
+        if key.startswith("~"):
+            out[key[1:]] = "(deleted)" if not sep else f"(deleted {value})"
+        elif sep:
+            out[key.lstrip("+")] = value
+    return out
+
+
+def _read_overrides_yaml(path: Path) -> list[str]:
+    """Hydra's .hydra/overrides.yaml: a YAML list of strings."""
+    try:
+        import yaml
+
+        data = yaml.safe_load(path.read_text())
+        return [str(x) for x in data] if isinstance(data, list) else []
+    except Exception:  # a truncated file: read the '- item' lines by hand
+        return [line[2:].strip() for line in path.read_text(errors="replace").splitlines() if line.startswith("- ")]
+
+
+def _read_metrics_csv(path: Path) -> tuple[list[dict], list[tuple[float, float]]]:
+    """(evaluation rows as {metric: value, step}, (step, train_loss) pairs) of metrics.csv. Lightning logs
+    an evaluation during fit at the 0-based index of the last batch, one less than summary.json's global
+    step: add 1 (training rows likewise)."""
+    rows, train = [], []
+    try:
+        with path.open(newline="") as f:
+            for row in csv.DictReader(f):
+                if not row.get("step"):
+                    continue
+                step = int(float(row["step"])) + 1
+                values = {}
+                for k, v in row.items():
+                    if k in (None, "epoch", "step") or not v:
+                        continue
+                    try:
+                        x = float(v)
+                    except ValueError:
+                        continue
+                    if k.startswith(("val_", "exact_match")):
+                        values[k] = x
+                    elif k == "train_loss" and math.isfinite(x):
+                        train.append((step, x))
+                if values:
+                    rows.append({**values, "step": step})
+    except (OSError, csv.Error, ValueError):
+        return [], []
+    return rows, train
+
+
+def _number(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+JSON_TYPES = {list: "an array", str: "a string", int: "a number", float: "a number", bool: "a boolean",
+              type(None): "null"}
+
+
+def check_summary(s) -> str | None:
+    """Why a parsed summary.json cannot be read (None when it can): the report uses these fields as numbers."""
+    if not isinstance(s, dict):
+        return f"summary.json holds {JSON_TYPES.get(type(s), type(s).__name__)}, not a JSON object"
+    for key in ("final", "best", "directions", "params", "flops_per_token", "load"):
+        if s.get(key) is not None and not isinstance(s[key], dict):
+            return f"summary.json: '{key}' is {s[key]!r}, not an object"
+    if s.get("history") is not None and not (isinstance(s["history"], list)
+                                             and all(isinstance(h, dict) for h in s["history"])):
+        return "summary.json: 'history' is not a list of objects"
+    for name, value in (s.get("final") or {}).items():
+        if not _number(value):
+            return f"summary.json: final.{name} is {value!r}, not a number"
+    for name, entry in (s.get("best") or {}).items():
+        if not isinstance(entry, dict) or not _number(entry.get("value")):
+            return f"summary.json: best.{name} is {entry!r}, not {{'value': <number>, ...}}"
+    for i, row in enumerate(s.get("history") or []):
+        bad = next((k for k, v in row.items() if not _number(v)), None)
+        if bad is not None:
+            return f"summary.json: history[{i}].{bad} is {row[bad]!r}, not a number"
+    for keys in (("tokens_per_second",), ("params", "total"), ("flops_per_token", "train")):
+        value = s
+        for k in keys:
+            value = value.get(k) if isinstance(value, dict) else None
+        if value is not None and not _number(value):
+            return f"summary.json: {'.'.join(keys)} is {value!r}, not a number"
+    if s.get("overrides") is not None and not isinstance(s["overrides"], list):
+        return "summary.json: 'overrides' is not a list"
+    return None
+
+
+def load_run(path: Path) -> Run:
+    summary, problem = None, None
+    if (path / "summary.json").is_file():
+        try:
+            summary = json.loads((path / "summary.json").read_text())
+        except (OSError, ValueError) as e:
+            problem = f"summary.json is not JSON ({str(e).splitlines()[0]})"
+        else:
+            problem = check_summary(summary)
+        if problem:
+            summary = None
+    if summary is not None and summary.get("overrides") is not None:
+        overrides = parse_overrides(summary["overrides"])
+    elif (path / ".hydra" / "overrides.yaml").is_file():
+        overrides = parse_overrides(_read_overrides_yaml(path / ".hydra" / "overrides.yaml"))
+    else:
+        overrides = {}
+    if problem:
+        status, detail = "unreadable", problem
+    elif summary is None:
+        # no summary yet: the run is alive if it holds its lock; otherwise it died before writing one
+        if is_running(path):
+            status, detail = "running", "run.lock held by a live process"
+        else:
+            status, detail = "killed", "no summary.json and run.lock not held: the process died"
+    else:
+        status = str(summary.get("status") or "failed")
+        detail = str(summary.get("error") or "")
+        if summary.get("diverged"):
+            status = "diverged"
+            step = summary.get("diverged_step")
+            detail = f"non-finite loss at step {step}" if step is not None else "non-finite loss"
+    csv_path = path / "metrics.csv"
+    evals, train = _read_metrics_csv(csv_path) if csv_path.is_file() else ([], [])
+    return Run(path, status, overrides, summary, evals, train, detail)
+
+
+def load_runs(root: Path) -> list[Run]:
+    return [load_run(p) for p in find_run_dirs(root)]
+
+
+def metric_direction(runs: list[Run], metric: str) -> bool:
+    """Higher is better? As the runs' summaries record it (the most common answer), else by the name."""
+    votes = [r.directions[metric] == "max" for r in runs if r.directions.get(metric) in ("min", "max")]
+    if votes:
+        return sum(votes) * 2 > len(votes)
+    return higher_is_better(metric)
+
+
+# ----------------------------------------------------------------------------------------------
+# The sweep's plan: which jobs it launches, and what became of each
+# ----------------------------------------------------------------------------------------------
+
+JOB_STATES = ("finished", "running", "failed", "diverged", "missing")
+
+
+@dataclass
+class Job:
+    overrides: list[str]  # the job's task overrides, as Hydra passes them
+    run: Run | None  # None: planned, but no directory holds it
+
+    @property
+    def state(self) -> str:
+        if self.run is None:
+            return "missing"
+        s = self.run.status
+        return {"completed": "finished", "running": "running", "diverged": "diverged"}.get(s, "failed")
+
+    @property
+    def detail(self) -> str:
+        if self.run is None:
+            return "no run directory"
+        if self.run.status in ("interrupted", "killed", "unreadable"):
+            return f"{self.run.status}: {self.run.detail}"
+        return self.run.detail
+
+
+@dataclass
+class Plan:
+    jobs: list[Job]
+    source: str  # where the job list came from, said in the report
+
+    def count(self, state: str) -> int:
+        return sum(j.state == state for j in self.jobs)
+
+
+def planned_jobs(root: Path) -> tuple[list[list[str]] | None, str]:
+    """The sweep's job list from its multirun.yaml, expanded as Hydra's BasicSweeper does (its own
+    override parser and split_arguments); (None, why) when there is no plan to read."""
+    path = root / "multirun.yaml"
+    if not path.is_file():
+        return None, "no multirun.yaml: the jobs found on disk"
+    try:
+        from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+        from hydra.core.override_parser.overrides_parser import OverridesParser
+        from omegaconf import OmegaConf
+
+        cfg = OmegaConf.load(path)
+        sweeper = OmegaConf.select(cfg, "hydra.sweeper._target_", default=None)
+        if sweeper != BASIC_SWEEPER:  # Optuna and other searches decide their jobs as they go
+            return None, f"sweeper {sweeper}: the jobs found on disk"
+        params = OmegaConf.to_container(cfg.hydra.sweeper.get("params") or OmegaConf.create({}), resolve=False)
+        task = [str(o) for o in OmegaConf.to_container(cfg.hydra.overrides.task, resolve=False)]
+        # as BasicSweeper.sweep: the config's sweeper params first, then the command line's overrides
+        arguments = [f"{k}={v}" for k, v in params.items()] + task
+        overrides = OverridesParser.create().parse_overrides(arguments)
+        batches = BasicSweeper.split_arguments(overrides, None)
+    except Exception as e:  # an unreadable plan is no reason to withhold the report
+        return None, f"multirun.yaml unreadable ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})"
+    return [list(job) for batch in batches for job in batch], "multirun.yaml"
+
+
+def match_jobs(root: Path, runs: list[Run]) -> Plan:
+    """Each planned job with the run directory holding its overrides; runs on disk if there is no plan."""
+    planned, source = planned_jobs(root)
+    if planned is None:
+        return Plan([Job([f"{k}={v}" for k, v in r.overrides.items()], r) for r in runs], source)
+    by_overrides: dict[tuple, list[Run]] = {}
+    for r in runs:
+        by_overrides.setdefault(tuple(sorted(r.overrides.items())), []).append(r)
+    jobs = []
+    for job in planned:
+        found = by_overrides.get(tuple(sorted(parse_overrides(job).items())))
+        jobs.append(Job(job, found.pop(0) if found else None))
+    # run directories that no planned job names (another sweep's, or copied in) are still listed
+    jobs += [Job([f"{k}={v}" for k, v in r.overrides.items()], r) for rs in by_overrides.values() for r in rs]
+    return Plan(jobs, f"{len(planned)} planned in {source}")

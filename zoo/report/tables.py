@@ -1,0 +1,337 @@
+"""Variants, their table rows and comparison sentences, and report.md / report.html (pandas tables)."""
+
+from __future__ import annotations
+
+import base64
+import html
+import math
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pandas as pd
+
+from zoo.report.runs import FAILED, JOB_STATES, Plan, ReportError, Run, parse_overrides
+from zoo.report.stats import ALPHA, confidence_interval, mean_std, steps_to_target, welch_test
+
+# ----------------------------------------------------------------------------------------------
+# Variants
+# ----------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Variant:
+    key: tuple[tuple[str, str], ...]  # (factor, value) for the factors that vary
+    runs: list[Run]
+    label: str = ""
+
+    def ok_runs(self, metric: str) -> list[Run]:
+        return [r for r in self.runs if r.ok and r.final(metric) is not None]
+
+    def finals(self, metric: str) -> list[float]:
+        return [r.final(metric) for r in self.ok_runs(metric)]
+
+    def bests(self, metric: str, higher: bool) -> list[float]:
+        return [b for r in self.ok_runs(metric) if (b := r.best(metric, higher)) is not None]
+
+    def count(self, *statuses: str) -> int:
+        return sum(r.status in statuses for r in self.runs)
+
+
+def varying_factors(runs: list[Run]) -> list[str]:
+    """Override keys whose value differs between runs (a key missing from a run counts as a value), seed excepted."""
+    keys = list(dict.fromkeys(k for r in runs for k in r.overrides))
+    return [k for k in keys if k != "seed" and len({r.overrides.get(k) for r in runs}) > 1]
+
+
+def group_variants(runs: list[Run]) -> tuple[list[str], list[Variant]]:
+    factors = varying_factors(runs)
+    variants: dict[tuple, Variant] = {}
+    for r in runs:
+        key = tuple((f, r.overrides.get(f, "(default)")) for f in factors)
+        variants.setdefault(key, Variant(key, [])).runs.append(r)
+    for v in variants.values():
+        if not v.key:
+            v.label = "all runs"
+        elif len(v.key) == 1 and "." not in v.key[0][0]:
+            v.label = v.key[0][1]
+        else:
+            v.label = ", ".join(f"{f}={val}" for f, val in v.key)
+    return factors, list(variants.values())
+
+
+def find_baseline(variants: list[Variant], spec: str) -> Variant:
+    want = parse_overrides(re.split(r"[\s,]+", spec.strip()))
+    if not want:
+        raise ReportError(f"--baseline: expected overrides like 'ffn=gelu', got '{spec}'")
+    matches = [v for v in variants if all(dict(v.key).get(k) == val for k, val in want.items())]
+    if len(matches) != 1:
+        labels = "; ".join(v.label for v in variants)
+        what = "no variant" if not matches else f"{len(matches)} variants"
+        raise ReportError(f"--baseline: {what} match '{spec}'; variants: {labels}")
+    return matches[0]
+
+
+# ----------------------------------------------------------------------------------------------
+# Rows and sentences
+# ----------------------------------------------------------------------------------------------
+
+def fmt(x: float | None, digits: int = 4) -> str:
+    if x is None or (isinstance(x, float) and not math.isfinite(x)):
+        return "-"
+    if x != 0 and (abs(x) >= 1e5 or abs(x) < 1e-3):
+        return f"{x:.{digits - 1}e}"
+    return f"{x:.{digits}f}"
+
+
+def _human(x: float | None) -> str:
+    if x is None or not math.isfinite(x):
+        return "-"
+    for unit, scale in (("G", 1e9), ("M", 1e6), ("K", 1e3)):
+        if abs(x) >= scale:
+            return f"{x / scale:.3g}{unit}"
+    return f"{x:.0f}"
+
+
+def _first(values):
+    return next((v for v in values if v is not None), None)
+
+
+@dataclass
+class Row:
+    variant: Variant
+    params: float | None
+    flops: float | None
+    tok_s: float | None
+    busy: int  # of the runs behind tok_s, how many ended on a machine busier than its core count
+    final: tuple[float, float, int]
+    final_ci: tuple[float, float] | None
+    best: tuple[float, float, int]
+    best_ci: tuple[float, float] | None
+    steps: list[float | None]  # steps to target, per ok run
+
+
+def _params_from_config(run: Run) -> tuple[float | None, float | None]:
+    """Parameters and train FLOPs per token of a run without a summary, from its resolved config.yaml."""
+    path = run.path / "config.yaml"
+    if not path.is_file():
+        return None, None
+    try:
+        import yaml
+
+        from zoo.build import count_params, flops_per_token
+
+        cfg = yaml.safe_load(path.read_text())
+        model = cfg["model"]
+        context = (cfg.get("data") or {}).get("context")
+        return count_params(model)["total"], flops_per_token(model, context)["train"]
+    except Exception:  # an unresolved or partial config: leave the cells empty
+        return None, None
+
+
+def make_rows(variants: list[Variant], metric: str, target: float, higher: bool) -> list[Row]:
+    rows = []
+    for v in variants:
+        ok = v.ok_runs(metric)
+        params = _first(r.get("params", "total") for r in v.runs)
+        flops = _first(r.get("flops_per_token", "train") for r in v.runs)
+        if params is None:
+            params, flops = _first(pf for r in v.runs if (pf := _params_from_config(r))[0] is not None) or (None, None)
+        timed = [r for r in ok if r.get("tokens_per_second") is not None]
+        speeds = [r.get("tokens_per_second") for r in timed]
+        finals, bests = v.finals(metric), v.bests(metric, higher)
+        rows.append(Row(v, params, flops, sum(speeds) / len(speeds) if speeds else None, sum(r.busy for r in timed),
+                        mean_std(finals), confidence_interval(finals), mean_std(bests), confidence_interval(bests),
+                        [steps_to_target(r.history(metric), target, higher) for r in ok]))
+    return rows
+
+
+def _ms(stat: tuple[float, float, int]) -> str:
+    m, s, n = stat
+    if n == 0:
+        return "-"
+    return f"{fmt(m)} ± {fmt(s)}" if n > 1 else f"{fmt(m)} (1 seed)"
+
+
+def _ci(ci: tuple[float, float] | None, n: int) -> str:
+    if ci is None:
+        return "n/a (1 seed)" if n == 1 else "-"
+    return f"[{fmt(ci[0])}, {fmt(ci[1])}]"
+
+
+def _steps(values: list[float | None]) -> str:
+    hit = [s for s in values if s is not None]
+    if not hit:
+        return "-"
+    text = f"{sum(hit) / len(hit):.1f}"
+    return text if len(hit) == len(values) else f"{text} ({len(hit)}/{len(values)} seeds)"
+
+
+def table(rows: list[Row], factors: list[str], metric: str, target: float, higher: bool) -> pd.DataFrame:
+    op = "≥" if higher else "≤"
+    running = any(r.variant.count("running") for r in rows)  # a column only while a sweep is still going
+    head = (factors or ["variant"]) + ["params", "FLOPs/token (train)", "tok/s", f"final {metric} (mean ± std)",
+                                       "final 95% CI", f"best {metric} (mean ± std)", "best 95% CI", "seeds",
+                                       f"steps to {metric} {op} {fmt(target)}", "diverged", "failed"]
+    head += ["running"] if running else []
+    body = []
+    for r in rows:
+        n = r.final[2]
+        cells = [val for _, val in r.variant.key] or [r.variant.label]
+        speed = _human(r.tok_s) + (" (busy)" if r.busy else "")
+        cells += [_human(r.params), _human(r.flops), speed, _ms(r.final), _ci(r.final_ci, n),
+                  _ms(r.best), _ci(r.best_ci, r.best[2]), str(n), _steps(r.steps),
+                  str(r.variant.count("diverged")), str(r.variant.count(*FAILED))]
+        cells += [str(r.variant.count("running"))] if running else []
+        body.append(cells)
+    return pd.DataFrame(body, columns=head)
+
+
+def comparisons(rows: list[Row], metric: str, baseline: Variant | None, higher: bool) -> tuple[str, list[str]]:
+    """(what the sentences compare against, one sentence per other variant)."""
+    scored = [r for r in rows if r.final[2] > 0]
+    if baseline is not None:
+        ref = next((r for r in rows if r.variant is baseline), None)
+        if ref is None or ref.final[2] == 0:
+            return f"baseline {baseline.label}", [f"The baseline {baseline.label} has no completed run with "
+                                                   f"{metric}; nothing to compare against."]
+        intro = f"each variant against the baseline {ref.variant.label}"
+    else:
+        if len(scored) < 2:
+            return "", []
+        ref = (max if higher else min)(scored, key=lambda r: r.final[0])
+        intro = f"the best variant ({ref.variant.label}, by mean final {metric}) against each other variant"
+    out = []
+    for r in rows:
+        if r is ref:
+            continue
+        if r.final[2] == 0:
+            out.append(f"{r.variant.label}: no completed run with {metric}; not compared.")
+            continue
+        # with a baseline: "variant vs baseline"; with the best: "best vs variant"
+        a, b = (r, ref) if baseline is not None else (ref, r)
+        diff = a.final[0] - b.final[0]
+        better = (diff > 0) == higher
+        size = f"{fmt(abs(diff))} {'higher' if diff > 0 else 'lower'} {metric} ({'better' if better else 'worse'})"
+        if diff == 0:
+            size = f"the same mean {metric}"
+        head = f"{a.variant.label} vs {b.variant.label}: {size}"
+        n = f"n={a.final[2]} vs {b.final[2]}"
+        w = welch_test(a.variant.finals(metric), b.variant.finals(metric))
+        if w is None:
+            out.append(f"{head}; seed noise cannot be estimated with one seed ({n}).")
+        elif w.p < ALPHA:
+            out.append(f"{head}, larger than seed noise (Welch t, p={w.p:.2g}, {n}).")
+        else:
+            out.append(f"{head}, within seed noise (Welch t, p={w.p:.2g}, {n}).")
+    return intro, out
+
+
+def jobs_table(plan: Plan, root: Path) -> pd.DataFrame:
+    """One row per job: its directory, the overrides that tell it apart, its state and why."""
+    keys = list(dict.fromkeys(k for j in plan.jobs for k in parse_overrides(j.overrides)))
+    values = [parse_overrides(j.overrides) for j in plan.jobs]
+    varying = [k for k in keys if len({v.get(k) for v in values}) > 1] or keys
+    body = []
+    for job, over in zip(plan.jobs, values, strict=True):
+        where = "-" if job.run is None else (str(job.run.path.relative_to(root)) if job.run.path != root else ".")
+        body.append([where, " ".join(f"{k}={over[k]}" for k in varying if k in over), job.state, job.detail])
+    return pd.DataFrame(body, columns=["job", "overrides", "status", "detail"])
+
+
+# ----------------------------------------------------------------------------------------------
+# The report
+# ----------------------------------------------------------------------------------------------
+
+METHOD = ("Each cell is over the seeds of a variant that completed: mean ± sample standard deviation (n-1); "
+          "95% CI = mean ± t(0.975, n-1)·std/√n (Student t); with one seed there is no interval. "
+          "Comparisons use Welch's two-sided t-test on the final {metric} (unequal variances, Welch–Satterthwaite "
+          "degrees of freedom, p from the Student t distribution): a difference is larger than seed noise when "
+          "p < 0.05. With one seed in a group the noise cannot be estimated.")
+BUSY = ("tok/s marked (busy): at least one of the runs averaged ended while the machine's 1-minute load average "
+        "exceeded its core count, so its speed was shared with other work.")
+
+
+def _markdown_table(df: pd.DataFrame) -> str:
+    cells = df.map(lambda c: str(c).replace("|", "\\|"))
+    return cells.to_markdown(index=False, disable_numparse=True)  # numparse would reformat "1.1000" as 1.1
+
+
+@dataclass
+class Report:
+    root: Path
+    metric: str
+    higher: bool
+    target: float
+    target_note: str
+    factors: list[str]
+    rows: list[Row]
+    table: pd.DataFrame
+    intro: str
+    sentences: list[str]
+    n_runs: int
+    plan: Plan
+    plots: list[tuple[str, str]] = field(default_factory=list)  # (file name, caption)
+
+    @property
+    def busy(self) -> bool:
+        return any(r.busy for r in self.rows)
+
+    def jobs_line(self) -> str:
+        counts = ", ".join(f"{self.plan.count(s)} {s}" for s in JOB_STATES)
+        return f"{len(self.plan.jobs)} jobs ({self.plan.source}): {counts}."
+
+    def markdown(self) -> str:
+        op = "≥" if self.higher else "≤"
+        lines = [f"# Sweep report: {self.root}", "",
+                 f"{self.n_runs} runs in {len(self.rows)} variants; metric `{self.metric}` "
+                 f"({'higher' if self.higher else 'lower'} is better). "
+                 + (f"Varying: {', '.join(f'`{f}`' for f in self.factors)}." if self.factors
+                    else "No override varies except the seed."), "", _markdown_table(self.table)]
+        lines += ["", f"Target: {self.metric} {op} {fmt(self.target)} "
+                  f"({self.target_note}); steps are the mean over seeds of the first step reaching it, linearly "
+                  "interpolated between evaluations ('-': never reached; (k/n): reached by k of n seeds). "
+                  "Diverged and failed runs (failed, interrupted, killed, or an unreadable summary.json) are "
+                  "counted, not averaged; running ones are neither."]
+        lines += ["", BUSY] if self.busy else []
+        lines += ["", "## Jobs", "", self.jobs_line(), "", _markdown_table(jobs_table(self.plan, self.root))]
+        lines += ["", "## Method", "", METHOD.format(metric=self.metric), "", "## Comparisons", ""]
+        if self.sentences:
+            lines += [f"Comparing {self.intro}:", ""] + [f"- {s}" for s in self.sentences]
+        else:
+            lines += ["Only one variant with completed runs: nothing to compare."]
+        if self.plots:
+            lines += ["", "## Plots", ""] + [f"![{cap}]({name})\n\n{cap}\n" for name, cap in self.plots]
+        return "\n".join(lines).rstrip() + "\n"
+
+    def html(self, out_dir: Path) -> str:
+        e = html.escape
+        op = "≥" if self.higher else "≤"
+        parts = ["<!DOCTYPE html>", "<html><head><meta charset='utf-8'>", f"<title>Sweep report: {e(str(self.root))}"
+                 "</title>", "<style>body{font-family:sans-serif;max-width:1200px;margin:2em auto;padding:0 1em}"
+                 "table{border-collapse:collapse;font-size:0.9em}td,th{border:1px solid #ccc;padding:4px 8px;"
+                 "text-align:right}th{background:#f3f3f3}td:first-child,th:first-child{text-align:left}"
+                 "table.jobs td{text-align:left}img{max-width:100%}</style></head><body>",
+                 f"<h1>Sweep report</h1><p><code>{e(str(self.root))}</code></p>",
+                 f"<p>{self.n_runs} runs in {len(self.rows)} variants; metric <code>{e(self.metric)}</code> "
+                 f"({'higher' if self.higher else 'lower'} is better).</p>",
+                 self.table.to_html(index=False, border=0, classes="variants"),
+                 f"<p>Target: {e(self.metric)} {op} {e(fmt(self.target))} ({e(self.target_note)}); steps "
+                 "interpolated between evaluations.</p>"]
+        parts += [f"<p>{e(BUSY)}</p>"] if self.busy else []
+        parts += ["<h2>Jobs</h2>", f"<p>{e(self.jobs_line())}</p>",
+                  jobs_table(self.plan, self.root).to_html(index=False, border=0, classes="jobs"),
+                  "<h2>Method</h2>", f"<p>{e(METHOD.format(metric=self.metric))}</p>", "<h2>Comparisons</h2>"]
+        if self.sentences:
+            parts += [f"<p>Comparing {e(self.intro)}:</p><ul>"] + [f"<li>{e(s)}</li>" for s in self.sentences]
+            parts += ["</ul>"]
+        else:
+            parts += ["<p>Only one variant with completed runs: nothing to compare.</p>"]
+        if self.plots:
+            parts += ["<h2>Plots</h2>"]
+        for name, cap in self.plots:
+            data = base64.b64encode((out_dir / name).read_bytes()).decode("ascii")
+            parts += [f"<figure><img alt='{e(cap)}' src='data:image/png;base64,{data}'>"
+                      f"<figcaption>{e(cap)}</figcaption></figure>"]
+        parts += ["</body></html>"]
+        return "\n".join(parts) + "\n"
