@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from tests.conftest import tiny_cfg
+from tests.helpers import tiny_cfg
 from zoo import build_model
 from zoo.generate import generate, sample_next
 from zoo.registry import POSITION
