@@ -19,6 +19,7 @@ from pathlib import Path
 import lightning as L
 import torch
 from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import MissingMandatoryValue
 
 from zoo.build import ConfigError, count_params, flatten_config, flops_per_token, resolve_config
 from zoo.data.corpus import DataError
@@ -54,6 +55,7 @@ def run(cfg: DictConfig, run_dir: str | Path | None = None) -> int:
     run_dir = Path(run_dir or _hydra_output_dir())
     run_dir.mkdir(parents=True, exist_ok=True)
     plain = OmegaConf.to_container(cfg, resolve=True)
+    _check_trainer_keys(plain["trainer"])
     data = _prepare(plain)  # raises ConfigError / DataError before any training
     if plain.get("threads"):  # e.g. 1 per run when a joblib sweep runs one run per core
         torch.set_num_threads(plain["threads"])
@@ -109,6 +111,19 @@ def _hydra_output_dir() -> str:
     from hydra.core.hydra_config import HydraConfig
 
     return HydraConfig.get().runtime.output_dir
+
+
+def _check_trainer_keys(trainer_cfg: dict) -> None:
+    """`+trainer.max_step=...` gets past Hydra; name the closest Trainer argument instead of a TypeError."""
+    import difflib
+    import inspect
+
+    valid = [p for p in inspect.signature(L.Trainer.__init__).parameters if p != "self"]
+    for key in trainer_cfg:
+        if key not in valid:
+            close = difflib.get_close_matches(key, valid, n=1)
+            hint = f" (did you mean trainer.{close[0]}?)" if close else ""
+            raise ConfigError(f"trainer.{key}: not a Lightning Trainer argument{hint}; valid: {', '.join(valid)}")
 
 
 def _prepare(plain: dict):
@@ -294,6 +309,11 @@ def main(cfg: DictConfig, run_dir: str | Path | None = None) -> int:
     """The body of train.py: run; bad input becomes one line and exit code 2, a crash a failed summary."""
     try:
         return run(cfg, run_dir)
+    except MissingMandatoryValue as e:  # a `???` key left unset (train.py reports it before this)
+        msg = f"{e.full_key}: required, not set; valid: {e.full_key}=<value> on the command line"
+        print(f"error: {msg}", file=sys.stderr, flush=True)
+        _write_failure(msg, run_dir)
+        return EXIT_CONFIG
     except (ConfigError, DataError, CheckpointError, KeyError) as e:
         msg = str(e.args[0]) if isinstance(e, KeyError) and e.args else str(e)
         print(f"error: {msg}", file=sys.stderr, flush=True)
