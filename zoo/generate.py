@@ -31,7 +31,8 @@ def sample_next(logits: torch.Tensor, temperature: float = 1.0, top_k: int | Non
 
 def position_limit(model: nn.Module) -> int | None:
     """The longest sequence the decoder's position scheme can place (learned positions: max_seq_len), or None."""
-    return getattr(model.decoder.position, "max_len", None)
+    position = getattr(getattr(model, "decoder", None), "position", None)  # encoder_only has no decoder
+    return getattr(position, "max_len", None)
 
 
 def check_length(model: nn.Module, total: int) -> None:
