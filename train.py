@@ -14,7 +14,7 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig
 
-from zoo.training.cli import check_group_choices, check_keys, expand  # no torch: answers in a fraction of a second
+from zoo.training.cli import check_group_choices, check_keys, expand, help_text  # no torch: fast answers
 
 CONF = Path(__file__).resolve().parent / "conf"
 
@@ -37,7 +37,7 @@ def main(cfg: DictConfig) -> float | None:
 
 def check_arguments(args: list[str]) -> str | None:
     """The command line's mistakes as one line, before Hydra composes and before torch loads."""
-    if "--help" in args or "-h" in args or "--hydra-help" in args:
+    if "--hydra-help" in args:
         return None
     # (further checks of the arguments, e.g. of `_target_`s, go here, each returning one line or None)
     return check_group_choices(args, CONF) or check_keys(args, CONF)
@@ -45,6 +45,9 @@ def check_arguments(args: list[str]) -> str | None:
 
 if __name__ == "__main__":
     sys.argv = [sys.argv[0]] + [expand(a) for a in sys.argv[1:]]
+    if ("--help" in sys.argv or "-h" in sys.argv) and (text := help_text(sys.argv[1:], CONF, __doc__)):
+        print(text)
+        sys.exit(0)
     if error := check_arguments(sys.argv[1:]):
         print(f"error: {error}", file=sys.stderr)
         sys.exit(2)

@@ -3,6 +3,7 @@
 import csv
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -176,8 +177,15 @@ def test_interrupt_then_resume_equals_uninterrupted(tmp_path, sig, uninterrupted
     ckpt = torch.load(tmp_path / "checkpoints" / "last.ckpt", weights_only=True)
     assert ckpt["global_step"] == s["steps"]
 
-    resumed = _train_py(tmp_path, *INTERRUPTIBLE, "ckpt_path=last")
-    assert resumed.wait(timeout=600) == 0, resumed.stderr.read()[-2000:]
+    # the run says how to resume it: the same overrides, ckpt_path=last, the same directory
+    command = next(line for line in out.splitlines() if line.startswith("resume with: ")).removeprefix("resume with: ")
+    args = shlex.split(command)
+    assert args[:2] == ["python", "train.py"] and args[-2:] == ["ckpt_path=last", f"hydra.run.dir={tmp_path}"]
+    resumed = subprocess.Popen([sys.executable, *args[1:]], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               text=True)
+    rout, rerr = resumed.communicate(timeout=600)
+    assert resumed.returncode == 0, rerr[-2000:]
+    assert f"| {s['steps']}/300 [" in rout and "Epoch" not in rout  # the bar counts steps, from the restored one
     a = json.loads((uninterrupted / "summary.json").read_text())
     b = json.loads((tmp_path / "summary.json").read_text())
     assert b["steps"] == a["steps"] == 300 and b["status"] == "completed"

@@ -51,6 +51,23 @@ def check_group_choices(args: list[str], conf_dir: Path) -> str | None:
     return None
 
 
+def help_text(args: list[str], conf_dir: Path, doc: str) -> str | None:
+    """train.py --help: the groups and their options, then the config the other arguments compose, or None when
+    they do not compose (Hydra's own help then answers). Hydra's help takes seconds: it composes the whole
+    config tree once per group to list the options; reading the conf folder is enough here."""
+    configs = _compose_all(args, conf_dir)
+    if configs is None:
+        return None
+    from omegaconf import OmegaConf
+
+    groups = sorted(d.name for d in conf_dir.iterdir() if d.is_dir() and d.name != "hydra" and d.name[0] != "_")
+    options = [f"{g}: {', '.join(sorted(p.stem for p in (conf_dir / g).glob('*.yaml') if p.stem[0] != '_'))}"
+               for g in groups]
+    return "\n".join([doc.strip(), "", "== Configuration groups (group=option) ==", *options, "",
+                      "== Config (override any key: key=value) ==", OmegaConf.to_yaml(configs[0]).rstrip(), "",
+                      "Hydra's own options (-m, --cfg, --info, hydra.run.dir=...): python train.py --hydra-help"])
+
+
 def _leaves(cfg, prefix: str = "") -> list[str]:
     """Every key path of a composed config, parents included (`model`, `model.d_model`, ...)."""
     from omegaconf import DictConfig
