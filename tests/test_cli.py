@@ -22,6 +22,9 @@ def _train(*args: str) -> subprocess.CompletedProcess:
     (["model.dmodel=64"], "error: model.dmodel: unknown key (did you mean model.d_model?); valid: "),
     (["trainer.max_step=100"], "error: trainer.max_step: unknown key (did you mean trainer.max_steps?); valid: "),
     (["norm.typ=rmsnorm"], "error: model.norm.typ: unknown key (did you mean model.norm.type?); valid: "),
+    (["atention=mha"], "error: atention: unknown key (did you mean attention?); valid: attention, "),
+    (["model.atention.n_kv_heads=2"], "error: model.atention.n_kv_heads: unknown key (did you mean "
+                                      "model.attention.n_kv_heads?); valid: "),
     (["data=text_file"], "error: data.path: required, not set; valid: data.path=<value>"),
     (["trainer=gpux"], "error: trainer: unknown option 'gpux'; valid: cpu, ddp, fsdp, gpu"),
     (["-m", "ffn=relu,nope"], "error: ffn: unknown option 'nope'; valid: "),

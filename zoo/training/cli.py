@@ -123,10 +123,16 @@ def check_keys(args: list[str], conf_dir: Path) -> str | None:
     known = set().union(*(_leaves(c) for c in configs))
     for key in given:
         if key not in known:
-            parent = key.rpartition(".")[0]
-            siblings = sorted(k for k in known if k.rpartition(".")[0] == parent and "." not in k[len(parent) + 1:])
-            close = difflib.get_close_matches(key, sorted(known), n=1, cutoff=0.6)
-            hint = f" (did you mean {close[0]}?)" if close else ""
+            parts = key.split(".")
+            bad = next(i for i in range(len(parts)) if ".".join(parts[:i + 1]) not in known)  # first wrong word
+            parent = ".".join(parts[:bad])
+            siblings = sorted(k for k in known if k.rpartition(".")[0] == parent and k.count(".") == bad)
+            if not parent:  # a top-level word may be a misspelled group (atention=mha)
+                siblings = sorted(set(siblings) | {d.name for d in conf_dir.iterdir()
+                                                   if d.is_dir() and d.name != "hydra" and d.name[0] != "_"})
+            words = [k.rpartition(".")[2] for k in siblings]
+            close = difflib.get_close_matches(parts[bad], words, n=1, cutoff=0.6)
+            hint = f" (did you mean {'.'.join(parts[:bad] + close + parts[bad + 1:])}?)" if close else ""
             where = ", ".join(siblings) if siblings else "see python train.py --cfg job"
             extra = "; a Lightning Trainer argument not in conf/trainer is added with +trainer.<name>=..." \
                 if parent == "trainer" else ""
