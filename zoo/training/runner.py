@@ -44,13 +44,16 @@ class _QuietLightning(logging.Filter):
 
     # Resuming and stopping are said by zoo's own lines (the start banner, the result line).
     NOISE = ("GPU available", "TPU available", "Tip:", "HPU available", "LOCAL_RANK", "`Trainer.fit` stopped",
-             "Restoring states from the checkpoint", "Restored all states from the checkpoint")
+             "Restoring states from the checkpoint", "Restored all states from the checkpoint",
+             "Initializing distributed", "distributed_backend=")  # the banner says how many devices
 
     def filter(self, record: logging.LogRecord) -> bool:
         return not any(n in record.getMessage() for n in self.NOISE)
 
 
-logging.getLogger("lightning.pytorch.utilities.rank_zero").addFilter(_QuietLightning())
+for _name in ("lightning.pytorch.utilities.rank_zero", "lightning.fabric.utilities.rank_zero",
+              "lightning.fabric.utilities.distributed", "lightning_utilities.core.rank_zero"):
+    logging.getLogger(_name).addFilter(_QuietLightning())
 warnings.filterwarnings("ignore", message=".*exists and is not empty.*")  # the run dir holds .hydra/ by design
 warnings.filterwarnings("ignore", message=".*LeafSpec.*is deprecated.*")
 warnings.filterwarnings("ignore", message=".*does not have many workers.*")  # batches are built in-process
