@@ -14,18 +14,20 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig
 
-from zoo.training import final_metric
-from zoo.training import main as train
-from zoo.training.cli import check_group_choices, expand
+from zoo.training.cli import check_group_choices, check_keys, expand, help_text  # no torch: fast answers
 
 CONF = Path(__file__).resolve().parent / "conf"
 
 
 @hydra.main(config_path="conf", config_name="config", version_base="1.3")
 def main(cfg: DictConfig) -> float | None:
-    code = train(cfg)
+    # torch and Lightning load here, after the argument checks and --help: a typo costs no import time.
     from hydra.core.hydra_config import HydraConfig
 
+    from zoo.training import final_metric
+    from zoo.training import main as train
+
+    code = train(cfg)
     if code and HydraConfig.get().mode.name == "RUN":  # in a sweep, one failed run must not stop the others
         sys.exit(code)
     if cfg.get("optimized_metric"):  # what a search sweeper (Optuna) minimises or maximises
@@ -33,9 +35,20 @@ def main(cfg: DictConfig) -> float | None:
     return None
 
 
+def check_arguments(args: list[str]) -> str | None:
+    """The command line's mistakes as one line, before Hydra composes and before torch loads."""
+    if "--hydra-help" in args:
+        return None
+    # (further checks of the arguments, e.g. of `_target_`s, go here, each returning one line or None)
+    return check_group_choices(args, CONF) or check_keys(args, CONF)
+
+
 if __name__ == "__main__":
     sys.argv = [sys.argv[0]] + [expand(a) for a in sys.argv[1:]]
-    if error := check_group_choices(sys.argv[1:], CONF):
+    if ("--help" in sys.argv or "-h" in sys.argv) and (text := help_text(sys.argv[1:], CONF, __doc__)):
+        print(text)
+        sys.exit(0)
+    if error := check_arguments(sys.argv[1:]):
         print(f"error: {error}", file=sys.stderr)
         sys.exit(2)
     main()

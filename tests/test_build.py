@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from tests.conftest import tiny_cfg
+from tests.helpers import tiny_cfg
 from zoo import ConfigError, build_model, count_params, flops_per_token, resolve_config
 
 

@@ -6,7 +6,7 @@ import itertools
 import pytest
 import torch
 
-from tests.conftest import run, tiny_cfg
+from tests.helpers import run, tiny_cfg
 from zoo import build_model, count_params
 from zoo.registry import ATTENTION, FFN, MODEL, NORM, POSITION, RESIDUAL
 

@@ -4,10 +4,11 @@ Commands come from the docs themselves: each line of a ```bash block, each `$ ` 
 (whose following lines are the output it must print), each ```python block, and each inline `python ...`
 command. They run in document order in one fresh working directory holding links to train.py, sample.py
 and conf/, as in a user's checkout, so a later command finds what an earlier one wrote
-(`outputs/<date>/<time>/checkpoints/best.ckpt`). The only changes shrink a run: overrides appended for steps,
-sizes and seeds the command leaves at their defaults, and steps or sizes it sets lowered to the test's;
-placeholders (`<ckpt>`) are filled with the path the command describes. A command that needs what this machine lacks says so in the docs with a
-trailing `# needs: <what>` and is skipped with that reason.
+(`outputs/<date>/<time>/checkpoints/best.ckpt`). The only changes shrink a run: overrides appended for
+steps, sizes and seeds the command leaves at their defaults, and steps or sizes it sets lowered to the
+test's; placeholders (`<ckpt>`) are filled with the path the command describes. A command that needs
+what this machine lacks says so in the docs with a trailing `# needs: <what>` and is skipped with that
+reason.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from tests.conftest import tiny_cfg
+from tests.helpers import tiny_cfg
 from zoo import build_model
 from zoo.generate import generate, sample_next
 from zoo.registry import POSITION
@@ -49,6 +49,17 @@ def test_learned_positions_stop_with_a_clear_error_past_max_seq_len():
     with pytest.raises(ValueError, match="max_seq_len=16"):
         generate(model, torch.zeros(1, 10, dtype=torch.long), 7)
     assert generate(model, torch.zeros(1, 10, dtype=torch.long), 6).shape == (1, 16)
+
+
+@pytest.mark.parametrize("use_cache", [True, False])
+def test_slide_continues_learned_positions_on_the_last_max_seq_len_tokens(use_cache):
+    model = build_model(tiny_cfg(max_seq_len=16))
+    prompt = torch.randint(0, 37, (2, 10))
+    out = generate(model, prompt, 30, slide=True, use_cache=use_cache)
+    assert out.shape == (2, 40) and torch.equal(out[:, :16], generate(model, prompt, 6))  # as before up to the limit
+    for i in range(16, 40):  # every later token is the greedy choice given the 16 tokens before it
+        window = out[:, i - 16:i]
+        assert torch.equal(out[:, i], model(window)[:, -1].argmax(-1)), i
 
 
 @pytest.mark.parametrize("position", ["rope", "alibi", "sinusoidal", "none"])

@@ -96,7 +96,7 @@ def checkpoint(tmp_path_factory) -> Path:
     cmd = [sys.executable, "train.py", "trainer.max_steps=2", "model.d_model=32", "model.n_layers=1",
            "model.n_heads=2", "data.context=16", "data.eval_batches=1", "data.batch_size=4", "logger=none",
            "sample.max_new_tokens=1", f"hydra.run.dir={run_dir}"]
-    out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-2000:]
     return run_dir / "checkpoints" / "last.ckpt"
 

@@ -4,7 +4,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tests.conftest import tiny_cfg
+from tests.helpers import tiny_cfg
 from zoo import build_model
 from zoo.block import NO_POSITION
 from zoo.layers.attention import attention_maps

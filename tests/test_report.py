@@ -211,7 +211,7 @@ def multirun(tmp_path_factory) -> Path:
     cmd = [sys.executable, "train.py", "-m", "ffn=relu,swiglu", "seed=0,1", "model.d_model=32", "model.n_layers=1",
            "model.n_heads=2", "trainer.max_steps=6", "trainer.val_check_interval=3", "data.eval_batches=2",
            "data.batch_size=4", "data.context=16", "logger=csv", f"hydra.sweep.dir={sweep_dir}"]
-    out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-2000:]
     assert len(list(sweep_dir.glob("*/summary.json"))) == 4, out.stderr[-2000:]
     return sweep_dir

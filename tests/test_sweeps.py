@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.training.conftest import TINY
+from tests.helpers import TINY
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -33,7 +33,7 @@ def test_joblib_multirun_with_a_failing_run_and_matched_parameters(tmp_path):
 
 
 def test_unknown_budget_is_refused(tmp_path, capsys):
-    from tests.training.conftest import compose_cfg
+    from tests.helpers import compose_cfg
     from zoo.training import main
 
     assert main(compose_cfg(TINY + ["budget=flops"]), tmp_path) == 2

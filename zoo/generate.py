@@ -29,22 +29,31 @@ def sample_next(logits: torch.Tensor, temperature: float = 1.0, top_k: int | Non
     return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
 
 
+def position_limit(model: nn.Module) -> int | None:
+    """The longest sequence the decoder's position scheme can place (learned positions: max_seq_len), or None."""
+    position = getattr(getattr(model, "decoder", None), "position", None)  # encoder_only has no decoder
+    return getattr(position, "max_len", None)
+
+
 def check_length(model: nn.Module, total: int) -> None:
     """Learned positions cannot go past max_seq_len: fail before generating anything."""
-    stack = model.decoder
-    limit = stack.position.max_len
+    limit = position_limit(model)
     if limit is not None and total > limit:
         raise ValueError(f"generating to length {total} needs positions past max_seq_len={limit} of learned "
-                         "positions; shorten the prompt or max_new_tokens, or use position=rope/alibi/"
-                         "sinusoidal/none")
+                         "positions; shorten the prompt or max_new_tokens, use slide=True (condition on the last "
+                         f"{limit} tokens), or use position=rope/alibi/sinusoidal/none")
 
 
 @torch.no_grad()
 def generate(model: nn.Module, prompt: torch.Tensor, max_new_tokens: int, temperature: float = 0.0,
              top_k: int | None = None, top_p: float | None = None, src: torch.Tensor | None = None,
              src_padding: torch.Tensor | None = None, eos_id: int | None = None, use_cache: bool = True,
-             generator: torch.Generator | None = None) -> torch.Tensor:
+             generator: torch.Generator | None = None, slide: bool = False) -> torch.Tensor:
     """Extend `prompt` (B, T) by up to max_new_tokens tokens and return (B, T + new).
+
+    A model with a hard position limit (learned positions) fails past it, unless `slide`: then each
+    token is predicted from the last `limit` tokens only (the cache is dropped and the window recomputed
+    every step once the text is longer than the limit), as GPT-2 and nanoGPT sample past their block size.
 
     decoder_only: prompt is the text so far. encoder_decoder: `src` (B, S) is the source and
     `prompt` the decoder's start (e.g. a BOS column). Stops early once every row has produced
@@ -54,7 +63,9 @@ def generate(model: nn.Module, prompt: torch.Tensor, max_new_tokens: int, temper
         raise ValueError(f"model '{name}' does not generate; generation needs decoder_only or encoder_decoder")
     if name == "encoder_decoder" and src is None:
         raise ValueError("encoder_decoder generation needs src (the source tokens)")
-    check_length(model, prompt.shape[1] + max_new_tokens)
+    window = position_limit(model) if slide else None
+    if window is None:
+        check_length(model, prompt.shape[1] + max_new_tokens)
     was_training = model.training
     model.eval()
     memory = model.encode(src, src_padding) if src is not None else None
@@ -66,16 +77,18 @@ def generate(model: nn.Module, prompt: torch.Tensor, max_new_tokens: int, temper
         return model.head(hidden[:, -1:])
 
     cache = model.new_cache() if use_cache else None
-    out, step_input = prompt, prompt
+    out, step_input, sliding = prompt, prompt, False
     done = torch.zeros(prompt.shape[0], dtype=torch.bool, device=prompt.device)
     for _ in range(max_new_tokens):
+        if window is not None and out.shape[1] > window:  # the next position would be past the last learned one
+            sliding, cache, step_input = True, None, out[:, -window:]
         logits = logits_of(step_input, cache)[:, -1]
         nxt = sample_next(logits, temperature, top_k, top_p, generator)
         if eos_id is not None:
             nxt = nxt.masked_fill(done, eos_id)
             done |= nxt == eos_id
         out = torch.cat([out, nxt[:, None]], dim=1)
-        step_input = nxt[:, None] if use_cache else out
+        step_input = nxt[:, None] if use_cache and not sliding else out
         if eos_id is not None and bool(done.all()):
             break
     model.train(was_training)

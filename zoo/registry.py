@@ -6,8 +6,11 @@ Each kind of component (attention, position, norm, residual placement, FFN, mode
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
 from typing import Any
+
+_COMPONENT_KINDS = ("attention", "position", "norm", "residual", "ffn", "model")
 
 
 class UnknownNameError(KeyError):
@@ -35,15 +38,25 @@ class Registry:
 
         return add if fn is None else add(fn)
 
+    def _load(self) -> None:
+        # Components register where they are defined; `import zoo` no longer imports them (it stays
+        # torch-free), so a lookup in a component registry imports the modules that fill it.
+        if self.kind in _COMPONENT_KINDS:
+            importlib.import_module("zoo.layers")
+            importlib.import_module("zoo.models")
+
     def get(self, name: str) -> Callable[..., Any]:
+        self._load()
         if name not in self._entries:
             raise UnknownNameError(f"{self.kind}: unknown name '{name}'; valid: {', '.join(self.names())}")
         return self._entries[name]
 
     def names(self) -> list[str]:
+        self._load()
         return sorted(self._entries)
 
     def __contains__(self, name: str) -> bool:
+        self._load()
         return name in self._entries
 
     def __repr__(self) -> str:

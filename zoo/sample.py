@@ -3,7 +3,9 @@
     python -m zoo.sample outputs/<date>/<time>/checkpoints/best.ckpt --prompt "ROMEO:" --max-new-tokens 300
 
 Characters the tokenizer never saw are an error by default (one line naming them); with
-`--unknown skip` they are dropped from the prompt instead.
+`--unknown skip` they are dropped from the prompt instead. A model with learned positions
+(at most max_seq_len of them) samples past that length with a sliding window: each character is
+predicted from the last max_seq_len ones (said once on stderr).
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import sys
 import torch
 
 from zoo.build import ConfigError
-from zoo.generate import generate
+from zoo.generate import generate, position_limit
 from zoo.training.checkpoint import CheckpointError, load_checkpoint
 
 
@@ -33,20 +35,34 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     try:
         model, tok, cfg = load_checkpoint(args.checkpoint)
-        ids = tok.encode(args.prompt, errors="strict" if args.unknown == "error" else "replace")
-        prompt = torch.tensor([ids or [tok.bos_id]] * args.num_samples)
-        out = generate(model, prompt, args.max_new_tokens, args.temperature, args.top_k, args.top_p,
-                       generator=torch.Generator().manual_seed(args.seed))
     except (CheckpointError, ConfigError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    except ValueError as e:  # e.g. prompt characters the tokenizer never saw
+    try:
+        ids = tok.encode(args.prompt, errors="strict" if args.unknown == "error" else "replace")
+    except ValueError as e:  # prompt characters the tokenizer never saw
         print(f"error: {e} (or pass --unknown skip)", file=sys.stderr)
+        return 2
+    prompt = torch.tensor([ids or [tok.bos_id]] * args.num_samples)
+    print_window_note(model, prompt.shape[1] + args.max_new_tokens)
+    try:
+        out = generate(model, prompt, args.max_new_tokens, args.temperature, args.top_k, args.top_p,
+                       generator=torch.Generator().manual_seed(args.seed), slide=True)
+    except (ConfigError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
         return 2
     for row in out.tolist():
         print(tok.decode(row, skip_special=True))
         print("-" * 40)
     return 0
+
+
+def print_window_note(model, total: int) -> None:
+    """Say once (on stderr, so the text on stdout stays clean) when sampling slides past the position limit."""
+    limit = position_limit(model)
+    if limit is not None and total > limit:
+        print(f"note: learned positions end at max_seq_len={limit}; past that each token is predicted from the "
+              f"last {limit} tokens (a sliding window)", file=sys.stderr, flush=True)
 
 
 if __name__ == "__main__":

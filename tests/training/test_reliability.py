@@ -3,6 +3,7 @@
 import csv
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -12,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.training.conftest import TINY, TINY_TASK, compose_cfg
+from tests.helpers import TINY, TINY_TASK, compose_cfg
 from zoo.training.cli import check_group_choices
 from zoo.training.runner import main
 
@@ -97,7 +98,7 @@ def test_unknown_group_option_is_one_line_listing_choices(arg):
 
 def test_unknown_group_option_through_train_py():
     proc = subprocess.run([sys.executable, "train.py", "-m", "ffn=relu,swish"], cwd=ROOT, capture_output=True,
-                          text=True, timeout=60)
+                          text=True, timeout=600)
     assert proc.returncode == 2
     valid = "geglu, gelu, gelu_tanh, reglu, relu, swiglu"
     assert proc.stderr.strip() == f"error: ffn: unknown option 'swish'; valid: {valid}"
@@ -121,7 +122,7 @@ def _train_py(tmp_path: Path, *overrides: str, **kw) -> subprocess.Popen:
 def test_divergence_stops_writes_summary_and_exits_3(tmp_path):
     proc = _train_py(tmp_path, "norm=post_ln", "optim.lr=1e6", "optim.warmup_steps=0", "trainer.max_steps=200",
                      "trainer.gradient_clip_val=null", "model.init_std=3.0")
-    out, err = proc.communicate(timeout=300)
+    out, err = proc.communicate(timeout=600)
     assert proc.returncode == 3, err[-2000:]
     s = json.loads((tmp_path / "summary.json").read_text())
     assert s["diverged"] is True and s["status"] == "diverged"
@@ -152,7 +153,7 @@ INTERRUPTIBLE = ["trainer.max_steps=300", "trainer.val_check_interval=50", "mode
 def uninterrupted(tmp_path_factory) -> Path:
     run_dir = tmp_path_factory.mktemp("uninterrupted")
     full = _train_py(run_dir, *INTERRUPTIBLE)
-    assert full.wait(timeout=300) == 0, full.stderr.read()[-2000:]
+    assert full.wait(timeout=600) == 0, full.stderr.read()[-2000:]
     return run_dir
 
 
@@ -169,15 +170,22 @@ def test_interrupt_then_resume_equals_uninterrupted(tmp_path, sig, uninterrupted
         assert part.poll() is None and time.time() < deadline, "run ended before it could be interrupted"
         time.sleep(0.05)
     part.send_signal(sig)
-    out, err = part.communicate(timeout=120)
+    out, err = part.communicate(timeout=600)
     assert part.returncode == 130, err[-2000:]
     s = json.loads((tmp_path / "summary.json").read_text())
     assert s["status"] == "interrupted" and 50 <= s["steps"] < 300
     ckpt = torch.load(tmp_path / "checkpoints" / "last.ckpt", weights_only=True)
     assert ckpt["global_step"] == s["steps"]
 
-    resumed = _train_py(tmp_path, *INTERRUPTIBLE, "ckpt_path=last")
-    assert resumed.wait(timeout=300) == 0, resumed.stderr.read()[-2000:]
+    # the run says how to resume it: the same overrides, ckpt_path=last, the same directory
+    command = next(line for line in out.splitlines() if line.startswith("resume with: ")).removeprefix("resume with: ")
+    args = shlex.split(command)
+    assert args[:2] == ["python", "train.py"] and args[-2:] == ["ckpt_path=last", f"hydra.run.dir={tmp_path}"]
+    resumed = subprocess.Popen([sys.executable, *args[1:]], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               text=True)
+    rout, rerr = resumed.communicate(timeout=600)
+    assert resumed.returncode == 0, rerr[-2000:]
+    assert f"| {s['steps']}/300 [" in rout and "Epoch" not in rout  # the bar counts steps, from the restored one
     a = json.loads((uninterrupted / "summary.json").read_text())
     b = json.loads((tmp_path / "summary.json").read_text())
     assert b["steps"] == a["steps"] == 300 and b["status"] == "completed"
@@ -245,7 +253,7 @@ def test_failed_and_diverged_runs_do_not_stop_the_sweep_and_the_report_counts_th
     cmd = [sys.executable, "train.py", "-m", *TINY, "logger=csv", "model.d_model=32,33", "optim.lr=1e-3,1e6",
            "norm=post_ln", "model.init_std=3.0", "optim.warmup_steps=0", "trainer.gradient_clip_val=null",
            "trainer.max_steps=20", "trainer.val_check_interval=10", f"hydra.sweep.dir={tmp_path}"]
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
     summaries = [json.loads(p.read_text()) for p in sorted(tmp_path.glob("*/summary.json"))]
     statuses = sorted(s["status"] for s in summaries)

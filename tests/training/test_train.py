@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from tests.training.conftest import compose_cfg
+from tests.helpers import compose_cfg
 from zoo.registry import ATTENTION, FFN, POSITION
 
 GROUP_OPTIONS = [("attention", n) for n in ["mha", "mqa", "gqa", "sliding_window"]] + \
@@ -214,7 +214,7 @@ def test_ddp_two_processes_on_cpu(tmp_path):
     cmd = [sys.executable, "train.py", "trainer=ddp", "model.d_model=32", "model.n_layers=1", "model.n_heads=2",
            "trainer.max_steps=4", "trainer.val_check_interval=2", "data.eval_batches=2", "data.batch_size=4",
            "data.context=16", "logger=none", f"hydra.run.dir={tmp_path}"]
-    proc = subprocess.run(cmd, cwd=root, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(cmd, cwd=root, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
     s = json.loads((tmp_path / "summary.json").read_text())
     assert s["status"] == "completed" and s["steps"] == 4

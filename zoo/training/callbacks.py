@@ -1,14 +1,18 @@
-"""Callbacks: throughput on the progress bar, a divergence guard, best-metric tracking, graceful stop."""
+"""Callbacks: throughput on the progress bar, a divergence guard, best-metric tracking, graceful stop,
+an evaluation at the last step, and a progress bar in steps."""
 
 from __future__ import annotations
 
 import math
 import signal
+import sys
 import threading
 import time
 
 import lightning as L
 import torch
+from lightning.pytorch.callbacks import TQDMProgressBar
+from lightning.pytorch.callbacks.progress.tqdm_progress import Tqdm
 
 from zoo.training.objectives import metric_directions
 
@@ -119,3 +123,45 @@ class GracefulStop(L.Callback):
         self._previous.clear()
 
     on_exception = lambda self, trainer, module, exc: self.on_train_end(trainer, module)  # noqa: E731
+
+
+class EvaluateAtEnd(L.Callback):
+    """Makes the last step an evaluation step, so every completed run ends with an evaluation that
+    ModelCheckpoint sees: best.ckpt and last.ckpt exist even when max_steps < val_check_interval.
+    (Lightning validates after a step that sets should_stop; the fit then ends as it would at max_steps.)"""
+
+    def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+        if trainer.max_steps > 0 and trainer.global_step >= trainer.max_steps:
+            trainer.should_stop = True
+
+
+class StepProgressBar(TQDMProgressBar):
+    """The progress bar counts optimizer steps of trainer.max_steps ("step 120/2000", not "Epoch 0" and
+    batches), starts at the restored step on a resume, and shows no bar for the short evaluations
+    (their metrics appear on the training bar)."""
+
+    def __init__(self, refresh_rate: int = 10):
+        super().__init__(refresh_rate=refresh_rate)
+
+    def on_train_start(self, trainer, *_):
+        self.train_progress_bar = Tqdm(desc="step", total=trainer.max_steps, initial=trainer.global_step,
+                                       disable=self.is_disabled, leave=True, dynamic_ncols=True, file=sys.stdout,
+                                       smoothing=0, bar_format=self.BAR_FORMAT)
+
+    def on_train_epoch_start(self, trainer, *_):
+        pass  # one bar for the whole run: steps, not epochs
+
+    def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+        n = trainer.global_step
+        if self.train_progress_bar is not None and self._should_update(n, self.train_progress_bar.total):
+            self.train_progress_bar.n = n
+            self.train_progress_bar.refresh()
+            self.train_progress_bar.set_postfix(self.get_metrics(trainer, module))
+
+    def on_train_epoch_end(self, trainer, module):
+        if not self.train_progress_bar.disable:
+            self.train_progress_bar.n = trainer.global_step
+            self.train_progress_bar.set_postfix(self.get_metrics(trainer, module))
+
+    def init_validation_tqdm(self) -> Tqdm:
+        return Tqdm(disable=True)

@@ -1,10 +1,16 @@
-"""Command-line conveniences for train.py, applied before Hydra sees the arguments."""
+"""Command-line conveniences for train.py, applied before Hydra sees the arguments.
+
+Everything here loads without torch or Lightning, so a typo is answered in a fraction of a second."""
 
 from __future__ import annotations
 
+import difflib
 from pathlib import Path
 
 COMPONENTS = ("attention.", "position.", "norm.", "ffn.")
+# Hydra flags that take the next argument as their value (that argument is not an override).
+_VALUE_FLAGS = ("--config-path", "-cp", "--config-name", "-cn", "--config-dir", "-cd", "--cfg", "-c",
+                "--package", "-p", "--info", "--experimental-rerun")
 
 
 def expand(arg: str) -> str:
@@ -12,17 +18,129 @@ def expand(arg: str) -> str:
     return f"model.{arg}" if arg.startswith(COMPONENTS) and "=" in arg else arg
 
 
+def overrides(args: list[str]) -> list[str]:
+    """The `key=value` overrides among train.py's arguments (flags and their values left out)."""
+    out, skip = [], False
+    for arg in args:
+        if skip:
+            skip = False
+        elif arg.startswith("-"):
+            skip = arg in _VALUE_FLAGS
+        elif "=" in arg:
+            out.append(arg)
+    return out
+
+
+def _is_group(key: str, conf_dir: Path) -> bool:
+    return "/" not in key and (conf_dir / key).is_dir()
+
+
 def check_group_choices(args: list[str], conf_dir: Path) -> str | None:
     """One-line error for `group=option` naming an option that does not exist, else None.
 
     Hydra would report it too, but over many lines; sweeps (`ffn=relu,gelu`) are checked per value."""
-    for arg in args:
+    for arg in overrides(args):
         key, sep, value = arg.lstrip("+~").partition("=")
         group = conf_dir / key
-        if not sep or "/" in key or not group.is_dir() or value in ("", "null"):
+        if not sep or not _is_group(key, conf_dir) or value in ("", "null"):
             continue
-        valid = sorted(p.stem for p in group.glob("*.yaml"))
+        valid = sorted(p.stem for p in group.glob("*.yaml") if not p.stem.startswith("_"))
         for choice in value.split(","):
             if choice not in valid and not any(c in choice for c in "()[]{}*$"):
                 return f"{key}: unknown option '{choice}'; valid: {', '.join(valid)}"
+    return None
+
+
+def help_text(args: list[str], conf_dir: Path, doc: str) -> str | None:
+    """train.py --help: the groups and their options, then the config the other arguments compose, or None when
+    they do not compose (Hydra's own help then answers). Hydra's help takes seconds: it composes the whole
+    config tree once per group to list the options; reading the conf folder is enough here."""
+    configs = _compose_all(args, conf_dir)
+    if configs is None:
+        return None
+    from omegaconf import OmegaConf
+
+    groups = sorted(d.name for d in conf_dir.iterdir() if d.is_dir() and d.name != "hydra" and d.name[0] != "_")
+    options = [f"{g}: {', '.join(sorted(p.stem for p in (conf_dir / g).glob('*.yaml') if p.stem[0] != '_'))}"
+               for g in groups]
+    return "\n".join([doc.strip(), "", "== Configuration groups (group=option) ==", *options, "",
+                      "== Config (override any key: key=value) ==", OmegaConf.to_yaml(configs[0]).rstrip(), "",
+                      "Hydra's own options (-m, --cfg, --info, hydra.run.dir=...): python train.py --hydra-help"])
+
+
+def _leaves(cfg, prefix: str = "") -> list[str]:
+    """Every key path of a composed config, parents included (`model`, `model.d_model`, ...)."""
+    from omegaconf import DictConfig
+
+    out = []
+    for key in cfg.keys():
+        path = f"{prefix}{key}"
+        out.append(path)
+        value = cfg._get_node(key)
+        if isinstance(value, DictConfig) and not value._is_missing() and not value._is_none():
+            out += _leaves(value, path + ".")
+    return out
+
+
+def _compose_all(args: list[str], conf_dir: Path):
+    """The primary config composed for each group choice given (the first of a sweep, then each other value
+    of a swept group in turn), or None when composition fails for any reason: Hydra then reports it itself."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    groups = {}
+    for arg in overrides(args):
+        key, _, value = arg.partition("=")
+        if _is_group(key.lstrip("+~"), conf_dir) and not any(c in value for c in "()[]{}*$"):
+            groups[key] = value.split(",")
+    first = {k: v[0] for k, v in groups.items()}
+    variants = [first] + [{**first, k: c} for k, v in groups.items() for c in v[1:]]
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(config_dir=str(conf_dir), version_base="1.3"):
+            return [compose("config", overrides=[f"{k}={v}" for k, v in choice.items()]) for choice in variants]
+    except Exception:
+        return None
+    finally:
+        GlobalHydra.instance().clear()
+
+
+def check_keys(args: list[str], conf_dir: Path) -> str | None:
+    """One-line error for `key=value` naming a key the composed config does not have (closest valid key
+    suggested), or for a required key (`???`) left unset, else None. Hydra's own report is many lines, and
+    its `+key` advice for a misspelling leads to a traceback later."""
+    if any(a in ("--config-name", "-cn", "--config-path", "-cp", "--config-dir", "-cd") for a in args):
+        return None  # another primary config: nothing here describes it
+    given = []
+    for arg in overrides(args):
+        key = arg.partition("=")[0]
+        if key.startswith(("+", "~")) or key.startswith("hydra") or _is_group(key, conf_dir) or "/" in key:
+            continue  # additions and deletions are explicit; hydra.* and group/option are Hydra's own
+        given.append(key)
+    configs = _compose_all(args, conf_dir)
+    if configs is None:
+        return None
+    known = set().union(*(_leaves(c) for c in configs))
+    for key in given:
+        if key not in known:
+            parts = key.split(".")
+            bad = next(i for i in range(len(parts)) if ".".join(parts[:i + 1]) not in known)  # first wrong word
+            parent = ".".join(parts[:bad])
+            siblings = sorted(k for k in known if k.rpartition(".")[0] == parent and k.count(".") == bad)
+            if not parent:  # a top-level word may be a misspelled group (atention=mha)
+                siblings = sorted(set(siblings) | {d.name for d in conf_dir.iterdir()
+                                                   if d.is_dir() and d.name != "hydra" and d.name[0] != "_"})
+            words = [k.rpartition(".")[2] for k in siblings]
+            close = difflib.get_close_matches(parts[bad], words, n=1, cutoff=0.6)
+            hint = f" (did you mean {'.'.join(parts[:bad] + close + parts[bad + 1:])}?)" if close else ""
+            where = ", ".join(siblings) if siblings else "see python train.py --cfg job"
+            extra = "; a Lightning Trainer argument not in conf/trainer is added with +trainer.<name>=..." \
+                if parent == "trainer" else ""
+            return f"{key}: unknown key{hint}; valid: {where}{extra}"
+    from omegaconf import OmegaConf
+
+    for cfg in configs:
+        for key in sorted(OmegaConf.missing_keys(cfg)):
+            if key not in given:
+                return f"{key}: required, not set; valid: {key}=<value> on the command line"
     return None

@@ -20,11 +20,19 @@ from pathlib import Path
 import lightning as L
 import torch
 from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import MissingMandatoryValue
 
 from zoo.build import ConfigError, count_params, flatten_config, flops_per_token, resolve_config
 from zoo.data.corpus import DataError
 from zoo.io import atomic_write, atomic_write_json, atomic_write_text
-from zoo.training.callbacks import BestMetrics, DivergenceGuard, GracefulStop, Throughput
+from zoo.training.callbacks import (
+    BestMetrics,
+    DivergenceGuard,
+    EvaluateAtEnd,
+    GracefulStop,
+    StepProgressBar,
+    Throughput,
+)
 from zoo.training.checkpoint import AtomicCheckpointIO, CheckpointError, read_checkpoint
 from zoo.training.data import bits_per_char, build_data
 from zoo.training.module import ZooModule
@@ -35,13 +43,18 @@ from zoo.training.safety import instantiate_allowed
 class _QuietLightning(logging.Filter):
     """Drop Lightning's start-up chatter (accelerator lines, tips); keep what matters (resuming, stopping)."""
 
-    NOISE = ("GPU available", "TPU available", "Tip:", "HPU available", "LOCAL_RANK")
+    # Resuming and stopping are said by zoo's own lines (the start banner, the result line).
+    NOISE = ("GPU available", "TPU available", "Tip:", "HPU available", "LOCAL_RANK", "`Trainer.fit` stopped",
+             "Restoring states from the checkpoint", "Restored all states from the checkpoint",
+             "Initializing distributed", "distributed_backend=")  # the banner says how many devices
 
     def filter(self, record: logging.LogRecord) -> bool:
         return not any(n in record.getMessage() for n in self.NOISE)
 
 
-logging.getLogger("lightning.pytorch.utilities.rank_zero").addFilter(_QuietLightning())
+for _name in ("lightning.pytorch.utilities.rank_zero", "lightning.fabric.utilities.rank_zero",
+              "lightning.fabric.utilities.distributed", "lightning_utilities.core.rank_zero"):
+    logging.getLogger(_name).addFilter(_QuietLightning())
 warnings.filterwarnings("ignore", message=".*exists and is not empty.*")  # the run dir holds .hydra/ by design
 warnings.filterwarnings("ignore", message=".*LeafSpec.*is deprecated.*")
 warnings.filterwarnings("ignore", message=".*does not have many workers.*")  # batches are built in-process
@@ -55,6 +68,7 @@ def run(cfg: DictConfig, run_dir: str | Path | None = None) -> int:
     run_dir = Path(run_dir or _hydra_output_dir())
     run_dir.mkdir(parents=True, exist_ok=True)
     plain = OmegaConf.to_container(cfg, resolve=True)
+    _check_trainer_keys(plain["trainer"])
     data = _prepare(plain)  # raises ConfigError / DataError before any training
     if plain.get("threads"):  # e.g. 1 per run when a joblib sweep runs one run per core
         torch.set_num_threads(plain["threads"])
@@ -76,13 +90,16 @@ def run(cfg: DictConfig, run_dir: str | Path | None = None) -> int:
     trainer_cfg = dict(plain["trainer"])
     trainer = L.Trainer(
         **trainer_cfg, logger=loggers or False,
-        callbacks=[throughput, guard, best, stop, checkpoints, L.pytorch.callbacks.TQDMProgressBar(refresh_rate=10)],
+        callbacks=[throughput, guard, best, stop, EvaluateAtEnd(), StepProgressBar(refresh_rate=10)]
+        + ([checkpoints] if trainer_cfg.get("enable_checkpointing", True) else []),  # debug=fast: none
         plugins=[AtomicCheckpointIO()],
         num_sanity_val_steps=0, enable_model_summary=False, default_root_dir=run_dir,
         check_val_every_n_epoch=None, use_distributed_sampler=False,  # StepLoader shards batches itself
     )
     for lg in loggers:
         lg.log_hyperparams(flatten_config(plain))
+    if trainer.is_global_zero:
+        _print_banner(plain, data, trainer, run_dir, ckpt)
     status = "completed"
     trainer.fit(module, datamodule=data, ckpt_path=ckpt)
     if trainer.interrupted or stop.signal is not None:
@@ -101,6 +118,8 @@ def run(cfg: DictConfig, run_dir: str | Path | None = None) -> int:
     if trainer.is_global_zero:
         atomic_write_json(run_dir / "summary.json", summary)
         _print_result(summary, run_dir)
+        if status == "interrupted":
+            print(f"resume with: {resume_command(run_dir)}", flush=True)
         if status == "completed" and plain["sample"]["max_new_tokens"] > 0:
             _print_sample(module, data, plain)
     return {"completed": EXIT_OK, "diverged": EXIT_DIVERGED}.get(status, EXIT_INTERRUPTED)
@@ -110,6 +129,19 @@ def _hydra_output_dir() -> str:
     from hydra.core.hydra_config import HydraConfig
 
     return HydraConfig.get().runtime.output_dir
+
+
+def _check_trainer_keys(trainer_cfg: dict) -> None:
+    """`+trainer.max_step=...` gets past Hydra; name the closest Trainer argument instead of a TypeError."""
+    import difflib
+    import inspect
+
+    valid = [p for p in inspect.signature(L.Trainer.__init__).parameters if p != "self"]
+    for key in trainer_cfg:
+        if key not in valid:
+            close = difflib.get_close_matches(key, valid, n=1)
+            hint = f" (did you mean trainer.{close[0]}?)" if close else ""
+            raise ConfigError(f"trainer.{key}: not a Lightning Trainer argument{hint}; valid: {', '.join(valid)}")
 
 
 def _prepare(plain: dict):
@@ -268,6 +300,31 @@ def _overrides() -> list[str]:
         return []
 
 
+def _print_banner(plain: dict, data, trainer, run_dir: Path, ckpt: str | None) -> None:
+    """What is about to run, in two lines: the model, its cost per token, and where it runs and writes."""
+    m = plain["model"]
+    params = count_params(m)["total"]
+    flops = flops_per_token(m, plain["data"].get("context") or data.required_len())["train"]
+    parts = "/".join(str(p) for p in (m["attention"]["name"], m["position"]["name"],
+                                      f"{m['norm']['placement']}-{m['norm']['type']}", m["ffn"]["name"]))
+    device = f"{trainer.num_devices}x {trainer.strategy.root_device.type}"
+    n = torch.get_num_threads()
+    threads = f", {n} thread{'s' * (n > 1)}" if trainer.strategy.root_device.type == "cpu" else ""
+    resumed = f"; resuming from {ckpt} at step {read_checkpoint(ckpt).get('global_step', 0)}" if ckpt else ""
+    print(f"{m['name']} ({parts}): {params / 1e6:.2f}M parameters, {flops / 1e6:.1f} MFLOPs per token (training), "
+          f"{plain['trainer']['max_steps']} steps\nprecision {plain['trainer'].get('precision', '32-true')} on "
+          f"{device}{threads}; run directory: {run_dir}{resumed}", flush=True)
+
+
+def resume_command(run_dir: Path) -> str:
+    """The command that continues this run where it stopped: the same overrides, in the same directory."""
+    import shlex
+
+    keep = [o for o in _overrides() if not o.lstrip("+~").startswith(("ckpt_path=", "hydra.run.dir="))]
+    args = keep + ["ckpt_path=last", f"hydra.run.dir={run_dir}"]
+    return "python train.py " + " ".join(shlex.quote(a) for a in args)
+
+
 def _print_result(summary: dict, run_dir: Path) -> None:
     final = ", ".join(f"{k} {v:.4f}" for k, v in summary["final"].items())
     print(f"\n{summary['status']}: {summary['steps']} steps in {summary['wall_time_s']:.1f}s "
@@ -276,7 +333,7 @@ def _print_result(summary: dict, run_dir: Path) -> None:
 
 @torch.no_grad()
 def _print_sample(module: ZooModule, data, plain: dict) -> None:
-    from zoo.generate import generate
+    from zoo.generate import generate, position_limit
 
     model, tok, s = module.model.eval(), data.tokenizer, plain["sample"]
     if data.is_task:
@@ -288,15 +345,22 @@ def _print_sample(module: ZooModule, data, plain: dict) -> None:
     if plain["model"]["name"] != "decoder_only":
         return  # masked LM and denoising models do not continue text
     prompt = torch.tensor([tok.encode(s["prompt"], errors="replace") or [tok.bos_id]])
-    room = (model.decoder.position.max_len or 10**9) - prompt.shape[1]
-    out = generate(model, prompt, min(s["max_new_tokens"], room), s["temperature"], s["top_k"])
-    print("--- sample ---\n" + tok.decode(out[0].tolist(), skip_special=True) + "\n--------------", flush=True)
+    limit = position_limit(model)
+    note = f" (past {limit} tokens, a sliding window of the last {limit})" \
+        if limit is not None and prompt.shape[1] + s["max_new_tokens"] > limit else ""
+    out = generate(model, prompt, s["max_new_tokens"], s["temperature"], s["top_k"], slide=True)
+    print(f"--- sample{note} ---\n" + tok.decode(out[0].tolist(), skip_special=True) + "\n--------------", flush=True)
 
 
 def main(cfg: DictConfig, run_dir: str | Path | None = None) -> int:
     """The body of train.py: run; bad input becomes one line and exit code 2, a crash a failed summary."""
     try:
         return run(cfg, run_dir)
+    except MissingMandatoryValue as e:  # a `???` key left unset (train.py reports it before this)
+        msg = f"{e.full_key}: required, not set; valid: {e.full_key}=<value> on the command line"
+        print(f"error: {msg}", file=sys.stderr, flush=True)
+        _write_failure(msg, run_dir)
+        return EXIT_CONFIG
     except (ConfigError, DataError, CheckpointError, KeyError) as e:
         msg = str(e.args[0]) if isinstance(e, KeyError) and e.args else str(e)
         print(f"error: {msg}", file=sys.stderr, flush=True)

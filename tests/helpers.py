@@ -1,0 +1,34 @@
+"""Helpers the tests import (fixtures stay in the conftest.py files, which pytest loads by itself)."""
+
+from pathlib import Path
+
+from hydra import compose, initialize_config_dir
+
+CONF = str(Path(__file__).resolve().parents[1] / "conf")
+
+# Tiny and quick: a few steps of a one-layer model, evaluated twice.
+TINY = ["model.d_model=32", "model.n_layers=1", "model.n_heads=2", "trainer.max_steps=4",
+        "trainer.val_check_interval=2", "trainer.log_every_n_steps=1", "data.eval_batches=2", "data.batch_size=4",
+        "data.context=16"]
+TINY_TASK = [o for o in TINY if not o.startswith(("data.eval_batches", "data.context"))] + [
+    "data.n_train=200", "data.n_val=16", "data.n_test=16", "data.eval_examples=16"]
+
+
+def compose_cfg(overrides: list[str]):
+    with initialize_config_dir(config_dir=CONF, version_base="1.3"):
+        return compose("config", overrides=overrides)
+
+
+def tiny_cfg(name: str = "decoder_only", **over) -> dict:
+    """A model config small enough that a forward and backward take milliseconds."""
+    cfg = dict(name=name, vocab_size=37, d_model=32, n_layers=2, n_heads=4, max_seq_len=32)
+    for key, value in over.items():
+        cfg[key] = {**cfg.get(key, {}), **value} if isinstance(value, dict) else value
+    return cfg
+
+
+def run(model, tokens, **kw):
+    """Forward any lineage on `tokens` (the encoder_decoder gets them as source and target)."""
+    if model.cfg["name"] == "encoder_decoder":
+        return model(tokens, tokens, **kw)
+    return model(tokens, **kw)
