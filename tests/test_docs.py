@@ -196,7 +196,13 @@ def _env(cwd: Path) -> dict:
     return env
 
 
-@pytest.mark.parametrize("command", COMMANDS, ids=[f"{c.where} {c.text[:60]}" for c in COMMANDS])
+def _param(c: Command):
+    """The full benchmark compiles models for minutes even with --quick: it runs with the slow tests."""
+    slow = c.text.startswith("python -m zoo.bench") and "--only" not in c.text and "--help" not in c.text
+    return pytest.param(c, id=f"{c.where} {c.text[:60]}", marks=[pytest.mark.slow] if slow else [])
+
+
+@pytest.mark.parametrize("command", [_param(c) for c in COMMANDS])
 def test_documented_command_runs_as_written(command: Command, workdir: Path):
     if command.needs:
         pytest.skip(f"needs {command.needs} (marked in {command.where})")
