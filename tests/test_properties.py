@@ -222,3 +222,22 @@ def test_gated_ffn_default_width_is_parameter_matched():
     assert plain.up.out_features == 384 and gated.up.out_features == 256  # 2/3 * 384, a multiple of 8
     n = lambda m: sum(p.numel() for p in m.parameters() if p.dim() == 2)
     assert n(plain) == n(gated)
+
+
+@pytest.mark.parametrize("lineage", ["decoder_only", "encoder_only", "encoder_decoder"])
+def test_float64_backends_agree_to_float64_precision(lineage):
+    """The math path keeps float64 in float64 (only bf16/fp16 scores are promoted to float32)."""
+    cfg = tiny_cfg(lineage, position={"name": "alibi"})
+    fast = build_model(cfg).double().eval()
+    slow = build_model({**cfg, "attention": {"backend": "math"}}).double().eval()
+    slow.load_state_dict(fast.state_dict())
+    tokens = torch.randint(0, 37, (3, 11))
+    padding = torch.ones(3, 11, dtype=torch.bool)
+    padding[1, 8:] = False
+    kw = {"padding": padding} if lineage == "encoder_only" else {}
+    args = (tokens, tokens[:, :6], padding) if lineage == "encoder_decoder" else (tokens,)
+    with torch.no_grad():  # inference: sdpa takes the fused kernel
+        a, b = fast(*args, **kw), slow(*args, **kw)
+    assert a.dtype == torch.float64
+    torch.testing.assert_close(a, b, atol=1e-12, rtol=0)
+    torch.testing.assert_close(fast(*args, **kw), a, atol=1e-12, rtol=0)  # with gradients
