@@ -241,3 +241,23 @@ def test_float64_backends_agree_to_float64_precision(lineage):
     assert a.dtype == torch.float64
     torch.testing.assert_close(a, b, atol=1e-12, rtol=0)
     torch.testing.assert_close(fast(*args, **kw), a, atol=1e-12, rtol=0)  # with gradients
+
+
+def test_cross_attention_to_a_fully_padded_source_is_finite_on_both_paths():
+    """A source row that is all padding leaves cross-attention no key to see: instead of NaN (math
+    path, which bf16 training on CPU takes), such a row attends to all its keys, on either backend."""
+    cfg = tiny_cfg("encoder_decoder")
+    fast = build_model(cfg)
+    slow = build_model({**cfg, "attention": {"backend": "math"}})
+    slow.load_state_dict(fast.state_dict())
+    src, tgt = torch.randint(0, 37, (3, 9)), torch.randint(0, 37, (3, 5))
+    padding = torch.ones(3, 9, dtype=torch.bool)
+    padding[1] = False  # row 1: nothing but padding
+    padding[2, 6:] = False
+    a, b = fast(src, tgt, padding), slow(src, tgt, padding)
+    assert a.isfinite().all() and b.isfinite().all()
+    torch.testing.assert_close(a, b, atol=1e-5, rtol=0)
+    b.square().mean().backward()
+    assert all(p.grad.isfinite().all() for p in slow.parameters())
+    with torch.no_grad():  # the other rows are unaffected by row 1
+        torch.testing.assert_close(fast(src[[0, 2]], tgt[[0, 2]], padding[[0, 2]]), a[[0, 2]], atol=1e-5, rtol=0)

@@ -192,6 +192,17 @@ def attention_bias(t_q: int, t_k: int, causal: bool, window: int | None, pos: Po
     return mask, False
 
 
+def cross_attention_mask(padding: torch.Tensor | None) -> torch.Tensor | None:
+    """Which encoder positions cross-attention may see, (B, 1, 1, S), from the source padding (B, S).
+
+    A source row that is all padding would leave every query with no key (NaN on the math path, a
+    backend-dependent value in the kernels); such a row sees all its keys instead, like the
+    encoder's padded queries, which keep their own key."""
+    if padding is None:
+        return None
+    return (padding | ~padding.any(dim=-1, keepdim=True))[:, None, None, :]
+
+
 @torch.no_grad()
 def attention_maps(model: nn.Module, *inputs, **kw) -> dict[str, torch.Tensor]:
     """Run `model(*inputs, **kw)` once and return every attention layer's weights (B, H, Tq, Tk),

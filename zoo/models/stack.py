@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from zoo.block import TransformerBlock
-from zoo.layers.attention import KVCache, attention_bias
+from zoo.layers.attention import KVCache, attention_bias, cross_attention_mask
 from zoo.registry import ATTENTION, FFN, NORM, POSITION, RESIDUAL
 
 Cache = list[tuple[KVCache, KVCache]]  # per layer: (self-attention, cross-attention)
@@ -57,7 +57,7 @@ class Stack(nn.Module):
         t = tokens.shape[1]
         mask, is_causal = attention_bias(t, offset + t, self.causal, self.window, self.position,
                                          padding, x.device, x.dtype)
-        memory_mask = None if memory_padding is None else memory_padding[:, None, None, :]
+        memory_mask = cross_attention_mask(memory_padding)
         for i, block in enumerate(self.blocks):
             x = block(x, self.position, mask, is_causal, memory, memory_mask,
                       cache[i] if cache else None, offset)
