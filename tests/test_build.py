@@ -59,6 +59,8 @@ def test_defaults_fill_in_and_dictconfig_works():
     ({"position": {"name": "learned", "theta": 5.0}}, "model.position.theta: not an option of 'LearnedPosition'"),
     ({"norm": {"type": "batchnorm"}}, "model.norm.type: unknown norm 'batchnorm'; valid: layernorm, rmsnorm"),
     ({"norm": {"placement": "middle"}}, "model.norm.placement: unknown residual 'middle'"),
+    ({"norm": {"name": "post_ln"}}, "model.norm.name: unknown key (the presets pre_ln, post_ln, ... are chosen "
+     "with norm=post_ln and set placement and type); valid: eps, placement, type"),
     ({"ffn": {"name": "swish"}}, "model.ffn.name: unknown ffn 'swish'"),
     ({"ffn": {"name": "gelu", "d_ff": -1}}, "model.ffn.d_ff: must be a positive integer or null"),
     ({"dropout": 1.0}, "model.dropout: must be in [0, 1)"),

@@ -147,7 +147,10 @@ def _validate(cfg: dict) -> None:
     _check_name(NORM, "norm.type", norm["type"])
     _check_name(RESIDUAL, "norm.placement", norm["placement"])
     _need(norm["eps"] > 0, "norm.eps", f"must be positive, got {norm['eps']!r}")
-    unknown = sorted(set(norm) - {"type", "placement", "eps", "name"})
+    # conf/norm/*.yaml set placement and type; the preset's name is only the Hydra option (norm=post_ln).
+    _need("name" not in norm, "norm.name", "unknown key (the presets pre_ln, post_ln, ... are chosen with "
+          "norm=post_ln and set placement and type); valid: eps, placement, type")
+    unknown = sorted(set(norm) - {"type", "placement", "eps"})
     _need(not unknown, f"norm.{unknown[0] if unknown else ''}", "unknown key; valid: eps, placement, type")
 
     ffn = cfg["ffn"]
