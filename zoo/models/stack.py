@@ -45,7 +45,8 @@ class Stack(nn.Module):
         self.blocks = nn.ModuleList(
             TransformerBlock(make_attention, make_ffn, make_norm, residual, cross) for _ in range(n_layers)
         )
-        self.final_norm = make_norm() if residual.final_norm else nn.Identity()
+        final = cfg.get("final_norm")  # None: the placement decides (Post-LN has none; nn.Transformer adds one)
+        self.final_norm = make_norm() if (residual.final_norm if final is None else final) else nn.Identity()
 
     def forward(self, tokens: torch.Tensor, padding: torch.Tensor | None = None,
                 memory: torch.Tensor | None = None, memory_padding: torch.Tensor | None = None,
