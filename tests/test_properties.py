@@ -305,3 +305,22 @@ def test_encoder_decoder_equals_torch_transformer(norm_first, placement):
         expected = ref(model.embed(src), model.embed(tgt), tgt_mask=mask, tgt_is_causal=True)
         got = model.decoder(tgt, memory=model.encode(src))
     torch.testing.assert_close(got, expected, atol=1e-12, rtol=0)
+
+
+@pytest.mark.parametrize("window", [1, 3, 4])
+def test_window_counts_visible_keys_per_query_in_both_directions(window):
+    """`window` bounds the distance: a query sees keys at distance < window. Causal: at most `window`
+    keys, itself included (Mistral's sliding_window). Bidirectional: `window` - 1 on each side plus
+    itself, at most 2 * window - 1 (Longformer's attention_window = 2 * (window - 1)). The counts are
+    read off the attention weights of built models, so they hold for what the layers do, not only the mask."""
+    t = 12
+    i = torch.arange(t)
+    expected = {"decoder_only": torch.minimum(i + 1, torch.tensor(window)),
+                "encoder_only": torch.minimum(i, torch.tensor(window - 1)) + 1
+                + torch.minimum(t - 1 - i, torch.tensor(window - 1))}
+    for lineage, counts in expected.items():
+        model = build_model(tiny_cfg(lineage, attention={"name": "mha", "window": window})).eval()
+        for w in attention_maps(model, torch.randint(0, 37, (2, t))).values():
+            assert torch.equal((w > 0).sum(-1), counts.expand(2, 4, t))
+    assert expected["decoder_only"].max() == window
+    assert expected["encoder_only"].max() == min(2 * window - 1, t)

@@ -154,7 +154,8 @@ def attention_mask(t_q: int, t_k: int, causal: bool, window: int | None,
     """Which keys each query may see, (t_q, t_k) bool, or None when it sees all of them.
 
     Queries are the last t_q of the t_k positions (bottom-right aligned, as with a KV cache).
-    Causal: key j <= query i. Window w: the query sees keys within distance < w, itself included."""
+    Causal: key j <= query i. Window w: the query sees keys within distance < w, itself included:
+    w keys when causal (Mistral's sliding_window), 2w - 1 when bidirectional (w - 1 on each side)."""
     if not causal and window is None:
         return None
     q_pos = torch.arange(t_k - t_q, t_k, device=device)[:, None]
