@@ -29,6 +29,17 @@ def test_counts_by_component_match_the_model():
     assert counts["total"] == sum(p.numel() for p in model.parameters())
 
 
+@pytest.mark.parametrize("placement", ["pre", "post", "sandwich"])
+@pytest.mark.parametrize("final_norm", [None, True, False])
+def test_final_norm_option_overrides_the_placement_rule_and_counts_follow(placement, final_norm):
+    cfg = tiny_cfg("encoder_decoder", norm={"placement": placement}, final_norm=final_norm)
+    model = build_model(cfg)
+    expected = placement != "post" if final_norm is None else final_norm
+    for stack in (model.encoder, model.decoder):
+        assert isinstance(stack.final_norm, torch.nn.LayerNorm) == expected
+    assert count_params(cfg)["total"] == sum(p.numel() for p in model.parameters())
+
+
 def test_flops_per_token_follows_6n_plus_12ltd():
     cfg = dict(name="decoder_only", vocab_size=65, d_model=128, n_layers=4, n_heads=4, max_seq_len=64, bias=False)
     n = count_params(cfg)
@@ -59,12 +70,15 @@ def test_defaults_fill_in_and_dictconfig_works():
     ({"position": {"name": "learned", "theta": 5.0}}, "model.position.theta: not an option of 'LearnedPosition'"),
     ({"norm": {"type": "batchnorm"}}, "model.norm.type: unknown norm 'batchnorm'; valid: layernorm, rmsnorm"),
     ({"norm": {"placement": "middle"}}, "model.norm.placement: unknown residual 'middle'"),
+    ({"norm": {"name": "post_ln"}}, "model.norm.name: unknown key (the presets pre_ln, post_ln, ... are chosen "
+     "with norm=post_ln and set placement and type); valid: eps, placement, type"),
     ({"ffn": {"name": "swish"}}, "model.ffn.name: unknown ffn 'swish'"),
     ({"ffn": {"name": "gelu", "d_ff": -1}}, "model.ffn.d_ff: must be a positive integer or null"),
     ({"dropout": 1.0}, "model.dropout: must be in [0, 1)"),
     ({"n_layers": 0}, "model.n_layers: must be a positive integer"),
     ({"vocab_size": None}, "model.vocab_size: must be a positive integer"),
     ({"d_modle": 64}, "model.d_modle: unknown key"),
+    ({"final_norm": "yes"}, "model.final_norm: must be true, false or null, got 'yes'; valid: true, false, null"),
 ])
 def test_bad_configs_fail_with_one_line_naming_the_key(over, key):
     cfg = {**tiny_cfg(), **over}

@@ -287,3 +287,55 @@ def test_from_pretrained_local_path(tmp_path, ids):
     zoo_model = from_pretrained(str(tmp_path), local_files_only=True, attn_implementation="eager")
     with torch.no_grad():
         torch.testing.assert_close(zoo_model(ids), hf(ids).logits, atol=ATOL, rtol=0)
+
+
+def test_float64_gpt2_converts_in_float64_with_exact_logits(ids):
+    """Parameters are assigned in the source dtype: nothing passes through float32 on the way."""
+    hf = hf_gpt2().double()
+    with torch.no_grad():  # float64 noise: values that float32 cannot hold
+        for p in hf.parameters():
+            p.add_(torch.randn_like(p) * 1e-3)
+    zoo_model = convert(hf)
+    assert {p.dtype for p in zoo_model.parameters()} == {torch.float64}
+    for backend in BACKENDS:
+        with torch.no_grad():
+            torch.testing.assert_close(use_backend(zoo_model, backend)(ids), hf(ids).logits, atol=1e-12, rtol=0)
+
+
+@pytest.mark.parametrize("kind", MAKERS)
+def test_bf16_models_convert_to_bf16_parameters_never_staged_in_float32(kind, ids, monkeypatch):
+    """The zoo model is built with parameters on the meta device (no random init, no float32 copy)
+    and the bf16 tensors are assigned as they are."""
+    import zoo.build
+
+    hf = MAKERS[kind]().to(torch.bfloat16)
+    registered = []
+    register = torch.nn.Module.register_parameter
+
+    def spy(module, name, param):
+        if param is not None:
+            registered.append((name, param.device.type, param.dtype))
+        register(module, name, param)
+
+    def no_init(*a, **kw):
+        raise AssertionError("conversion ran the zoo's random initialisation")
+
+    monkeypatch.setattr(torch.nn.Module, "register_parameter", spy)
+    monkeypatch.setattr(zoo.build, "init_weights", no_init)
+    zoo_model = convert(hf)
+    assert registered and all(device == "meta" for _, device, _ in registered), registered[:3]
+    assert {p.dtype for p in zoo_model.parameters()} == {torch.bfloat16}
+    with torch.no_grad():
+        got, want = _forward(kind, zoo_model, ids, hf), _forward(kind, None, ids, hf)
+    assert got.dtype == torch.bfloat16
+    torch.testing.assert_close(got.float(), want.float(), atol=0.1, rtol=0.05)
+
+
+@pytest.mark.parametrize("kind", MAKERS)
+def test_converted_parameters_share_no_storage_with_the_hf_model(kind):
+    hf = MAKERS[kind]()
+    zoo_model = convert(hf)
+    hf_storage = {p.untyped_storage().data_ptr() for p in hf.parameters()}
+    assert not [n for n, p in zoo_model.named_parameters() if p.untyped_storage().data_ptr() in hf_storage]
+    if zoo_model.cfg["tie_embeddings"]:
+        assert zoo_model.head.weight is zoo_model.embed.weight

@@ -222,3 +222,105 @@ def test_gated_ffn_default_width_is_parameter_matched():
     assert plain.up.out_features == 384 and gated.up.out_features == 256  # 2/3 * 384, a multiple of 8
     n = lambda m: sum(p.numel() for p in m.parameters() if p.dim() == 2)
     assert n(plain) == n(gated)
+
+
+@pytest.mark.parametrize("lineage", ["decoder_only", "encoder_only", "encoder_decoder"])
+def test_float64_backends_agree_to_float64_precision(lineage):
+    """The math path keeps float64 in float64 (only bf16/fp16 scores are promoted to float32)."""
+    cfg = tiny_cfg(lineage, position={"name": "alibi"})
+    fast = build_model(cfg).double().eval()
+    slow = build_model({**cfg, "attention": {"backend": "math"}}).double().eval()
+    slow.load_state_dict(fast.state_dict())
+    tokens = torch.randint(0, 37, (3, 11))
+    padding = torch.ones(3, 11, dtype=torch.bool)
+    padding[1, 8:] = False
+    kw = {"padding": padding} if lineage == "encoder_only" else {}
+    args = (tokens, tokens[:, :6], padding) if lineage == "encoder_decoder" else (tokens,)
+    with torch.no_grad():  # inference: sdpa takes the fused kernel
+        a, b = fast(*args, **kw), slow(*args, **kw)
+    assert a.dtype == torch.float64
+    torch.testing.assert_close(a, b, atol=1e-12, rtol=0)
+    torch.testing.assert_close(fast(*args, **kw), a, atol=1e-12, rtol=0)  # with gradients
+
+
+def test_cross_attention_to_a_fully_padded_source_is_finite_on_both_paths():
+    """A source row that is all padding leaves cross-attention no key to see: instead of NaN (math
+    path, which bf16 training on CPU takes), such a row attends to all its keys, on either backend."""
+    cfg = tiny_cfg("encoder_decoder")
+    fast = build_model(cfg)
+    slow = build_model({**cfg, "attention": {"backend": "math"}})
+    slow.load_state_dict(fast.state_dict())
+    src, tgt = torch.randint(0, 37, (3, 9)), torch.randint(0, 37, (3, 5))
+    padding = torch.ones(3, 9, dtype=torch.bool)
+    padding[1] = False  # row 1: nothing but padding
+    padding[2, 6:] = False
+    a, b = fast(src, tgt, padding), slow(src, tgt, padding)
+    assert a.isfinite().all() and b.isfinite().all()
+    torch.testing.assert_close(a, b, atol=1e-5, rtol=0)
+    b.square().mean().backward()
+    assert all(p.grad.isfinite().all() for p in slow.parameters())
+    with torch.no_grad():  # the other rows are unaffected by row 1
+        torch.testing.assert_close(fast(src[[0, 2]], tgt[[0, 2]], padding[[0, 2]]), a[[0, 2]], atol=1e-5, rtol=0)
+
+
+def _copy_attention(zoo_attn, ref, cross: bool) -> None:
+    d = ref.embed_dim
+    w, b = ref.in_proj_weight, ref.in_proj_bias  # [q; k; v] rows
+    if cross:
+        zoo_attn.q.weight.copy_(w[:d]), zoo_attn.q.bias.copy_(b[:d])
+        zoo_attn.kv.weight.copy_(w[d:]), zoo_attn.kv.bias.copy_(b[d:])
+    else:
+        zoo_attn.qkv.weight.copy_(w), zoo_attn.qkv.bias.copy_(b)
+    zoo_attn.out.load_state_dict(ref.out_proj.state_dict())
+
+
+@pytest.mark.parametrize("norm_first,placement", [(True, "pre"), (False, "post")])
+def test_encoder_decoder_equals_torch_transformer(norm_first, placement):
+    """torch.nn.Transformer has a final encoder and decoder norm with either placement: Post-LN
+    (the original Transformer as PyTorch ships it) needs model.final_norm=true; Pre-LN has one anyway."""
+    d, h, d_ff, n_enc, n_dec = 32, 4, 64, 2, 3
+    ref = torch.nn.Transformer(d, h, n_enc, n_dec, d_ff, dropout=0.0, activation="relu", batch_first=True,
+                               norm_first=norm_first).double().eval()
+    model = build_model(tiny_cfg("encoder_decoder", d_model=d, n_heads=h, n_layers=n_enc, n_decoder_layers=n_dec,
+                                 position={"name": "none"}, norm={"placement": placement, "type": "layernorm"},
+                                 ffn={"name": "relu", "d_ff": d_ff}, final_norm=True)).double().eval()
+    with torch.no_grad():
+        for p in ref.parameters():  # norm gains and biases away from 1 and 0, so a missing or extra norm shows
+            p.add_(torch.randn_like(p) * 0.1)
+        for stack, ref_stack in ((model.encoder, ref.encoder), (model.decoder, ref.decoder)):
+            for blk, layer in zip(stack.blocks, ref_stack.layers, strict=True):
+                _copy_attention(blk.attn.f, layer.self_attn, cross=False)
+                norms = [blk.attn.norm, blk.ffn.norm]
+                if blk.cross is not None:
+                    _copy_attention(blk.cross.f, layer.multihead_attn, cross=True)
+                    norms.insert(1, blk.cross.norm)
+                ref_norms = [layer.norm1, layer.norm2] + ([layer.norm3] if blk.cross is not None else [])
+                for norm, ref_norm in zip(norms, ref_norms, strict=True):
+                    norm.load_state_dict(ref_norm.state_dict())
+                blk.ffn.f.up.load_state_dict(layer.linear1.state_dict())
+                blk.ffn.f.down.load_state_dict(layer.linear2.state_dict())
+            stack.final_norm.load_state_dict(ref_stack.norm.state_dict())
+        src, tgt = torch.randint(0, 37, (2, 9)), torch.randint(0, 37, (2, 7))
+        mask = torch.nn.Transformer.generate_square_subsequent_mask(7, dtype=torch.float64)
+        expected = ref(model.embed(src), model.embed(tgt), tgt_mask=mask, tgt_is_causal=True)
+        got = model.decoder(tgt, memory=model.encode(src))
+    torch.testing.assert_close(got, expected, atol=1e-12, rtol=0)
+
+
+@pytest.mark.parametrize("window", [1, 3, 4])
+def test_window_counts_visible_keys_per_query_in_both_directions(window):
+    """`window` bounds the distance: a query sees keys at distance < window. Causal: at most `window`
+    keys, itself included (Mistral's sliding_window). Bidirectional: `window` - 1 on each side plus
+    itself, at most 2 * window - 1 (Longformer's attention_window = 2 * (window - 1)). The counts are
+    read off the attention weights of built models, so they hold for what the layers do, not only the mask."""
+    t = 12
+    i = torch.arange(t)
+    expected = {"decoder_only": torch.minimum(i + 1, torch.tensor(window)),
+                "encoder_only": torch.minimum(i, torch.tensor(window - 1)) + 1
+                + torch.minimum(t - 1 - i, torch.tensor(window - 1))}
+    for lineage, counts in expected.items():
+        model = build_model(tiny_cfg(lineage, attention={"name": "mha", "window": window})).eval()
+        for w in attention_maps(model, torch.randint(0, 37, (2, t))).values():
+            assert torch.equal((w > 0).sum(-1), counts.expand(2, 4, t))
+    assert expected["decoder_only"].max() == window
+    assert expected["encoder_only"].max() == min(2 * window - 1, t)

@@ -42,6 +42,7 @@ DEFAULTS: dict[str, Any] = {
     "scale_embeddings": False,  # multiply token embeddings by sqrt(d_model) (Vaswani et al.)
     "embed_norm": False,  # a norm right after the embeddings (BERT, BART)
     "init_std": 0.02,
+    "final_norm": None,  # a norm after each stack's last block; None: where the placement needs one (pre, sandwich)
     "attention": {"name": "mha", "window": None, "backend": "sdpa"},
     "position": {"name": "learned"},
     "norm": {"placement": "pre", "type": "layernorm", "eps": 1e-5},
@@ -122,6 +123,8 @@ def _validate(cfg: dict) -> None:
     _need(isinstance(cfg["dropout"], (int, float)) and 0 <= cfg["dropout"] < 1, "dropout",
           f"must be in [0, 1), got {cfg['dropout']!r}")
     _need(cfg["init_std"] > 0, "init_std", f"must be positive, got {cfg['init_std']!r}")
+    _need(cfg["final_norm"] in (True, False, None), "final_norm",
+          f"must be true, false or null, got {cfg['final_norm']!r}; valid: true, false, null")
 
     att = cfg["attention"]
     _check_name(ATTENTION, "attention.name", att["name"])
@@ -147,7 +150,10 @@ def _validate(cfg: dict) -> None:
     _check_name(NORM, "norm.type", norm["type"])
     _check_name(RESIDUAL, "norm.placement", norm["placement"])
     _need(norm["eps"] > 0, "norm.eps", f"must be positive, got {norm['eps']!r}")
-    unknown = sorted(set(norm) - {"type", "placement", "eps", "name"})
+    # conf/norm/*.yaml set placement and type; the preset's name is only the Hydra option (norm=post_ln).
+    _need("name" not in norm, "norm.name", "unknown key (the presets pre_ln, post_ln, ... are chosen with "
+          "norm=post_ln and set placement and type); valid: eps, placement, type")
+    unknown = sorted(set(norm) - {"type", "placement", "eps"})
     _need(not unknown, f"norm.{unknown[0] if unknown else ''}", "unknown key; valid: eps, placement, type")
 
     ffn = cfg["ffn"]
@@ -163,6 +169,13 @@ def build_model(model_cfg: Mapping, seed: int = 0) -> nn.Module:
     model = MODEL.get(cfg["name"])(cfg)
     init_weights(model, cfg, seed)
     return model
+
+
+def has_final_norm(cfg: dict) -> bool:
+    """model.final_norm, or where it is null, what the placement needs (pre and sandwich: yes, post: no)."""
+    if cfg["final_norm"] is not None:
+        return cfg["final_norm"]
+    return RESIDUAL.get(cfg["norm"]["placement"]).final_norm
 
 
 def total_layers(cfg: dict) -> int:
@@ -224,7 +237,7 @@ def count_params(model_cfg: Mapping) -> dict[str, int]:
         out["attention"] += layers * (2 if cross else 1) * attention
         out["ffn"] += layers * ffn
         out["norm"] += layers * sublayers * residual.n_norms * norm
-        out["norm"] += norm * (int(residual.final_norm) + int(c["embed_norm"]))
+        out["norm"] += norm * (int(has_final_norm(c)) + int(c["embed_norm"]))
         out["embedding"] += c["max_seq_len"] * d if c["position"]["name"] == "learned" else 0
     head = 0 if c["tie_embeddings"] else v * d
     if c["name"] == "encoder_only":  # MLM transform (dense + norm) and the output bias

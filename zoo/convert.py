@@ -28,6 +28,9 @@ Mapping notes
 - BART: the learned position tables have 2 extra leading rows (HF's offset of 2), dropped here.
   `final_logits_bias` must be zero (zoo's head has no bias). Encoder and decoder must share the
   token embedding (they do whenever tie_word_embeddings is set).
+- Memory and precision: the zoo model is built with its parameters on the meta device (no memory,
+  no random init), and the HF tensors are then assigned in their own dtype and device, so a bf16 or
+  float64 checkpoint is never staged through float32 and converting needs the HF model plus one copy.
 - Dropout: zoo has one rate for every site; it is set from the model's main (residual) dropout.
   This only matters for training; in eval mode the outputs match exactly.
 - `transformers` is imported lazily (it is the optional `hf` extra): `import zoo.convert` works
@@ -36,13 +39,15 @@ Mapping notes
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
 from torch import nn
 
-from zoo.build import build_model
+from zoo.build import resolve_config
+from zoo.registry import MODEL
 
 __all__ = [
     "ConversionError", "config_from_hf", "from_hf", "convert", "from_pretrained",
@@ -212,15 +217,19 @@ class _Copier:
     """Copies tensors into a zoo model and keeps the books on both sides.
 
     Each zoo parameter must be written exactly once; each HF parameter must be read (`take`) or
-    explicitly set aside (`drop`). `finish` raises if either side has leftovers."""
+    explicitly set aside (`drop`). `finish` raises if either side has leftovers. Writes are kept
+    and assigned as the zoo model's parameters by `assign` (the zoo model may live on the meta device)."""
 
     def __init__(self, zoo_model: nn.Module, hf_model: nn.Module | None = None):
         self.zoo_names = {id(p): n for n, p in zoo_model.named_parameters()}
         self.written: set[int] = set()
+        self.values: dict[int, torch.Tensor] = {}
         self.hf_names: dict[int, str] = {}
+        self.hf_storage: set[int] = set()
         if hf_model is not None:
             for n, p in hf_model.named_parameters(remove_duplicate=False):
                 self.hf_names.setdefault(id(p), n)
+                self.hf_storage.add(p.untyped_storage().data_ptr())
         self.read: set[int] = set()
 
     # HF side
@@ -242,7 +251,7 @@ class _Copier:
             raise RuntimeError(f"conversion bug: zoo parameter {name} written twice")
         if tuple(dst.shape) != tuple(value.shape):
             raise RuntimeError(f"conversion bug: {name} has shape {tuple(dst.shape)}, source {tuple(value.shape)}")
-        dst.copy_(value)
+        self.values[id(dst)] = value
         self.written.add(id(dst))
 
     def linear(self, dst: nn.Linear, *srcs: nn.Module, conv1d: bool = False) -> None:
@@ -283,16 +292,54 @@ class _Copier:
         if unread:
             raise RuntimeError(f"conversion bug: {len(unread)} HF parameter(s) never read: {', '.join(unread)}")
 
+    def assign(self, zoo_model: nn.Module, device: torch.device, dtype: torch.dtype) -> None:
+        """Make the written values the zoo model's parameters (tied parameters stay one tensor).
+
+        A value that is an HF parameter itself (or a view of one) is copied, so training the zoo
+        model leaves the HF model alone; concatenations and sums are fresh tensors and are used as they are."""
+        new: dict[int, nn.Parameter] = {}
+        for module in zoo_model.modules():
+            for name, p in module._parameters.items():
+                if p is None:
+                    continue
+                if id(p) not in new:
+                    value = self.values[id(p)].to(device=device, dtype=dtype)
+                    if value.untyped_storage().data_ptr() in self.hf_storage:
+                        value = value.clone(memory_format=torch.contiguous_format)
+                    new[id(p)] = nn.Parameter(value, requires_grad=p.requires_grad)
+                module._parameters[name] = new[id(p)]
+
+
+@contextmanager
+def _parameters_on_meta() -> Iterator[None]:
+    """Modules built inside get their parameters on the meta device: no memory and no random init
+    (an init on meta is a no-op). Buffers (RoPE and sinusoidal tables, ALiBi slopes) stay real."""
+    register = nn.Module.register_parameter
+
+    def on_meta(module: nn.Module, name: str, param: nn.Parameter | None) -> None:
+        if param is not None and param.device.type != "meta":  # a tied (already meta) parameter stays itself
+            param = nn.Parameter(param.to("meta"), requires_grad=param.requires_grad)
+        register(module, name, param)
+
+    nn.Module.register_parameter = on_meta
+    try:
+        yield
+    finally:
+        nn.Module.register_parameter = register
+
 
 def _build(hf_model: nn.Module, cfg: dict) -> tuple[nn.Module, _Copier]:
-    model = build_model(cfg)
+    cfg = resolve_config(cfg)
+    with _parameters_on_meta():
+        model = MODEL.get(cfg["name"])(cfg)
     return model, _Copier(model, hf_model)
 
 
 def _finish(model: nn.Module, copier: _Copier, hf_model: nn.Module) -> nn.Module:
     copier.finish()
     first = next(hf_model.parameters())
-    model.to(device=first.device, dtype=first.dtype)
+    copier.assign(model, first.device, first.dtype)
+    model.to(device=first.device, dtype=first.dtype)  # the buffers; the parameters are there already
     return model.train(hf_model.training)
 
 

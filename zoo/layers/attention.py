@@ -111,7 +111,8 @@ class Attention(nn.Module):
             mask = build(q.shape[2], k.shape[2], True, None, q.device)
         if mask is not None:
             scores = scores.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else scores + mask
-        weights = scores.float().softmax(dim=-1).to(q.dtype)
+        # bf16/fp16 scores are normalised in float32 for accuracy; float32 and float64 stay as they are.
+        weights = scores.softmax(dim=-1, dtype=torch.promote_types(scores.dtype, torch.float32)).to(q.dtype)
         if self.record:
             self.weights = weights.detach()
         return F.dropout(weights, dropout) @ v
@@ -144,7 +145,7 @@ def _slow_fused_backward(q: torch.Tensor) -> bool:
     """On CPU, the fused attention kernel's backward in bf16/fp16 is several times slower than the
     written-out product form (zoo.bench: 1.09x vs 1.36x over float32 at the nanoGPT shape), so
     low-precision training on CPU takes the math path. Inference and float32 keep the kernel."""
-    return q.device.type == "cpu" and q.dtype != torch.float32 and q.requires_grad
+    return q.device.type == "cpu" and q.dtype in (torch.bfloat16, torch.float16) and q.requires_grad
 
 
 @lru_cache(maxsize=32)
@@ -153,7 +154,8 @@ def attention_mask(t_q: int, t_k: int, causal: bool, window: int | None,
     """Which keys each query may see, (t_q, t_k) bool, or None when it sees all of them.
 
     Queries are the last t_q of the t_k positions (bottom-right aligned, as with a KV cache).
-    Causal: key j <= query i. Window w: the query sees keys within distance < w, itself included."""
+    Causal: key j <= query i. Window w: the query sees keys within distance < w, itself included:
+    w keys when causal (Mistral's sliding_window), 2w - 1 when bidirectional (w - 1 on each side)."""
     if not causal and window is None:
         return None
     q_pos = torch.arange(t_k - t_q, t_k, device=device)[:, None]
@@ -189,6 +191,17 @@ def attention_bias(t_q: int, t_k: int, causal: bool, window: int | None, pos: Po
         bias = bias.to(dtype)
         mask = bias if mask is None else bias.masked_fill(~mask, float("-inf"))
     return mask, False
+
+
+def cross_attention_mask(padding: torch.Tensor | None) -> torch.Tensor | None:
+    """Which encoder positions cross-attention may see, (B, 1, 1, S), from the source padding (B, S).
+
+    A source row that is all padding would leave every query with no key (NaN on the math path, a
+    backend-dependent value in the kernels); such a row sees all its keys instead, like the
+    encoder's padded queries, which keep their own key."""
+    if padding is None:
+        return None
+    return (padding | ~padding.any(dim=-1, keepdim=True))[:, None, None, :]
 
 
 @torch.no_grad()

@@ -1,7 +1,8 @@
 """Norm placement: where the norm sits relative to the residual connection.
 
 Each placement wraps a sublayer f (attention or FFN) and a norm factory; its forward is the
-textbook formula. `final_norm` says whether the stack needs a norm after the last block;
+textbook formula. `final_norm` says whether the stack needs a norm after the last block (the default
+that `model.final_norm: true|false` overrides);
 `n_norms` how many norms one wrapped sublayer holds (for the analytic parameter count).
 """
 

@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from zoo.block import TransformerBlock
-from zoo.layers.attention import KVCache, attention_bias
+from zoo.layers.attention import KVCache, attention_bias, cross_attention_mask
 from zoo.registry import ATTENTION, FFN, NORM, POSITION, RESIDUAL
 
 Cache = list[tuple[KVCache, KVCache]]  # per layer: (self-attention, cross-attention)
@@ -45,7 +45,8 @@ class Stack(nn.Module):
         self.blocks = nn.ModuleList(
             TransformerBlock(make_attention, make_ffn, make_norm, residual, cross) for _ in range(n_layers)
         )
-        self.final_norm = make_norm() if residual.final_norm else nn.Identity()
+        final = cfg.get("final_norm")  # None: the placement decides (Post-LN has none; nn.Transformer adds one)
+        self.final_norm = make_norm() if (residual.final_norm if final is None else final) else nn.Identity()
 
     def forward(self, tokens: torch.Tensor, padding: torch.Tensor | None = None,
                 memory: torch.Tensor | None = None, memory_padding: torch.Tensor | None = None,
@@ -57,7 +58,7 @@ class Stack(nn.Module):
         t = tokens.shape[1]
         mask, is_causal = attention_bias(t, offset + t, self.causal, self.window, self.position,
                                          padding, x.device, x.dtype)
-        memory_mask = None if memory_padding is None else memory_padding[:, None, None, :]
+        memory_mask = cross_attention_mask(memory_padding)
         for i, block in enumerate(self.blocks):
             x = block(x, self.position, mask, is_causal, memory, memory_mask,
                       cache[i] if cache else None, offset)
