@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -177,9 +178,10 @@ class MarkEnd(Callback):
         (Path(config.hydra.sweep.dir) / "ended").write_text("")
 '''
 
-# A Hydra app without zoo's training: the launcher alone, in seconds. Job `kill` SIGKILLs itself.
+# A Hydra app without zoo's training: the launcher alone, in seconds. Job `kill` SIGKILLs itself; job
+# `kill_server` SIGKILLs the fork server it was forked from, then finishes after the others started.
 TINY_APP = '''
-import os, signal
+import os, signal, time
 from pathlib import Path
 
 import hydra
@@ -191,6 +193,11 @@ def main(cfg):
     job = HydraConfig.get()
     if job.job.num == cfg.kill:
         os.kill(os.getpid(), signal.SIGKILL)
+    if job.job.num == cfg.get("kill_server"):
+        server = os.getppid()
+        assert b"forkserver" in Path(f"/proc/{server}/cmdline").read_bytes()
+        os.kill(server, signal.SIGKILL)
+        time.sleep(2)
     (Path(job.runtime.output_dir) / "done").write_text(str(os.getpid()))
     return job.job.num
 
@@ -209,15 +216,18 @@ def _kill_job(tmp_path: Path, num: int) -> tuple[dict, list[str]]:
     return env, ["+hydra.callbacks.kill._target_=kill_hook.KillJob", f"+hydra.callbacks.kill.num={num}"]
 
 
-def test_parallel_launcher_survives_a_killed_job(tmp_path):
+@pytest.mark.parametrize("start", ["forkserver", "spawn", "forkserver killed"])
+def test_parallel_launcher_survives_a_killed_job(tmp_path, start):
     """The launcher alone: of 5 jobs, 2 at a time, job 1's process is SIGKILLed; the other 4 run, each in its
-    own process, and the multirun exits 0 and runs its end callback."""
+    own process, and the multirun exits 0 and runs its end callback. Also when job 0 kills the fork server
+    (its sentinels then fire while its children still run): job 0 still delivers, later jobs get a new server."""
     sweep = tmp_path / "sweep"
     env, _ = _kill_job(tmp_path, 1)
     (tmp_path / "hooks" / "tiny_app.py").write_text(TINY_APP)
     cmd = [sys.executable, str(tmp_path / "hooks" / "tiny_app.py"), "-m", "hydra/launcher=parallel",
-           "hydra.launcher.n_jobs=2", f"hydra.searchpath=[file://{ROOT / 'conf'}]", "+kill=1", "+x=0,1,2,3,4",
-           f"hydra.sweep.dir={sweep}", "+hydra.callbacks.end._target_=kill_hook.MarkEnd"]
+           "hydra.launcher.n_jobs=2", f"hydra.launcher.start_method={start.split()[0]}",
+           f"hydra.searchpath=[file://{ROOT / 'conf'}]", "+kill=1", "+x=0,1,2,3,4", f"hydra.sweep.dir={sweep}",
+           "+hydra.callbacks.end._target_=kill_hook.MarkEnd"] + (["+kill_server=0"] if "killed" in start else [])
     proc = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=300, env=env)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-3000:]
@@ -225,7 +235,8 @@ def test_parallel_launcher_survives_a_killed_job(tmp_path):
     done = {p.parent.name: p.read_text() for p in sweep.glob("*/done")}
     assert sorted(done) == ["0", "2", "3", "4"] and len(set(done.values())) == 4  # one process per job
     assert (sweep / "1" / ".hydra" / "overrides.yaml").is_file()
-    assert "#1 : +kill=1 +x=1 : its process was killed by SIGKILL" in out
+    how = "was killed by SIGKILL" if "killed" not in start else "ended with exit code 255"  # 255: server gone
+    assert re.search(rf"#1 : [^\n]* : its process {how} before the job finished", out), out[-3000:]
     assert "1 of 5 jobs died before finishing: #1" in out
 
 
@@ -275,13 +286,19 @@ def test_optuna_search_with_the_parallel_launcher_survives_a_killed_trial(tmp_pa
     assert result.best_value == pytest.approx(min(s["final"]["val_loss"] for s in summaries.values()))
 
 
-@pytest.mark.parametrize("n_jobs", [0, -2, "two"])
-def test_parallel_launcher_refuses_a_bad_n_jobs(n_jobs, capsys):
+@pytest.mark.parametrize(("kwargs", "error"), [
+    ({"n_jobs": 0}, "n_jobs: 0 is not a number of parallel jobs; valid: a positive integer, or -1 for one per CPU"),
+    ({"n_jobs": -2}, "n_jobs: -2 is not a number of parallel jobs; valid: a positive integer, or -1 for one per CPU"),
+    ({"n_jobs": "two"}, "n_jobs: 'two' is not a number of parallel jobs; valid: a positive integer, or -1 for one "
+                        "per CPU"),
+    ({"start_method": "fork"}, "start_method: unknown 'fork'; valid: forkserver, spawn"),
+    ({"preload": "torch"}, "preload: 'torch' is not a list of module names; valid: a list such as "
+                           "[zoo.training.runner]")])
+def test_parallel_launcher_refuses_bad_settings(kwargs, error, capsys):
     from hydra_plugins.zoo_launcher.parallel_launcher import ParallelLauncher
 
     with pytest.raises(SystemExit) as exit_:
-        ParallelLauncher(n_jobs=n_jobs)
+        ParallelLauncher(**kwargs)
     assert exit_.value.code == 2
-    assert capsys.readouterr().err == (f"error: hydra.launcher.n_jobs: {n_jobs!r} is not a number of parallel jobs; "
-                                       "valid: a positive integer, or -1 for one per CPU\n")
+    assert capsys.readouterr().err == f"error: hydra.launcher.{error}\n"
     assert ParallelLauncher(n_jobs=3).n_jobs == 3 and ParallelLauncher(n_jobs=-1).n_jobs >= 1
