@@ -30,13 +30,14 @@ class ParallelLauncher(Launcher):
     A job whose process dies without a result (killed by a signal, or a hard crash) is logged, its
     directory keeps what the job wrote, and the other jobs run to the end."""
 
-    def __init__(self, n_jobs: int = -1, start_method: str = "forkserver", preload: Sequence[str] = ()) -> None:
+    def __init__(self, n_jobs: int = -1, start_method: str = "forkserver", preload: Sequence[str] | None = None):
         # Checked before any job starts: the sweep directory holds nothing yet.
         if isinstance(n_jobs, bool) or not isinstance(n_jobs, int) or not (n_jobs >= 1 or n_jobs == -1):
             _refuse("n_jobs", f"{n_jobs!r} is not a number of parallel jobs",
                     "a positive integer, or -1 for one per CPU")
         if start_method not in START_METHODS:
             _refuse("start_method", f"unknown {start_method!r}", ", ".join(START_METHODS))
+        preload = [] if preload is None else preload
         if isinstance(preload, str) or not all(isinstance(m, str) for m in preload):
             _refuse("preload", f"{preload!r} is not a list of module names", "a list such as [zoo.training.runner]")
         cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
