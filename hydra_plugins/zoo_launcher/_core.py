@@ -126,7 +126,12 @@ def _receive(job: _Job) -> None:
     if kind == "dir":
         job.output_dir = value
     elif kind == "return":
-        job.result = pickle.loads(value)
+        try:
+            job.result = pickle.loads(value)
+        except Exception as e:  # e.g. a return value whose class only the job could import
+            job.result = JobReturn(overrides=job.overrides, status=JobStatus.FAILED)
+            job.result.return_value = RuntimeError(f"job #{job.num}'s result could not be read: "
+                                                   f"{type(e).__name__}: {e}")
 
 
 def _lost(job: _Job) -> JobReturn:
