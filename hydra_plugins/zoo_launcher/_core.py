@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import multiprocessing
+import os
 import pickle
 import signal
 import traceback
@@ -162,7 +163,7 @@ def _lost(job: _Job) -> JobReturn:
 def _output_dir(config: DictConfig) -> str:
     """The job's output directory, as run_job computes it (HydraConfig must hold `config`)."""
     sweep_dir = str(OmegaConf.select(config, "hydra.sweep.dir"))
-    return str(Path(sweep_dir, str(OmegaConf.select(config, "hydra.sweep.subdir"))).absolute())
+    return os.path.abspath(os.path.join(sweep_dir, str(OmegaConf.select(config, "hydra.sweep.subdir"))))
 
 
 def _child(payload: bytes, num: int, overrides: list[str], conn: Connection) -> None:
