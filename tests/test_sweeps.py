@@ -1,6 +1,8 @@
-"""Sweeps: Hydra multirun with the joblib launcher, a failing run, and budget=params."""
+"""Sweeps: Hydra multiruns with zoo's parallel launcher (a failing run, a killed run), Optuna, budget=params."""
 
 import json
+import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -12,12 +14,19 @@ from tests.helpers import TINY
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def test_joblib_multirun_with_a_failing_run_and_matched_parameters(tmp_path):
-    pytest.importorskip("hydra_plugins.hydra_joblib_launcher")
-    cmd = [sys.executable, "train.py", "-m", "hydra/launcher=joblib", "hydra.launcher.n_jobs=2", *TINY,
+def test_parallel_multirun_with_a_failing_run_and_matched_parameters(tmp_path):
+    cmd = [sys.executable, "train.py", "-m", "hydra/launcher=parallel", "hydra.launcher.n_jobs=2", *TINY,
            "logger=csv", "ffn=gelu,swiglu", "model.n_heads=2,3", "budget=params", f"hydra.sweep.dir={tmp_path}"]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
+    from omegaconf import OmegaConf
+
+    # Hydra's layout, as any launcher leaves it: multirun.yaml, and per job <num>/.hydra/ with its job number
+    assert (tmp_path / "multirun.yaml").is_file()
+    for num in range(4):
+        hydra_yaml = OmegaConf.load(tmp_path / str(num) / ".hydra" / "hydra.yaml")
+        assert hydra_yaml.hydra.job.num == num and hydra_yaml.hydra.job.id == f"train_{num}"
+        assert (tmp_path / str(num) / ".hydra" / "overrides.yaml").is_file()
     runs = {tuple(sorted(o for o in s["overrides"] if o.startswith(("ffn=", "model.n_heads=")))): s
             for s in (json.loads(p.read_text()) for p in tmp_path.glob("*/summary.json"))}
     assert len(runs) == 4
@@ -136,3 +145,161 @@ def test_a_study_ends_with_its_report(tmp_path):
     assert "val_loss_long" in long and (tmp_path / "report_val_loss_long" / "curves.png").is_file()
     summary = json.loads(next(tmp_path.glob("*/summary.json")).read_text())
     assert summary["model"]["max_seq_len"] == 32 and "val_loss_long" in summary["final"]
+
+
+# A test-only Hydra callback: Hydra calls on_job_start in the process that runs the job, so it can SIGKILL
+# that process once the run has started training (config.yaml is written just before), as the out-of-memory
+# killer would. zoo's training path has no hook for it.
+KILL_HOOK = '''
+import os, signal, threading, time
+from pathlib import Path
+
+from hydra.experimental.callback import Callback
+
+
+class KillJob(Callback):
+    def __init__(self, num):
+        self.num = num
+
+    def on_job_start(self, config, **kwargs):
+        if config.hydra.job.num != self.num:
+            return
+        run_dir = Path(config.hydra.runtime.output_dir)
+
+        def kill():
+            while not (run_dir / "config.yaml").exists():
+                time.sleep(0.002)
+            os.kill(os.getpid(), signal.SIGKILL)
+
+        threading.Thread(target=kill, daemon=True).start()
+
+
+class MarkEnd(Callback):
+    def on_multirun_end(self, config, **kwargs):
+        (Path(config.hydra.sweep.dir) / "ended").write_text("")
+'''
+
+# A Hydra app without zoo's training: the launcher alone, in seconds. Job `kill` SIGKILLs itself; job
+# `kill_server` SIGKILLs the fork server it was forked from, then finishes after the others started.
+TINY_APP = '''
+import os, signal, time
+from pathlib import Path
+
+import hydra
+from hydra.core.hydra_config import HydraConfig
+
+
+@hydra.main(version_base="1.3", config_path=None, config_name=None)
+def main(cfg):
+    job = HydraConfig.get()
+    if job.job.num == cfg.kill:
+        os.kill(os.getpid(), signal.SIGKILL)
+    if job.job.num == cfg.get("kill_server"):
+        server = os.getppid()
+        assert b"forkserver" in Path(f"/proc/{server}/cmdline").read_bytes()
+        os.kill(server, signal.SIGKILL)
+        time.sleep(2)
+    (Path(job.runtime.output_dir) / "done").write_text(str(os.getpid()))
+    return job.job.num
+
+
+if __name__ == "__main__":
+    main()
+'''
+
+
+def _kill_job(tmp_path: Path, num: int) -> tuple[dict, list[str]]:
+    """The environment and overrides that make the sweep's job `num` SIGKILL itself mid-run."""
+    hooks = tmp_path / "hooks"
+    hooks.mkdir()
+    (hooks / "kill_hook.py").write_text(KILL_HOOK)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(hooks), str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    return env, ["+hydra.callbacks.kill._target_=kill_hook.KillJob", f"+hydra.callbacks.kill.num={num}"]
+
+
+@pytest.mark.parametrize("start", ["forkserver", "spawn", "forkserver killed"])
+def test_parallel_launcher_survives_a_killed_job(tmp_path, start):
+    """The launcher alone: of 5 jobs, 2 at a time, job 1's process is SIGKILLed; the other 4 run, each in its
+    own process, and the multirun exits 0 and runs its end callback. Also when job 0 kills the fork server
+    (its sentinels then fire while its children still run): job 0 still delivers, later jobs get a new server."""
+    sweep = tmp_path / "sweep"
+    env, _ = _kill_job(tmp_path, 1)
+    (tmp_path / "hooks" / "tiny_app.py").write_text(TINY_APP)
+    cmd = [sys.executable, str(tmp_path / "hooks" / "tiny_app.py"), "-m", "hydra/launcher=parallel",
+           "hydra.launcher.n_jobs=2", f"hydra.launcher.start_method={start.split()[0]}",
+           f"hydra.searchpath=[file://{ROOT / 'conf'}]", "+kill=1", "+x=0,1,2,3,4", f"hydra.sweep.dir={sweep}",
+           "+hydra.callbacks.end._target_=kill_hook.MarkEnd"] + (["+kill_server=0"] if "killed" in start else [])
+    proc = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=300, env=env)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-3000:]
+    assert (sweep / "ended").is_file()
+    done = {p.parent.name: p.read_text() for p in sweep.glob("*/done")}
+    assert sorted(done) == ["0", "2", "3", "4"] and len(set(done.values())) == 4  # one process per job
+    assert (sweep / "1" / ".hydra" / "overrides.yaml").is_file()
+    how = "was killed by SIGKILL" if "killed" not in start else "ended with exit code 255"  # 255: server gone
+    assert re.search(rf"#1 : [^\n]* : its process {how} before the job finished", out), out[-3000:]
+    assert "1 of 5 jobs died before finishing: #1" in out
+
+
+@pytest.mark.slow
+def test_a_study_survives_a_killed_run(tmp_path):
+    """4 runs, 2 at a time (the study presets' launcher); run 1 is SIGKILLed mid-run. The other three finish,
+    the killed one is left without summary.json and unlocked (the report counts it as crashed), the multirun
+    exits 0 and ends with its report. Hydra's joblib launcher fails this: TerminatedWorkerError, exit 1."""
+    sweep = tmp_path / "sweep"
+    env, kill = _kill_job(tmp_path, 1)
+    cmd = [sys.executable, "train.py", "-m", "study=ffn", *TINY, "logger=csv", "budget=null", "ffn=gelu",
+           "seed=0,1,2,3", "hydra.launcher.n_jobs=2", f"hydra.sweep.dir={sweep}", *kill]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600, env=env)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-3000:]
+    from zoo.io import is_running
+    from zoo.report import load_runs
+
+    statuses = {r.path.name: r.status for r in load_runs(sweep)}
+    assert statuses == {"0": "completed", "1": "crashed", "2": "completed", "3": "completed"}, out[-3000:]
+    killed = sweep / "1"
+    assert (killed / "config.yaml").is_file() and not (killed / "summary.json").exists()  # killed mid-run
+    assert not is_running(killed)
+    assert "killed by SIGKILL" in out
+    assert (sweep / "report.md").is_file() and (sweep / "multirun.yaml").is_file()
+
+
+@pytest.mark.slow
+def test_optuna_search_with_the_parallel_launcher_survives_a_killed_trial(tmp_path):
+    """Two trials at a time through zoo's launcher; trial 1 is SIGKILLed. The search still gets every other
+    trial's returned metric, counts the killed trial as failed, and ends with its result."""
+    pytest.importorskip("hydra_plugins.hydra_optuna_sweeper")
+    sweep = tmp_path / "sweep"
+    env, kill = _kill_job(tmp_path, 1)
+    cmd = [sys.executable, "train.py", "-m", "hparams_search=lr_warmup", *TINY, "logger=none",
+           "hydra/launcher=parallel", "hydra.launcher.n_jobs=2", "hydra.sweeper.n_jobs=2", "hydra.sweeper.n_trials=4",
+           f"hydra.sweep.dir={sweep}", *kill]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600, env=env)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-3000:]
+    summaries = {p.parent.name: json.loads(p.read_text()) for p in sweep.glob("*/summary.json")}
+    assert sorted(summaries) == ["0", "2", "3"] and all(s["status"] == "completed" for s in summaries.values())
+    assert "Failed experiment" in out  # Optuna's word for the killed trial
+    from omegaconf import OmegaConf
+
+    result = OmegaConf.load(sweep / "optimization_results.yaml")
+    assert result.best_value == pytest.approx(min(s["final"]["val_loss"] for s in summaries.values()))
+
+
+@pytest.mark.parametrize(("kwargs", "error"), [
+    ({"n_jobs": 0}, "n_jobs: 0 is not a number of parallel jobs; valid: a positive integer, or -1 for one per CPU"),
+    ({"n_jobs": -2}, "n_jobs: -2 is not a number of parallel jobs; valid: a positive integer, or -1 for one per CPU"),
+    ({"n_jobs": "two"}, "n_jobs: 'two' is not a number of parallel jobs; valid: a positive integer, or -1 for one "
+                        "per CPU"),
+    ({"start_method": "fork"}, "start_method: unknown 'fork'; valid: forkserver, spawn"),
+    ({"preload": "torch"}, "preload: 'torch' is not a list of module names; valid: a list such as "
+                           "[zoo.training.runner]")])
+def test_parallel_launcher_refuses_bad_settings(kwargs, error, capsys):
+    from hydra_plugins.zoo_launcher.parallel_launcher import ParallelLauncher
+
+    with pytest.raises(SystemExit) as exit_:
+        ParallelLauncher(**kwargs)
+    assert exit_.value.code == 2
+    assert capsys.readouterr().err == f"error: hydra.launcher.{error}\n"
+    assert ParallelLauncher(n_jobs=3).n_jobs == 3 and ParallelLauncher(n_jobs=-1).n_jobs >= 1

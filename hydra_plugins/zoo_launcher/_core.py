@@ -1,0 +1,198 @@
+"""ParallelLauncher's work: at most n_jobs jobs at a time, one fresh process per job.
+
+Hydra's joblib launcher runs jobs in a loky pool; when the kernel kills one worker (the out-of-memory killer's
+SIGKILL), loky breaks the whole pool and the multirun dies with TerminatedWorkerError: the jobs still queued
+never run and the sweep's end-of-run callbacks (zoo's report) never fire. Here each job owns its process, so a
+death ends that job only. Per job, the child does what the joblib launcher's worker does (compose the job's
+config, set hydra.job.num and id, run_job) and sends the JobReturn back through a pipe.
+
+Processes come from multiprocessing's fork server, which imports `preload` (zoo's training stack) once: a job
+then starts in a fraction of a second instead of the ~4 s of CPU a fresh interpreter spends importing torch and
+Lightning. A job has ended when its pipe closes: that holds even if the fork server itself was killed (its
+children live on, and their multiprocessing sentinels would fire early); the next job restarts the server.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import os
+import pickle
+import signal
+import traceback
+from collections import deque
+from dataclasses import dataclass
+from multiprocessing.connection import Connection, wait
+from pathlib import Path
+
+import cloudpickle
+from hydra.core.hydra_config import HydraConfig
+from hydra.core.singleton import Singleton
+from hydra.core.utils import JobReturn, JobStatus, configure_log, filter_overrides, run_job, setup_globals
+from omegaconf import DictConfig, OmegaConf, open_dict
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class _Job:
+    pos: int  # index in this batch
+    num: int  # hydra.job.num
+    overrides: list[str]
+    proc: multiprocessing.process.BaseProcess
+    conn: Connection | None  # None once the child's end is closed
+    output_dir: str | None = None  # sent by the child once its config is composed
+    result: JobReturn | None = None
+
+    def label(self) -> str:
+        return f"#{self.num} : {' '.join(filter_overrides(self.overrides))}"
+
+
+def launch(launcher, job_overrides, initial_job_idx: int) -> list[JobReturn]:
+    setup_globals()
+    assert launcher.config is not None and launcher.task_function is not None and launcher.hydra_context is not None
+    configure_log(launcher.config.hydra.hydra_logging, launcher.config.hydra.verbose)
+    sweep_dir = Path(str(launcher.config.hydra.sweep.dir))
+    sweep_dir.mkdir(parents=True, exist_ok=True)
+    log.info(f"ParallelLauncher(n_jobs={launcher.n_jobs}) is launching {len(job_overrides)} jobs, "
+             "each in its own process")
+    log.info(f"Launching jobs, sweep output dir : {sweep_dir}")
+    for i, overrides in enumerate(job_overrides):
+        log.info(f"\t#{initial_job_idx + i} : {' '.join(filter_overrides(overrides))}")
+
+    # cloudpickle, as joblib: the task function is defined in the script's __main__, which plain pickle
+    # cannot name. Pickled once, sent to every job.
+    payload = cloudpickle.dumps((launcher.hydra_context, launcher.config, launcher.task_function,
+                                 Singleton.get_state()))
+    ctx = multiprocessing.get_context(launcher.start_method)
+    if launcher.start_method == "forkserver":
+        ctx.set_forkserver_preload(list(launcher.preload))  # read when the server (re)starts
+    pending = deque(enumerate(job_overrides))
+    running: list[_Job] = []
+    results: list[JobReturn | None] = [None] * len(job_overrides)
+    lost: list[_Job] = []
+    interrupted = False
+    while pending or running:
+        try:
+            while pending and len(running) < launcher.n_jobs:
+                pos, overrides = pending.popleft()
+                running.append(_start(ctx, payload, pos, initial_job_idx + pos, list(overrides)))
+            # A job is over once its pipe is closed (it sent its result, or died) and its process has exited.
+            ready = wait([j.conn if j.conn is not None else j.proc.sentinel for j in running])
+            for job in list(running):
+                if job.conn is not None and job.conn in ready:
+                    _receive(job)
+                if job.conn is None and wait([job.proc.sentinel], 0):
+                    job.proc.join()
+                    running.remove(job)
+                    if job.result is None:
+                        lost.append(job)
+                        job.result = _lost(job)
+                    results[job.pos] = job.result
+        except KeyboardInterrupt:
+            if interrupted:
+                for job in running:
+                    job.proc.kill()
+                    job.proc.join()
+                raise
+            # Ctrl-C reached the jobs too (one process group), and zoo's runs stop cleanly on it: start no
+            # more, keep reading the running ones' results until they exit, then end the sweep.
+            interrupted = True
+            pending.clear()
+            log.warning(f"interrupted: waiting for {len(running)} running jobs to stop (Ctrl-C again kills them)")
+    if interrupted:
+        raise KeyboardInterrupt
+    if lost:
+        log.error(f"{len(lost)} of {len(job_overrides)} jobs died before finishing: "
+                  f"{', '.join(f'#{j.num}' for j in lost)}; the others ran to the end")
+    return results
+
+
+def _start(ctx, payload: bytes, pos: int, num: int, overrides: list[str]) -> _Job:
+    recv, send = ctx.Pipe(duplex=False)
+    proc = ctx.Process(target=_child, args=(payload, num, overrides, send), name=f"hydra job {num}")
+    proc.start()
+    send.close()  # the child holds the only write end: its end shows as EOF
+    return _Job(pos, num, overrides, proc, recv)
+
+
+def _receive(job: _Job) -> None:
+    """Read one message from the job's child; a closed or half-written pipe (the child died) ends the talk."""
+    try:
+        kind, value = job.conn.recv()
+    except (EOFError, OSError, pickle.UnpicklingError):
+        job.conn.close()
+        job.conn = None
+        return
+    if kind == "dir":
+        job.output_dir = value
+    elif kind == "return":
+        try:
+            job.result = pickle.loads(value)
+        except Exception as e:  # e.g. a return value whose class only the job could import
+            job.result = JobReturn(overrides=job.overrides, status=JobStatus.FAILED)
+            job.result.return_value = RuntimeError(f"job #{job.num}'s result could not be read: "
+                                                   f"{type(e).__name__}: {e}")
+
+
+def _lost(job: _Job) -> JobReturn:
+    """A job whose process died without a result: say so, leave its directory findable, return no value."""
+    code = job.proc.exitcode
+    try:
+        how = f"was killed by {signal.Signals(-code).name}" if code < 0 else f"ended with exit code {code}"
+    except ValueError:
+        how = f"was killed by signal {-code}"
+    if job.output_dir is None:
+        where = "it had not started"
+    else:
+        where = f"{job.output_dir} keeps what it wrote (no summary.json: a report counts it as crashed)"
+        # Died before Hydra saved the job's overrides: save them, so the report still finds and names the run.
+        saved = Path(job.output_dir) / ".hydra" / "overrides.yaml"
+        if not saved.exists():
+            saved.parent.mkdir(parents=True, exist_ok=True)
+            OmegaConf.save(OmegaConf.create(job.overrides), saved)
+    log.error(f"{job.label()} : its process {how} before the job finished; {where}; the other jobs go on")
+    # No return value and, unlike a job that raised, not FAILED: Hydra's basic sweeper raises on a FAILED job
+    # and skips the multirun's end callbacks (the report). A search sweeper (Optuna) cannot use None and
+    # counts the trial as failed.
+    ret = JobReturn(overrides=job.overrides, working_dir=job.output_dir, status=JobStatus.COMPLETED)
+    ret.return_value = None
+    return ret
+
+
+def _output_dir(config: DictConfig) -> str:
+    """The job's output directory, as run_job computes it (HydraConfig must hold `config`)."""
+    sweep_dir = str(OmegaConf.select(config, "hydra.sweep.dir"))
+    return os.path.abspath(os.path.join(sweep_dir, str(OmegaConf.select(config, "hydra.sweep.subdir"))))
+
+
+def _child(payload: bytes, num: int, overrides: list[str], conn: Connection) -> None:
+    """One job, in its own process: the joblib launcher's execute_job, then the JobReturn down the pipe."""
+    try:
+        hydra_context, config, task_function, singleton_state = pickle.loads(payload)
+        setup_globals()
+        Singleton.set_state(singleton_state)
+        sweep_config = hydra_context.config_loader.load_sweep_config(config, overrides)
+        with open_dict(sweep_config):
+            sweep_config.hydra.job.id = f"{sweep_config.hydra.job.name}_{num}"
+            sweep_config.hydra.job.num = num
+        HydraConfig.instance().set_config(sweep_config)
+        conn.send(("dir", _output_dir(sweep_config)))
+        ret = run_job(hydra_context=hydra_context, task_function=task_function, config=sweep_config,
+                      job_dir_key="hydra.sweep.dir", job_subdir_key="hydra.sweep.subdir")
+    except BaseException as e:  # the parent re-raises it, as the joblib launcher would
+        ret = JobReturn(overrides=overrides, status=JobStatus.FAILED)
+        ret.return_value = e
+    if ret.status == JobStatus.FAILED:  # the traceback stays here; the parent gets the exception alone
+        traceback.print_exception(ret._return_value)
+    try:
+        data = cloudpickle.dumps(ret)
+    except Exception as e:
+        failed = JobReturn(overrides=overrides, status=JobStatus.FAILED)
+        failed.return_value = RuntimeError(f"job #{num}'s result could not be sent back: {type(e).__name__}: {e}")
+        data = cloudpickle.dumps(failed)
+    try:
+        conn.send(("return", data))
+        conn.close()
+    except OSError:  # the launcher is gone (killed itself): the job's directory has its outcome
+        pass
