@@ -16,7 +16,7 @@ from omegaconf import DictConfig
 
 from zoo.training import final_metric
 from zoo.training import main as train
-from zoo.training.cli import check_group_choices, expand
+from zoo.training.cli import check_group_choices, check_run_dir_free, expand
 
 CONF = Path(__file__).resolve().parent / "conf"
 
@@ -35,7 +35,7 @@ def main(cfg: DictConfig) -> float | None:
 
 if __name__ == "__main__":
     sys.argv = [sys.argv[0]] + [expand(a) for a in sys.argv[1:]]
-    if error := check_group_choices(sys.argv[1:], CONF):
+    if error := check_group_choices(sys.argv[1:], CONF) or check_run_dir_free(sys.argv[1:]):
         print(f"error: {error}", file=sys.stderr)
         sys.exit(2)
     main()
