@@ -193,20 +193,21 @@ def _model_checkpoint_key(ckpt: dict) -> str:
     return next(k for k in ckpt["callbacks"] if k.startswith("ModelCheckpoint"))
 
 
-def _craft_last_model_path(ckpt, victim, marker):
+def _craft_last_model_path(ckpt, victim, marker, run_dir):
     state = ckpt["callbacks"][_model_checkpoint_key(ckpt)]
     state.pop("dirpath")  # Lightning then takes the paths as this run's own
     state["last_model_path"] = f"local://{victim}"
 
 
-def _craft_best_model_path(ckpt, victim, marker):
+def _craft_best_model_path(ckpt, victim, marker, run_dir):
     state = ckpt["callbacks"][_model_checkpoint_key(ckpt)]
-    state.update(best_model_path=str(victim), kth_best_model_path=str(victim),
-                 best_k_models={str(victim): torch.tensor(0.0)}, best_model_score=torch.tensor(1e9),
-                 kth_value=torch.tensor(1e9), last_model_path=str(victim / "precious.txt"))
+    inside = str(run_dir / "checkpoints" / ".." / ".." / victim.name)  # passes Lightning's "in dirpath" check
+    state.update(dirpath=str(run_dir / "checkpoints"), best_model_path=inside, kth_best_model_path=inside,
+                 best_k_models={inside: torch.tensor(1e9)}, best_model_score=torch.tensor(1e9),
+                 kth_value=torch.tensor(1e9))
 
 
-def _craft_foreign_callback(ckpt, victim, marker):
+def _craft_foreign_callback(ckpt, victim, marker, run_dir):
     ckpt["callbacks"]["ModelCheckpoint{'monitor': None}"] = {"dirpath": str(victim), "last_model_path": str(victim)}
     ckpt["callbacks"]["Evil"] = {"_target_": "os.system", "command": f"touch {marker}"}
     ckpt["evil_top_level"] = {"_target_": "os.system", "command": f"touch {marker}"}
@@ -222,7 +223,7 @@ def test_a_crafted_checkpoint_cannot_touch_files_outside_its_run(interrupted, tm
     path = run_dir / "checkpoints" / "last.ckpt"
     ckpt = torch.load(path, weights_only=True)
     step = ckpt["global_step"]
-    craft(ckpt, victim, marker)
+    craft(ckpt, victim, marker, run_dir)
     torch.save(ckpt, path)
     cmd = [sys.executable, "train.py", *TINY, *QUIET, *LONGER, f"hydra.run.dir={run_dir}", "ckpt_path=last"]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
@@ -315,3 +316,13 @@ def test_atomic_writes_get_the_umask_permissions(tmp_path, umask, mode):
     finally:
         os.umask(old)
     assert (tmp_path / "f.txt").stat().st_mode & 0o777 == mode
+
+
+def test_trimming_history_keeps_rows_before_the_step_and_drops_a_cut_line(tmp_path):
+    from zoo.training.runner import _trim_history
+
+    path = tmp_path / "metrics.csv"
+    path.write_text("epoch,step,train_loss,val_loss\r\n0,0,4.5,\r\n0,1,4.4,\r\n0,1,,4.3\r\n0,2,4.2,\r\n0,3,4.")
+    _trim_history(path, 2)
+    assert path.read_bytes() == b"epoch,step,train_loss,val_loss\r\n0,0,4.5,\r\n0,1,4.4,\r\n0,1,,4.3\r\n"
+    assert [p.name for p in tmp_path.iterdir()] == ["metrics.csv"]  # rewritten through a temp file, renamed
