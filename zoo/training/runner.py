@@ -181,7 +181,7 @@ def _run(cfg: DictConfig, run_dir: Path, start: float, state: dict) -> int:
 
 def _remove_run(run_dir: Path) -> None:
     """overwrite=true: the earlier run's files go (after this run's config was checked), .hydra/ stays."""
-    for name in RUN_FILES:
+    for name in (*RUN_FILES, "tb"):  # tb/: the tensorboard logger's events
         path = run_dir / name
         if path.is_dir() and not path.is_symlink():
             shutil.rmtree(path)
