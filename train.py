@@ -14,7 +14,13 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig
 
-from zoo.training.cli import check_group_choices, check_keys, expand, help_text  # no torch: fast answers
+from zoo.training.cli import (  # no torch: fast answers
+    check_group_choices,
+    check_keys,
+    check_run_dir_free,
+    expand,
+    help_text,
+)
 
 CONF = Path(__file__).resolve().parent / "conf"
 
@@ -40,7 +46,8 @@ def check_arguments(args: list[str]) -> str | None:
     if "--hydra-help" in args:
         return None
     # (further checks of the arguments, e.g. of `_target_`s, go here, each returning one line or None)
-    return check_group_choices(args, CONF) or check_keys(args, CONF)
+    # a busy hydra.run.dir is refused before Hydra writes .hydra/ into it
+    return check_group_choices(args, CONF) or check_keys(args, CONF) or check_run_dir_free(args)
 
 
 if __name__ == "__main__":

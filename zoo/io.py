@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -16,6 +17,7 @@ def atomic_write(path: str | os.PathLike, write: Callable[[IO], Any], mode: str 
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
+        os.fchmod(fd, 0o666 & ~_umask())  # mkstemp makes 0600; give what open() would give
         with os.fdopen(fd, mode, **({} if "b" in mode else {"encoding": "utf-8"})) as f:
             write(f)
             f.flush()
@@ -24,6 +26,38 @@ def atomic_write(path: str | os.PathLike, write: Callable[[IO], Any], mode: str 
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def _umask() -> int:
+    """The process umask, read without changing it (os.umask can only be read by setting it)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+# atomic_write's temp files: "." + the target's name + "." + mkstemp's 8 random characters + ".tmp"
+_TEMP_FILE = re.compile(r"^\..+\.[A-Za-z0-9_]{8}\.tmp$")
+
+
+def remove_temp_files(directory: str | os.PathLike) -> list[Path]:
+    """Delete the temp files an interrupted atomic_write left in `directory` (only that pattern, only
+    regular files). Call it only while owning the directory (its run lock), never while a write runs."""
+    removed = []
+    directory = Path(directory)
+    if not directory.is_dir():
+        return removed
+    for p in directory.iterdir():
+        if _TEMP_FILE.match(p.name) and p.is_file() and not p.is_symlink():
+            p.unlink(missing_ok=True)
+            removed.append(p)
+    return removed
 
 
 def atomic_write_text(path: str | os.PathLike, text: str) -> None:
@@ -74,3 +108,23 @@ def is_running(run_dir: str | os.PathLike) -> bool:
             return True
         fcntl.flock(f.fileno(), fcntl.LOCK_UN)
         return False
+
+
+def busy_message(run_dir: str | os.PathLike) -> str:
+    """The one-line refusal for a run directory another live process holds (see lock_run_dir)."""
+    try:
+        pid = (Path(run_dir) / RUN_LOCK).read_text().strip()
+    except OSError:
+        pid = ""
+    holder = f"pid {pid}" if pid.isdigit() else "pid unknown"
+    return f"hydra.run.dir: '{run_dir}' is in use by a running process ({holder}); wait for it to end or " \
+           "choose another directory"
+
+
+def is_secondary_rank() -> bool:
+    """True in a distributed worker other than the first (DDP ranks > 0): the first owns the run directory."""
+    for var in ("RANK", "LOCAL_RANK", "NODE_RANK", "SLURM_PROCID"):
+        value = os.environ.get(var, "0")
+        if value.isdigit() and int(value) != 0:
+            return True
+    return False

@@ -196,6 +196,49 @@ def test_interrupt_then_resume_equals_uninterrupted(tmp_path, sig, uninterrupted
     assert [resumed_vals[k] for k in sorted(full)] == pytest.approx([full[k] for k in sorted(full)], abs=1e-6)
 
 
+def _history(run_dir: Path, before_step: int | None = None) -> list[dict]:
+    """metrics.csv's rows, without the timing column (tok/s differs between runs)."""
+    with (run_dir / "metrics.csv").open() as f:
+        rows = [{k: float(v) for k, v in r.items() if v and k != "tok/s"} for r in csv.DictReader(f)]
+    return [r for r in rows if before_step is None or r["step"] < before_step]
+
+
+def _same_history(a: list[dict], b: list[dict]) -> bool:
+    return len(a) == len(b) and all(x.keys() == y.keys() and x == pytest.approx(y, abs=1e-6)
+                                    for x, y in zip(a, b, strict=True))
+
+
+def _kill_when(proc: subprocess.Popen, ready, deadline: float) -> None:
+    while not ready() and proc.poll() is None:
+        assert time.time() < deadline, "the moment to kill never came"
+        time.sleep(0.01)
+    proc.kill()
+    proc.communicate(timeout=120)
+
+
+@pytest.mark.slow
+def test_history_survives_kills_at_any_moment_including_during_resumes(tmp_path, uninterrupted):
+    """SIGKILL the run after its first checkpoint, then each resume at another moment (at once, while it
+    loads, after it has trained a while, right after it saved a checkpoint): every row up to the last
+    checkpoint's step is always on disk, and the run resumed to the end has an uninterrupted run's history."""
+    last = tmp_path / "checkpoints" / "last.ckpt"
+    full = _history(uninterrupted)
+    _kill_when(_train_py(tmp_path, *INTERRUPTIBLE), last.exists, time.time() + 240)
+    moments = [lambda: True, lambda: time.time() > t0 + 2, lambda: time.time() > t0 + 6]
+    saved_at = []
+    moments.append(lambda: last.stat().st_mtime_ns != saved_at[0])  # a new checkpoint was written
+    for moment in moments:
+        saved_at[:] = [last.stat().st_mtime_ns]
+        t0 = time.time()
+        _kill_when(_train_py(tmp_path, *INTERRUPTIBLE, "ckpt_path=last"), moment, time.time() + 240)
+        step = torch.load(last, weights_only=True)["global_step"]
+        on_disk = _history(tmp_path, before_step=step)
+        assert _same_history(on_disk, [r for r in full if r["step"] < step]), (step, len(on_disk))
+    resumed = _train_py(tmp_path, *INTERRUPTIBLE, "ckpt_path=last")
+    assert resumed.wait(timeout=300) == 0, resumed.stderr.read()[-2000:]
+    assert _same_history(_history(tmp_path), full)
+
+
 def test_checkpoint_with_a_pickled_object_is_refused(tmp_path, capsys):
     from zoo.sample import main as sample_main
     from zoo.training import run

@@ -154,14 +154,19 @@ def test_hf_dataset_from_local_files(train, tmp_path):
 def test_resume_from_last_checkpoint(train):
     code, run_dir = train(["trainer.max_steps=4"], name="resumable")
     assert code == 0
-    code, run_dir = train(["trainer.max_steps=8", "ckpt_path=last"], name="resumable")
+    code, run_dir = train(["trainer.max_steps=4", "ckpt_path=last"], name="resumable")
     s = json.loads((run_dir / "summary.json").read_text())
-    assert code == 0 and s["steps"] == 8
+    assert code == 0 and s["steps"] == 4
     import csv
 
     with (run_dir / "metrics.csv").open() as f:
         val_steps = [int(r["step"]) for r in csv.DictReader(f) if r["val_loss"]]
-    assert val_steps == [1, 3, 5, 7]  # the first run's rows are kept, then the resumed run's
+    assert val_steps == [1, 3]  # the finished run's rows are kept, not repeated
+    # A longer schedule is another run (the cosine decay depends on max_steps): refused, naming the key.
+    from zoo.build import ConfigError
+
+    with pytest.raises(ConfigError, match=r"\(trainer.max_steps: checkpoint 4, this run 8\)"):
+        train(["trainer.max_steps=8", "ckpt_path=last"], name="resumable")
 
 
 def test_bf16_mixed_precision(train):

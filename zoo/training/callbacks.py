@@ -3,17 +3,22 @@ an evaluation at the last step, and a progress bar in steps."""
 
 from __future__ import annotations
 
+import csv
 import math
+import os
 import signal
 import sys
 import threading
 import time
+from pathlib import Path
 
 import lightning as L
 import torch
 from lightning.pytorch.callbacks import TQDMProgressBar
 from lightning.pytorch.callbacks.progress.tqdm_progress import Tqdm
+from lightning.pytorch.loggers.csv_logs import ExperimentWriter
 
+from zoo.io import atomic_write
 from zoo.training.objectives import metric_directions
 
 
@@ -25,14 +30,21 @@ class Throughput(L.Callback):
         self.tokens = 0
         self.first_step_at: float | None = None
         self.train_time = 0.0
+        self.earlier_wall_time = 0.0  # wall time of the processes before a resume, up to their checkpoint
         self._t0 = 0.0
         self._window: list[tuple[float, int]] = []
 
-    def state_dict(self) -> dict:  # saved in checkpoints: a resumed run's summary counts the whole run
-        return {"tokens": self.tokens, "train_time": self.train_time}
+    @property
+    def wall_time(self) -> float:
+        """Wall time of the whole run: this process plus the earlier ones up to the checkpoint resumed."""
+        return self.earlier_wall_time + time.perf_counter() - self.start_time
 
-    def load_state_dict(self, state: dict) -> None:
+    def state_dict(self) -> dict:  # saved in checkpoints: a resumed run's summary counts the whole run
+        return {"tokens": self.tokens, "train_time": self.train_time, "wall_time": self.wall_time}
+
+    def load_state_dict(self, state: dict) -> None:  # checked by zoo.training.checkpoint first
         self.tokens, self.train_time = state["tokens"], state["train_time"]
+        self.earlier_wall_time = state.get("wall_time", 0.0)  # absent in checkpoints of older zoo versions
 
     def on_train_batch_start(self, trainer, module, batch, batch_idx):
         self._t0 = time.perf_counter()
@@ -114,7 +126,7 @@ class GracefulStop(L.Callback):
 
     def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
         if self.signal is not None and not trainer.should_stop:
-            trainer.save_checkpoint(self.checkpoint_path)
+            trainer.save_checkpoint(self.checkpoint_path, weights_only=False)  # the full state, said explicitly
             trainer.should_stop = True
 
     def on_train_end(self, trainer, module):
@@ -165,3 +177,67 @@ class StepProgressBar(TQDMProgressBar):
 
     def init_validation_tqdm(self) -> Tqdm:
         return Tqdm(disable=True)
+class HistoryWriter(ExperimentWriter):
+    """CSVLogger's writer, made to keep a run's history: it appends to metrics.csv instead of deleting it
+    (Lightning's writer deletes the file when it starts), and rewrites it only atomically (when a new
+    column appears). The runner trims the rows a resume will redo before training starts."""
+
+    def __init__(self, log_dir: str):
+        self.hparams = {}
+        self.metrics: list[dict] = []
+        self.log_dir = log_dir
+        self.metrics_file_path = os.path.join(log_dir, self.NAME_METRICS_FILE)
+        os.makedirs(log_dir, exist_ok=True)
+        self.metrics_keys = read_header(Path(self.metrics_file_path))
+
+    def save(self, sync: bool = False) -> None:
+        if not self.metrics:
+            return
+        path = Path(self.metrics_file_path)
+        keys = set().union(*self.metrics)
+        if not path.is_file() or not keys <= set(self.metrics_keys):
+            self.metrics_keys = sorted(set(self.metrics_keys) | keys)  # sorted, as Lightning's writer does
+            old = read_rows(path)
+
+            def write(f):
+                w = csv.DictWriter(f, fieldnames=self.metrics_keys)
+                w.writeheader()
+                w.writerows(old + self.metrics)
+
+            atomic_write(path, write)
+        else:
+            with path.open("a", newline="") as f:
+                csv.DictWriter(f, fieldnames=self.metrics_keys).writerows(self.metrics)
+                if sync:
+                    f.flush()
+                    os.fsync(f.fileno())
+        self.metrics = []
+
+
+def read_header(path: Path) -> list[str]:
+    if not path.is_file():
+        return []
+    with path.open(newline="") as f:
+        return next(csv.reader(f), [])
+
+
+def read_rows(path: Path) -> list[dict]:
+    """metrics.csv's complete rows: a last line cut by a kill (no newline at the end) is left out."""
+    if not path.is_file():
+        return []
+    text = path.read_text()
+    if text and not text.endswith("\n"):
+        text = text[: text.rfind("\n") + 1]
+    return list(csv.DictReader(text.splitlines()))
+
+
+class KeepHistory(L.Callback):
+    """Puts the metrics logged so far on disk before each checkpoint is written, so the rows up to a
+    checkpoint's step are never only in memory when the process is killed."""
+
+    def __init__(self, writers: list[HistoryWriter]):
+        self.writers = writers
+
+    def on_save_checkpoint(self, trainer, module, checkpoint):
+        for w in self.writers:
+            w.save(sync=True)

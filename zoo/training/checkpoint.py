@@ -6,6 +6,8 @@ pickled classes or `_target_` paths, so a checkpoint can only choose among the z
 
 from __future__ import annotations
 
+import logging
+import math
 import pickle
 import zipfile
 from pathlib import Path
@@ -18,12 +20,36 @@ from zoo.build import build_model
 from zoo.data.tokenizers import Tokenizer, tokenizer_from_state
 from zoo.io import atomic_write
 
+log = logging.getLogger(__name__)
+
 
 class AtomicCheckpointIO(TorchCheckpointIO):
-    """Lightning checkpoint IO that writes a temp file and renames it: never half a checkpoint."""
+    """Lightning checkpoint IO that writes a temp file and renames it: never half a checkpoint.
+
+    With `root` (the run's checkpoints/ directory) it also guards the run: a checkpoint is loaded
+    weights-only and passed through `sanitize` before Lightning restores anything from it, and only
+    checkpoint files directly inside `root` can be removed (Lightning deletes recursively whatever path
+    its callback state names)."""
+
+    def __init__(self, root: str | Path | None = None, sanitize=None):
+        super().__init__()
+        self.root = Path(root).resolve() if root is not None else None
+        self.sanitize = sanitize
 
     def save_checkpoint(self, checkpoint: dict, path, storage_options=None) -> None:
         atomic_write(path, lambda f: torch.save(checkpoint, f), mode="wb")
+
+    def load_checkpoint(self, path, map_location=None, weights_only=None) -> dict:
+        ckpt = read_checkpoint(path)  # always weights-only, whatever the caller asks
+        return self.sanitize(ckpt, path) if self.sanitize is not None else ckpt
+
+    def remove_checkpoint(self, path) -> None:
+        target = Path(str(path).removeprefix("local://")).absolute()
+        inside = self.root is None or (target.parent.resolve() == self.root and target.suffix == ".ckpt")
+        if not inside or target.is_dir():
+            log.warning("zoo: not removing '%s': only checkpoint files in the run's checkpoints/ are removed", path)
+            return
+        target.unlink(missing_ok=True)
 
 
 class CheckpointError(ValueError):
@@ -59,3 +85,87 @@ def load_checkpoint(path: str | Path) -> tuple[nn.Module, Tokenizer, dict]:
     model = build_model(cfg["model"])  # registry names only; unknown names fail with the valid list
     model.load_state_dict({k.removeprefix("model."): v for k, v in state.items() if k.startswith("model.")})
     return model.eval(), tokenizer, cfg
+
+
+# What a resume takes from a checkpoint besides zoo's own callback state. Everything else (other
+# callbacks' state, unknown keys) is dropped: a checkpoint is data from outside, not instructions.
+RESUME_KEYS = ("epoch", "global_step", "pytorch-lightning_version", "state_dict", "loops", "optimizer_states",
+               "lr_schedulers", "hparams_name", "hyper_parameters", "tokenizer", "rng_state",
+               "MixedPrecision", "native_amp_scaling_state")
+
+
+def _number(x, key: str, integer: bool = False) -> float | int:
+    if isinstance(x, torch.Tensor) and x.numel() == 1 and not x.is_complex():
+        x = x.item()
+    ok = isinstance(x, int) if integer else isinstance(x, (int, float))
+    if isinstance(x, bool) or not ok or not math.isfinite(x):
+        raise CheckpointError(f"checkpoint: callback state {key} must be a finite {'integer' if integer else 'number'}"
+                              f", got {type(x).__name__}")
+    return x
+
+
+def _metrics(d, key: str) -> dict:
+    """{name: number}; a `step` entry must be an integer."""
+    if not isinstance(d, dict) or not all(isinstance(k, str) for k in d):
+        raise CheckpointError(f"checkpoint: callback state {key} must map names to numbers")
+    return {k: _number(v, f"{key}.{k}", integer=k == "step") for k, v in d.items()}
+
+
+def check_throughput_state(state) -> dict:
+    if not isinstance(state, dict) or not {"tokens", "train_time"} <= set(state) or \
+            set(state) - {"tokens", "train_time", "wall_time"}:
+        raise CheckpointError("checkpoint: callback state Throughput must hold tokens, train_time (and wall_time)")
+    return {k: _number(v, f"Throughput.{k}", integer=k == "tokens") for k, v in state.items()}
+
+
+def check_best_metrics_state(state) -> dict:
+    if not isinstance(state, dict) or set(state) != {"final", "best", "history"}:
+        raise CheckpointError("checkpoint: callback state BestMetrics must hold final, best and history")
+    best, history = state["best"], state["history"]
+    if not isinstance(best, dict) or not all(isinstance(k, str) and isinstance(v, dict) and set(v) == {"value", "step"}
+                                             for k, v in best.items()):
+        raise CheckpointError("checkpoint: callback state BestMetrics.best must map names to {value, step}")
+    if not isinstance(history, list):
+        raise CheckpointError("checkpoint: callback state BestMetrics.history must be a list")
+    return {"final": _metrics(state["final"], "BestMetrics.final"),
+            "best": {k: _metrics(v, f"BestMetrics.best.{k}") for k, v in best.items()},
+            "history": [_metrics(h, f"BestMetrics.history[{i}]") for i, h in enumerate(history)]}
+
+
+def model_checkpoint_state(saved, callback) -> dict:
+    """ModelCheckpoint state rebuilt from one number: the best score, kept only if this run's best.ckpt
+    exists. Every path is this run's own (checkpoints/best.ckpt, last.ckpt); no path is read from the
+    checkpoint, so Lightning can never be told to replace or delete a file elsewhere."""
+    dirpath = Path(callback.dirpath)
+    best, last = dirpath / f"{callback.filename}.ckpt", dirpath / "last.ckpt"
+    score = saved.get("best_model_score") if isinstance(saved, dict) else None
+    if score is not None:
+        score = torch.tensor(float(_number(score, "ModelCheckpoint.best_model_score")))
+    if score is None or not best.is_file():
+        score = None
+    return {"monitor": callback.monitor, "dirpath": callback.dirpath, "best_model_score": score,
+            "best_model_path": str(best) if score is not None else "", "current_score": None,
+            "best_k_models": {str(best): score} if score is not None else {},
+            "kth_best_model_path": str(best) if score is not None else "",
+            "kth_value": score if score is not None else callback.kth_value,
+            "last_model_path": str(last) if last.is_file() else ""}
+
+
+def sanitize_for_resume(ckpt: dict, path, callbacks: dict, extra_keys: tuple[str, ...] = ()) -> dict:
+    """The part of a checkpoint a resume may use. `callbacks` maps a callback's state key to a function
+    that checks (or rebuilds) its state; any other callback state, and any key outside RESUME_KEYS and
+    `extra_keys`, is dropped."""
+    clean = {k: v for k, v in ckpt.items() if k in RESUME_KEYS or k in extra_keys}
+    saved = ckpt.get("callbacks") if isinstance(ckpt.get("callbacks"), dict) else {}
+    kept = {}
+    for key, check in callbacks.items():
+        if key not in saved:
+            continue
+        try:
+            state = check(saved.get(key))
+        except CheckpointError as e:
+            raise CheckpointError(f"{e} in '{path}'") from None
+        if state is not None:
+            kept[key] = state
+    clean["callbacks"] = kept
+    return clean

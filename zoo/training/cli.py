@@ -144,3 +144,19 @@ def check_keys(args: list[str], conf_dir: Path) -> str | None:
             if key not in given:
                 return f"{key}: required, not set; valid: {key}=<value> on the command line"
     return None
+
+
+def check_run_dir_free(args: list[str]) -> str | None:
+    """One-line error if `hydra.run.dir=<dir>` names a directory a live run holds, else None.
+
+    Checked before Hydra starts, because Hydra writes .hydra/ and its log into the directory first;
+    the run checks again (and takes the lock) itself."""
+    from zoo.io import busy_message, is_running, is_secondary_rank
+
+    if is_secondary_rank() or any(a in ("-m", "--multirun") for a in args):
+        return None  # a DDP worker runs in its first process's directory
+    for arg in args:
+        key, sep, value = arg.partition("=")
+        if key == "hydra.run.dir" and sep and is_running(value):
+            return busy_message(value)
+    return None

@@ -11,6 +11,7 @@ import json
 import logging
 import math
 import os
+import shutil
 import sys
 import time
 import traceback
@@ -24,16 +25,36 @@ from omegaconf.errors import MissingMandatoryValue
 
 from zoo.build import ConfigError, count_params, flatten_config, flops_per_token, resolve_config
 from zoo.data.corpus import DataError
-from zoo.io import atomic_write, atomic_write_json, atomic_write_text
+from zoo.io import (
+    atomic_write,
+    atomic_write_json,
+    atomic_write_text,
+    busy_message,
+    is_secondary_rank,
+    lock_run_dir,
+    remove_temp_files,
+)
 from zoo.training.callbacks import (
     BestMetrics,
     DivergenceGuard,
     EvaluateAtEnd,
     GracefulStop,
+    HistoryWriter,
+    KeepHistory,
     StepProgressBar,
     Throughput,
+    read_header,
+    read_rows,
 )
-from zoo.training.checkpoint import AtomicCheckpointIO, CheckpointError, read_checkpoint
+from zoo.training.checkpoint import (
+    AtomicCheckpointIO,
+    CheckpointError,
+    check_best_metrics_state,
+    check_throughput_state,
+    model_checkpoint_state,
+    read_checkpoint,
+    sanitize_for_resume,
+)
 from zoo.training.data import bits_per_char, build_data
 from zoo.training.module import ZooModule
 from zoo.training.objectives import higher_is_better
@@ -62,17 +83,62 @@ warnings.filterwarnings("ignore", message=".*does not have many workers.*")  # b
 EXIT_OK, EXIT_FAILED, EXIT_CONFIG, EXIT_DIVERGED, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
 
 
+# What a run writes into its directory: finding any of them there means the directory holds a run.
+RUN_FILES = ("config.yaml", "metrics.csv", "summary.json", "hparams.yaml", "checkpoints")
+
+
+class RunDirRefused(ConfigError):
+    """The run directory is busy or holds another run: refused before anything is written there."""
+
+
 def run(cfg: DictConfig, run_dir: str | Path | None = None) -> int:
-    """Train as `cfg` says, in `run_dir` (default: Hydra's output directory). Returns an exit code."""
+    """Train as `cfg` says, in `run_dir` (default: Hydra's output directory). Returns an exit code.
+
+    The run owns the directory (zoo.io.lock_run_dir) from before its first write until it returns."""
     start = time.perf_counter()
     run_dir = Path(run_dir or _hydra_output_dir())
     run_dir.mkdir(parents=True, exist_ok=True)
+    if is_secondary_rank():  # a DDP worker started by the first process, which owns the directory
+        return _run(cfg, run_dir, start, {"owner": False, "held_run": [], "training": False})
+    lock = lock_run_dir(run_dir)
+    if lock is None:
+        raise RunDirRefused(busy_message(run_dir))
+    state = {"owner": True, "held_run": [n for n in RUN_FILES if (run_dir / n).exists()], "training": False}
+    try:
+        return _run(cfg, run_dir, start, state)
+    except RunDirRefused:
+        raise
+    except Exception as e:
+        # A failed run leaves a summary (a sweep's report counts it), but never over an earlier run's
+        # record that this process did not start replacing.
+        if not state["held_run"] or state["training"]:
+            _write_failure(_error_message(e), run_dir)
+        raise
+    finally:
+        lock.close()  # releases the lock
+
+
+def _run(cfg: DictConfig, run_dir: Path, start: float, state: dict) -> int:
     plain = OmegaConf.to_container(cfg, resolve=True)
     _check_trainer_keys(plain["trainer"])
+    overwrite = plain.get("overwrite", False)
+    if not isinstance(overwrite, bool):
+        raise ConfigError(f"overwrite: must be true or false, got {overwrite!r}")
+    if state["held_run"] and plain.get("ckpt_path") is None and not overwrite:
+        raise RunDirRefused(f"overwrite: '{run_dir}' already holds a run ({', '.join(state['held_run'])}); "
+                            "valid: ckpt_path=last to resume it, overwrite=true to replace it, or another "
+                            "hydra.run.dir")
     data = _prepare(plain)  # raises ConfigError / DataError before any training
     if plain.get("threads"):  # e.g. 1 per run when a joblib sweep runs one run per core
         torch.set_num_threads(plain["threads"])
-    ckpt = _checkpoint_path(plain.get("ckpt_path"), run_dir, plain["model"])
+    ckpt, ckpt_step = _checkpoint_path(plain, run_dir, data)
+    if state["owner"]:
+        for directory in (run_dir, run_dir / "checkpoints"):  # temp files of writes cut short by a kill
+            remove_temp_files(directory)
+        if overwrite and plain.get("ckpt_path") is None:
+            _remove_run(run_dir)
+        if ckpt is not None:  # the rows after the checkpoint's step are redone; the earlier ones stay on disk
+            _trim_history(run_dir / "metrics.csv", ckpt_step)
     atomic_write_text(run_dir / "config.yaml", OmegaConf.to_yaml(OmegaConf.create(plain)))
 
     L.seed_everything(plain["seed"], workers=True, verbose=False)
@@ -84,15 +150,18 @@ def run(cfg: DictConfig, run_dir: str | Path | None = None) -> int:
     checkpoints = L.pytorch.callbacks.ModelCheckpoint(
         dirpath=run_dir / "checkpoints", filename="best", monitor="val_loss", mode="min", save_last=True,
         save_top_k=1, auto_insert_metric_name=False, enable_version_counter=False)
-    earlier_metrics = _metrics_before(run_dir / "metrics.csv", ckpt)  # the CSV logger starts a new file
     loggers = [instantiate_allowed(v, f"logger.{k}", save_dir=str(run_dir), **_wandb_naming(v))
                for k, v in (plain.get("logger") or {}).items()]
+    history = _keep_history(loggers)
     trainer_cfg = dict(plain["trainer"])
+    trusted = {throughput.state_key: check_throughput_state, best.state_key: check_best_metrics_state,
+               checkpoints.state_key: lambda saved: model_checkpoint_state(saved, checkpoints)}
     trainer = L.Trainer(
         **trainer_cfg, logger=loggers or False,
-        callbacks=[throughput, guard, best, stop, EvaluateAtEnd(), StepProgressBar(refresh_rate=10)]
+        callbacks=[throughput, guard, best, stop, history, EvaluateAtEnd(), StepProgressBar(refresh_rate=10)]
         + ([checkpoints] if trainer_cfg.get("enable_checkpointing", True) else []),  # debug=fast: none
-        plugins=[AtomicCheckpointIO()],
+        plugins=[AtomicCheckpointIO(run_dir / "checkpoints", lambda c, path: sanitize_for_resume(
+            c, path, trusted, extra_keys=(type(data).__qualname__,)))],
         num_sanity_val_steps=0, enable_model_summary=False, default_root_dir=run_dir,
         check_val_every_n_epoch=None, use_distributed_sampler=False,  # StepLoader shards batches itself
     )
@@ -101,7 +170,8 @@ def run(cfg: DictConfig, run_dir: str | Path | None = None) -> int:
     if trainer.is_global_zero:
         _print_banner(plain, data, trainer, run_dir, ckpt)
     status = "completed"
-    trainer.fit(module, datamodule=data, ckpt_path=ckpt)
+    state["training"] = True
+    trainer.fit(module, datamodule=data, ckpt_path=ckpt, weights_only=True)
     if trainer.interrupted or stop.signal is not None:
         status = "interrupted"
     if guard.step is not None:
@@ -112,9 +182,7 @@ def run(cfg: DictConfig, run_dir: str | Path | None = None) -> int:
     for lg in loggers:  # close wandb runs so an offline run's files (config, history) are complete
         if type(lg).__name__ == "WandbLogger":
             lg.experiment.finish()
-    if earlier_metrics and (run_dir / "metrics.csv").is_file():
-        _prepend_rows(run_dir / "metrics.csv", earlier_metrics)
-    summary = _summary(plain, data, trainer, throughput, best, status, guard.step, start)
+    summary = _summary(plain, data, trainer, throughput, best, status, guard.step)
     if trainer.is_global_zero:
         atomic_write_json(run_dir / "summary.json", summary)
         _print_result(summary, run_dir)
@@ -123,6 +191,27 @@ def run(cfg: DictConfig, run_dir: str | Path | None = None) -> int:
         if status == "completed" and plain["sample"]["max_new_tokens"] > 0:
             _print_sample(module, data, plain)
     return {"completed": EXIT_OK, "diverged": EXIT_DIVERGED}.get(status, EXIT_INTERRUPTED)
+
+
+def _remove_run(run_dir: Path) -> None:
+    """overwrite=true: the earlier run's files go (after this run's config was checked), .hydra/ stays."""
+    for name in (*RUN_FILES, "tb"):  # tb/: the tensorboard logger's events
+        path = run_dir / name
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+        else:
+            path.unlink(missing_ok=True)
+
+
+def _keep_history(loggers: list) -> KeepHistory:
+    """CSV loggers append to metrics.csv (Lightning's writer would delete it first) and flush before
+    every checkpoint."""
+    writers = []
+    for lg in loggers:
+        if isinstance(lg, L.pytorch.loggers.CSVLogger):
+            lg._experiment = HistoryWriter(lg.log_dir)  # set before Lightning creates its own writer
+            writers.append(lg._experiment)
+    return KeepHistory(writers)
 
 
 def _hydra_output_dir() -> str:
@@ -200,22 +289,74 @@ def match_params(model_cfg: dict, tolerance: float = 0.01) -> tuple[dict, dict]:
                      "params": params, "deviation": (params - target) / target}
 
 
-def _checkpoint_path(ckpt: str | None, run_dir: Path, model_cfg: dict) -> str | None:
-    """The checkpoint to resume from, checked: it loads safely and holds this run's architecture."""
+# Keys a resume may change: where output goes and how it is shown, never what is computed.
+RESUME_MAY_CHANGE = ("ckpt_path", "overwrite", "threads", "logger", "sample", "optimized_metric",
+                     "trainer.enable_progress_bar")
+
+
+def _checkpoint_path(plain: dict, run_dir: Path, data) -> tuple[str | None, int]:
+    """The checkpoint to resume from and its step, checked: it loads safely, holds this run's architecture
+    and was trained with this run's settings (all but RESUME_MAY_CHANGE)."""
+    ckpt = plain.get("ckpt_path")
     if ckpt is None:
-        return None
+        return None, 0
     path = run_dir / "checkpoints" / "last.ckpt" if ckpt == "last" else Path(ckpt)
     if not path.is_file():
         hint = " (ckpt_path=last looks in <run dir>/checkpoints; pass hydra.run.dir=<the run's dir>)" \
             if ckpt == "last" else ""
         raise ConfigError(f"ckpt_path: no checkpoint at '{path}'{hint}")
-    saved = read_checkpoint(path).get("hyper_parameters", {}).get("cfg", {}).get("model")
+    saved_ckpt = read_checkpoint(path)
+    saved_cfg = (saved_ckpt.get("hyper_parameters") or {}).get("cfg") or {}
+    ours, theirs = _result_settings(plain), _result_settings(saved_cfg)
+    for key in sorted(set(ours) | set(theirs)):
+        if ours.get(key, _MISSING) != theirs.get(key, _MISSING):
+            key = key if key in ours and key in theirs else _first_difference(key, plain, saved_cfg)
+            raise ConfigError(f"ckpt_path: '{path}' was trained with other settings ({key}: checkpoint "
+                              f"{_lookup(saved_cfg, key)!r}, this run {_lookup(plain, key)!r}); a resume "
+                              f"may change only {', '.join(RESUME_MAY_CHANGE)}")
+    saved, model_cfg = saved_cfg.get("model"), plain["model"]
     if saved != model_cfg:
         ours, theirs = flatten_config(model_cfg), flatten_config(saved or {})
         diff = next((k for k in ours if theirs.get(k) != ours[k]), "name")
         raise ConfigError(f"ckpt_path: '{path}' holds a different architecture (model.{diff}: checkpoint "
                           f"{theirs.get(diff)!r}, this run {ours.get(diff)!r})")
-    return str(path)
+    if saved_ckpt.get("tokenizer") not in (None, data.tokenizer.state_dict()):
+        raise ConfigError(f"ckpt_path: '{path}' was trained with another tokenizer (data: the text or its "
+                          "tokenizer changed since the checkpoint)")
+    step = saved_ckpt.get("global_step", 0)
+    return str(path), step if isinstance(step, int) else 0
+
+
+class _Missing:
+    def __repr__(self) -> str:
+        return "(not set)"
+
+
+_MISSING = _Missing()
+
+
+def _lookup(cfg: dict, key: str):
+    for part in key.split("."):
+        if not isinstance(cfg, dict) or part not in cfg:
+            return _MISSING
+        cfg = cfg[part]
+    return cfg
+
+
+def _first_difference(key: str, a: dict, b: dict) -> str:
+    """The shortest prefix of `key` where a and b part (budget: None vs budget: {...} -> budget)."""
+    parts = key.split(".")
+    for i in range(1, len(parts) + 1):
+        prefix = ".".join(parts[:i])
+        x, y = _lookup(a, prefix), _lookup(b, prefix)
+        if not (isinstance(x, dict) and isinstance(y, dict)):
+            return prefix
+    return key
+
+
+def _result_settings(cfg: dict) -> dict:
+    flat = flatten_config({k: v for k, v in cfg.items() if k != "model"})
+    return {k: v for k, v in flat.items() if not any(k == a or k.startswith(a + ".") for a in RESUME_MAY_CHANGE)}
 
 
 def _wandb_naming(logger_cfg: dict) -> dict:
@@ -233,29 +374,28 @@ def _wandb_naming(logger_cfg: dict) -> dict:
         return {}
 
 
-def _metrics_before(path: Path, ckpt: str | None) -> list[dict]:
-    """On resume, the metrics rows logged before the checkpoint's step (later ones are redone)."""
-    if ckpt is None or not path.is_file():
-        return []
-    step = read_checkpoint(ckpt).get("global_step", 0)
-    with path.open(newline="") as f:
-        return [row for row in csv.DictReader(f) if row.get("step") and int(row["step"]) < step]
-
-
-def _prepend_rows(path: Path, rows: list[dict]) -> None:
-    with path.open(newline="") as f:
-        new = list(csv.DictReader(f))
-    fields = list(dict.fromkeys([k for row in rows + new for k in row]))
+def _trim_history(path: Path, step: int) -> None:
+    """Keep metrics.csv's rows before the checkpoint's step (a resume logs the later ones again), rewritten
+    atomically: at every moment the file holds at least every row up to the checkpoint."""
+    if not path.is_file():
+        return
+    rows, header = read_rows(path), read_header(path)
+    if not header:  # an empty file: nothing to keep
+        path.unlink()
+        return
+    kept = [r for r in rows if r.get("step") and r["step"].isdigit() and int(r["step"]) < step]
+    if len(kept) == len(rows) and path.read_text().endswith("\n"):
+        return  # nothing to redo: leave the file as it is
 
     def write(f):
-        w = csv.DictWriter(f, fieldnames=fields)
+        w = csv.DictWriter(f, fieldnames=header)
         w.writeheader()
-        w.writerows(rows + new)
+        w.writerows(kept)
 
     atomic_write(path, write)
 
 
-def _summary(plain, data, trainer, throughput, best, status, diverged_step, start) -> dict:
+def _summary(plain, data, trainer, throughput, best, status, diverged_step) -> dict:
     m = plain["model"]
     final = {k: v for k, v in best.final.items() if k != "step"}
     if "val_loss" in final and not data.is_task and m["name"] == "decoder_only":  # per-token LM loss only
@@ -276,7 +416,7 @@ def _summary(plain, data, trainer, throughput, best, status, diverged_step, star
         "flops_per_token": flops_per_token(m, plain["data"].get("context") or data.required_len()),
         "steps": trainer.global_step,
         "tokens_seen": throughput.tokens,
-        "wall_time_s": time.perf_counter() - start,
+        "wall_time_s": throughput.wall_time,  # the whole run's, across resumes
         "train_time_s": throughput.train_time,
         "time_to_first_step_s": throughput.first_step_at,
         "tokens_per_second": throughput.tokens / max(throughput.train_time, 1e-9),
@@ -356,20 +496,22 @@ def main(cfg: DictConfig, run_dir: str | Path | None = None) -> int:
     """The body of train.py: run; bad input becomes one line and exit code 2, a crash a failed summary."""
     try:
         return run(cfg, run_dir)
-    except MissingMandatoryValue as e:  # a `???` key left unset (train.py reports it before this)
-        msg = f"{e.full_key}: required, not set; valid: {e.full_key}=<value> on the command line"
-        print(f"error: {msg}", file=sys.stderr, flush=True)
-        _write_failure(msg, run_dir)
+    except (ConfigError, DataError, CheckpointError, KeyError, MissingMandatoryValue) as e:  # run() wrote the summary
+        print(f"error: {_error_message(e)}", file=sys.stderr, flush=True)
         return EXIT_CONFIG
-    except (ConfigError, DataError, CheckpointError, KeyError) as e:
-        msg = str(e.args[0]) if isinstance(e, KeyError) and e.args else str(e)
-        print(f"error: {msg}", file=sys.stderr, flush=True)
-        _write_failure(msg, run_dir)
-        return EXIT_CONFIG
-    except Exception as e:
+    except Exception:
         traceback.print_exc()
-        _write_failure(f"{type(e).__name__}: {e}", run_dir)
         return EXIT_FAILED
+
+
+def _error_message(e: Exception) -> str:
+    if isinstance(e, MissingMandatoryValue):  # a `???` key left unset (train.py reports it before this)
+        return f"{e.full_key}: required, not set; valid: {e.full_key}=<value> on the command line"
+    if isinstance(e, (ConfigError, DataError, CheckpointError)):
+        return str(e)
+    if isinstance(e, KeyError):
+        return str(e.args[0]) if e.args else str(e)
+    return f"{type(e).__name__}: {e}"
 
 
 def final_metric(run_dir: str | Path, metric: str) -> float:
