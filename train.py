@@ -17,6 +17,7 @@ from omegaconf import DictConfig
 from zoo.training import final_metric
 from zoo.training import main as train
 from zoo.training.cli import check_group_choices, expand
+from zoo.training.safety import refuse_disallowed_targets
 
 CONF = Path(__file__).resolve().parent / "conf"
 
@@ -38,4 +39,5 @@ if __name__ == "__main__":
     if error := check_group_choices(sys.argv[1:], CONF):
         print(f"error: {error}", file=sys.stderr)
         sys.exit(2)
+    refuse_disallowed_targets(__file__)  # before Hydra instantiates hydra.callbacks, the launcher or the sweeper
     main()
