@@ -29,6 +29,7 @@ from zoo.training.checkpoint import AtomicCheckpointIO, CheckpointError, read_ch
 from zoo.training.data import bits_per_char, build_data
 from zoo.training.module import ZooModule
 from zoo.training.safety import instantiate_allowed
+from zoo.training.validate import check_memory, check_run
 
 
 class _QuietLightning(logging.Filter):
@@ -114,8 +115,10 @@ def _hydra_output_dir() -> str:
 def _prepare(plain: dict):
     """Validate the architecture, load data, then size the model from it (vocab, context)."""
     model_cfg = plain["model"]
-    resolve_config({**model_cfg, "vocab_size": model_cfg.get("vocab_size") or 1,
-                    "max_seq_len": model_cfg.get("max_seq_len") or 1})  # names and shapes, before any data
+    early = resolve_config({**model_cfg, "vocab_size": model_cfg.get("vocab_size") or 1,
+                            "max_seq_len": model_cfg.get("max_seq_len") or 1})  # names and shapes, before any data
+    check_run(plain)
+    check_memory(early, plain["trainer"])  # a lower bound (the vocabulary is not known yet), before any data
     trainer = plain["trainer"]
     if not isinstance(trainer.get("max_steps"), int) or trainer["max_steps"] <= 0:
         raise ConfigError(f"trainer.max_steps: must be a positive integer, got {trainer.get('max_steps')!r}")
@@ -141,6 +144,7 @@ def _prepare(plain: dict):
         raise ConfigError(f"budget: unknown '{budget}'; valid: params, null")
     if budget == "params":
         plain["model"], plain["budget"] = match_params(plain["model"])
+    check_memory(plain["model"], trainer)
     return data
 
 

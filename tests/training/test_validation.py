@@ -1,0 +1,113 @@
+"""Every value a user can type is refused in one line naming its key, exit code 2, before any data is
+loaded or weight allocated."""
+
+import pytest
+import torch
+
+import zoo.training.runner as runner
+from tests.training.conftest import TINY, TINY_TASK, compose_cfg
+from zoo.training.runner import main
+
+NO_GPU = not torch.cuda.is_available()
+
+BAD = [  # (overrides, the start of the one-line error after "error: ")
+    (["optim.lr=-0.001"], "optim.lr: got -0.001"),
+    (["optim.lr=nan"], "optim.lr: got nan"),
+    (["optim.lr=fast"], "optim.lr: got 'fast'"),
+    (["optim.lr=0"], "optim.lr: got 0"),
+    (["optim.min_lr=-1e-4"], "optim.min_lr: got -0.0001; valid: a number in [0, optim.lr=0.001]"),
+    (["optim.min_lr=0.01"], "optim.min_lr: got 0.01"),
+    (["optim.betas=[0.9,1.0]"], "optim.betas: got [0.9, 1.0]"),
+    (["optim.betas=[-0.1,0.9]"], "optim.betas: got [-0.1, 0.9]"),
+    (["optim.betas=[0.9]"], "optim.betas: got [0.9]"),
+    (["optim.betas=0.9"], "optim.betas: got 0.9"),
+    (["optim.warmup_steps=-5"], "optim.warmup_steps: got -5"),
+    (["optim.weight_decay=-0.1"], "optim.weight_decay: got -0.1"),
+    (["+optim.eps=0"], "optim.eps: got 0"),
+    (["seed=-1"], "seed: got -1"),
+    (["seed=1.5"], "seed: got 1.5"),
+    (["seed=abc"], "seed: got 'abc'"),
+    (["trainer.precision=8-bit"], "trainer.precision: got '8-bit'; valid: 32-true"),
+    (["trainer.precision=16-mixed"], "trainer.precision: '16-mixed' (float16) needs a GPU"),
+    pytest.param(["trainer=gpu"], "trainer.accelerator: 'gpu' but this machine has no CUDA GPU",
+                 marks=pytest.mark.skipif(not NO_GPU, reason="this machine has a GPU")),
+    pytest.param(["trainer.accelerator=cuda"], "trainer.accelerator: 'cuda' but this machine has no CUDA GPU",
+                 marks=pytest.mark.skipif(not NO_GPU, reason="this machine has a GPU")),
+    (["trainer.accelerator=quantum"], "trainer.accelerator: got 'quantum'"),
+    (["trainer.devices=0"], "trainer.devices: got 0"),
+    (["trainer.devices=-3"], "trainer.devices: got -3"),
+    (["trainer.devices=lots"], "trainer.devices: got 'lots'"),
+    (["trainer.devices=100000"], "trainer.devices: got 100000"),
+    (["trainer.devices=[0,1]"], "trainer.devices: got [0, 1]"),
+    (["trainer.val_check_interval=0"], "trainer.val_check_interval: got 0"),
+    (["trainer.val_check_interval=-10"], "trainer.val_check_interval: got -10"),
+    (["trainer.val_check_interval=1.5"], "trainer.val_check_interval: got 1.5"),
+    (["trainer.accumulate_grad_batches=0"], "trainer.accumulate_grad_batches: got 0"),
+    (["trainer.log_every_n_steps=0"], "trainer.log_every_n_steps: got 0"),
+    (["trainer.gradient_clip_val=-1"], "trainer.gradient_clip_val: got -1"),
+    (["data.eval_batches=0"], "data.eval_batches: got 0"),
+    (["data.tokenizer=bpe", "data.vocab_size=10"], "data.vocab_size: got 10"),
+    (["data=copy", "data.n_val=0"], "data.n_val: got 0"),
+    (["data=copy", "data.n_train=0"], "data.n_train: got 0"),
+    (["data=copy", "data.eval_examples=0"], "data.eval_examples: got 0"),
+    (["data=copy", "data.train_len=[5,2]"], "data.train_len: got [5, 2]"),
+    (["data=copy", "data.test_len=[0,3]"], "data.test_len: got [0, 3]"),
+    (["position=rope", "model.position.theta=0"], "model.position.theta: must be positive, got 0"),
+    (["position=rope", "model.position.theta=-1"], "model.position.theta: must be positive, got -1"),
+    (["position=sinusoidal", "model.position.base=0"], "model.position.base: must be positive, got 0"),
+    (["model.norm.eps=-1e-5"], "model.norm.eps: must be positive"),
+    (["model.norm.eps=tiny"], "model.norm.eps: must be positive, got 'tiny'"),
+    (["model.init_std=0"], "model.init_std: must be positive"),
+    (["model.init_std=x"], "model.init_std: must be positive, got 'x'"),
+    (["model.bias=5"], "model.bias: must be true or false, got 5"),
+    (["model.ffn.name=5"], "model.ffn.name: unknown ffn 5; valid: geglu"),
+    (["model.attention.name=[a]"], "model.attention.name: unknown attention ['a']; valid: gqa"),
+    (["model.norm.type={a: 1}"], "model.norm.type: unknown norm {'a': 1}"),
+    (["model.d_model=65536", "model.n_heads=1", "model.n_layers=64"], "model: 3,298,"),
+    (["sample.temperature=-1"], "sample.temperature: got -1"),
+    (["sample.temperature=hot"], "sample.temperature: got 'hot'"),
+    (["sample.max_new_tokens=-1"], "sample.max_new_tokens: got -1"),
+    (["sample.top_k=0"], "sample.top_k: got 0"),
+    (["+sample.top_p=0"], "sample.top_p: got 0"),
+    (["+sample.top_p=1.5"], "sample.top_p: got 1.5"),
+    (["sample.prompt=[1]"], "sample.prompt: got [1]"),
+]
+
+
+@pytest.mark.parametrize("overrides,error", BAD, ids=lambda x: " ".join(x) if isinstance(x, list) else "")
+def test_bad_value_is_one_line_exit_2_before_data(overrides, error, tmp_path, capsys, monkeypatch):
+    def no_data(*a, **k):
+        raise AssertionError("data was loaded before the bad value was refused")
+
+    monkeypatch.setattr(runner, "build_data", no_data)
+    task = any(o.startswith("data=copy") for o in overrides)
+    cfg = compose_cfg((TINY_TASK if task else TINY) + overrides)
+    code = main(cfg, tmp_path)
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and err.startswith(f"error: {error}") and "\n" not in err, err
+    assert "Traceback" not in err and not (tmp_path / "checkpoints").exists()
+
+
+def test_model_too_large_says_what_it_needs_and_what_there_is(tmp_path, capsys, monkeypatch):
+    import zoo.training.validate as validate
+
+    monkeypatch.setattr(validate, "available_memory", lambda trainer=None: (2**30, "available RAM"))
+    cfg = compose_cfg(TINY + ["model.d_model=1024", "model.n_heads=8", "model.n_layers=8"])  # ~100M params
+    assert main(cfg, tmp_path) == 2
+    err = capsys.readouterr().err.strip()
+    assert "need 1." in err and "GiB for weights, gradients and AdamW state, but there is 1.0 GiB available RAM" in err
+    assert "\n" not in err
+
+
+@pytest.mark.parametrize("overrides", [
+    ["trainer.precision=bf16-mixed"], ["trainer.val_check_interval=0.5"], ["optim.min_lr=0", "optim.warmup_steps=0"],
+    ["sample.temperature=0", "sample.top_k=null", "sample.max_new_tokens=0"], ["trainer.devices=auto"],
+    ["position=rope", "model.position.theta=500000.0"],
+])
+def test_valid_values_pass_the_checks(overrides):
+    from zoo.build import resolve_config
+    from zoo.training.validate import check_run
+
+    plain = runner.OmegaConf.to_container(compose_cfg(TINY + overrides), resolve=True)
+    check_run(plain)
+    resolve_config({**plain["model"], "vocab_size": 10, "max_seq_len": 16})
