@@ -14,7 +14,7 @@ import sys
 import torch
 
 from zoo.build import ConfigError
-from zoo.generate import generate
+from zoo.generate import generate, sampling_error
 from zoo.training.checkpoint import CheckpointError, load_checkpoint
 
 
@@ -31,17 +31,23 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--unknown", choices=["error", "skip"], default="error",
                    help="what to do with prompt characters the tokenizer never saw")
     args = p.parse_args(argv)
+    flags = {k: f"--{k.replace('_', '-')}" for k in ("max_new_tokens", "temperature", "top_k", "top_p", "num_samples")}
+    # Checked before the checkpoint is read: a bad flag costs nothing and says which flag.
+    if error := sampling_error(args.max_new_tokens, args.temperature, args.top_k, args.top_p, args.num_samples,
+                               flags):
+        print(f"error: {error}", file=sys.stderr)
+        return 2
     try:
         model, tok, cfg = load_checkpoint(args.checkpoint)
-        ids = tok.encode(args.prompt, errors="strict" if args.unknown == "error" else "replace")
+        try:
+            ids = tok.encode(args.prompt, errors="strict" if args.unknown == "error" else "replace")
+        except ValueError as e:  # prompt characters the tokenizer never saw
+            raise ValueError(f"{e} (or pass --unknown skip)") from None
         prompt = torch.tensor([ids or [tok.bos_id]] * args.num_samples)
         out = generate(model, prompt, args.max_new_tokens, args.temperature, args.top_k, args.top_p,
                        generator=torch.Generator().manual_seed(args.seed))
-    except (CheckpointError, ConfigError) as e:
+    except (CheckpointError, ConfigError, ValueError) as e:  # ValueError: e.g. past learned positions
         print(f"error: {e}", file=sys.stderr)
-        return 2
-    except ValueError as e:  # e.g. prompt characters the tokenizer never saw
-        print(f"error: {e} (or pass --unknown skip)", file=sys.stderr)
         return 2
     for row in out.tolist():
         print(tok.decode(row, skip_special=True))

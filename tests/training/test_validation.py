@@ -111,3 +111,134 @@ def test_valid_values_pass_the_checks(overrides):
     plain = runner.OmegaConf.to_container(compose_cfg(TINY + overrides), resolve=True)
     check_run(plain)
     resolve_config({**plain["model"], "vocab_size": 10, "max_seq_len": 16})
+
+
+# ---- checkpoints: weights that do not fit the architecture their config names ----------------------------
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    from zoo.training import run
+
+    run_dir = tmp_path_factory.mktemp("trained")
+    assert run(compose_cfg(TINY + ["logger=none", "sample.max_new_tokens=0"]), run_dir=run_dir) == 0
+    return run_dir / "checkpoints" / "last.ckpt"
+
+
+def _damaged(trained, tmp_path, damage):
+    ckpt = torch.load(trained, weights_only=True)
+    state = ckpt["state_dict"]
+    key = next(k for k, v in state.items() if k.startswith("model.") and v.dim() == 2)
+    if damage == "shape":
+        state[key] = torch.zeros(state[key].shape[0] + 1, state[key].shape[1])
+        expect = f"weight '{key}' has shape [{state[key].shape[0]}, {state[key].shape[1]}], its config's " \
+                 f"architecture needs [{state[key].shape[0] - 1}, {state[key].shape[1]}]"
+    elif damage == "missing":
+        del state[key]
+        expect = f"lacks weight '{key}'"
+    elif damage == "extra":
+        state["model.extra.weight"] = torch.zeros(3, 3)
+        expect = "weight 'model.extra.weight' (shape [3, 3]) is not part of its config's architecture"
+    else:  # a config that would allocate far more memory than there is
+        ckpt["hyper_parameters"]["cfg"]["model"].update(d_model=65536, n_heads=1, n_layers=64)
+        expect = "GiB for weights, but there is"
+    path = tmp_path / f"{damage}.ckpt"
+    torch.save(ckpt, path)
+    return path, expect
+
+
+DAMAGES = ["shape", "missing", "extra", "huge"]
+
+
+@pytest.mark.parametrize("damage", DAMAGES)
+def test_sample_refuses_a_checkpoint_that_does_not_fit(trained, tmp_path, capsys, damage):
+    from zoo.sample import main as sample_main
+
+    path, expect = _damaged(trained, tmp_path, damage)
+    assert sample_main([str(path), "--max-new-tokens", "3"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: checkpoint: ") and expect in err and "\n" not in err, err
+
+
+@pytest.mark.parametrize("damage", DAMAGES)
+def test_inspect_refuses_a_checkpoint_that_does_not_fit(trained, tmp_path, capsys, damage):
+    from zoo.inspect import main as inspect_main
+
+    path, expect = _damaged(trained, tmp_path, damage)
+    assert inspect_main(["--attention", str(path), "--text", "To be", "--out", str(tmp_path / "a.png")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: checkpoint: ") and expect in err and "\n" not in err, err
+    assert not (tmp_path / "a.png").exists()
+
+
+@pytest.mark.parametrize("damage", ["shape", "missing", "extra"])
+def test_resume_refuses_a_checkpoint_that_does_not_fit(trained, tmp_path, capsys, damage):
+    path, expect = _damaged(trained, tmp_path, damage)
+    assert main(compose_cfg(TINY + ["logger=none", f"ckpt_path={path}"]), tmp_path / "run") == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: checkpoint: ") and expect in err and "\n" not in err, err
+    assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+def test_checkpoint_with_a_non_text_component_name_is_one_line(trained, tmp_path, capsys):
+    from zoo.inspect import main as inspect_main
+
+    ckpt = torch.load(trained, weights_only=True)
+    ckpt["hyper_parameters"]["cfg"]["model"]["ffn"]["name"] = ["gelu"]
+    torch.save(ckpt, tmp_path / "odd.ckpt")
+    assert inspect_main(["--attention", str(tmp_path / "odd.ckpt"), "--text", "To be"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "model.ffn.name: unknown ffn ['gelu']; valid:" in err and "\n" not in err, err
+
+
+# ---- sampling settings: generate(), python -m zoo.sample ----------------------------------------------------
+
+@pytest.mark.parametrize("flags,error", [
+    (["--temperature", "-1"], "--temperature: got -1.0; valid: a finite number >= 0"),
+    (["--temperature", "nan"], "--temperature: got nan"),
+    (["--max-new-tokens", "-5"], "--max-new-tokens: got -5; valid: an integer >= 0"),
+    (["--top-p", "0"], "--top-p: got 0.0; valid: a number in (0, 1]"),
+    (["--top-p", "1.5"], "--top-p: got 1.5"),
+    (["--top-k", "0"], "--top-k: got 0; valid: an integer >= 1"),
+    (["--top-k", "-3"], "--top-k: got -3"),
+    (["--num-samples", "0"], "--num-samples: got 0; valid: an integer >= 1"),
+    (["--num-samples", "-2"], "--num-samples: got -2"),
+])
+def test_sample_flags_are_checked_before_the_checkpoint_is_read(flags, error, tmp_path, capsys):
+    from zoo.sample import main as sample_main
+
+    assert sample_main([str(tmp_path / "not-read.ckpt"), *flags]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == f"error: {error}" or (err.startswith(f"error: {error}") and "\n" not in err), err
+
+
+@pytest.mark.parametrize("kwargs,error", [
+    ({"temperature": -0.5}, "temperature: got -0.5"),
+    ({"max_new_tokens": -1}, "max_new_tokens: got -1"),
+    ({"top_p": 0.0}, "top_p: got 0.0"),
+    ({"top_p": 2.0}, "top_p: got 2.0"),
+    ({"top_k": 0}, "top_k: got 0"),
+])
+def test_generate_refuses_bad_sampling_settings(kwargs, error):
+    from tests.conftest import tiny_cfg
+    from zoo.build import build_model
+    from zoo.generate import generate
+
+    model = build_model(tiny_cfg())
+    args = {"max_new_tokens": 3, "temperature": 1.0, **kwargs}
+    with pytest.raises(ValueError, match=f"^{error.replace('(', '[(]')}"):
+        generate(model, torch.zeros(1, 2, dtype=torch.long), **args)
+
+
+# ---- an unwritable tokenizer cache is a warning, never an error ------------------------------------------------
+
+def test_unwritable_tokenizer_cache_warns_in_one_line_and_goes_on(tmp_path, capsys):
+    from zoo.data.tokenizers import cached_bpe
+
+    blocker = tmp_path / "not-a-folder"
+    blocker.write_text("a file where the cache folder should be")
+    text = "to be or not to be, that is the question " * 40
+    tok = cached_bpe(text, blocker / "cache.bpe.json", vocab_size=300)
+    assert tok.decode(tok.encode("to be")) == "to be"
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("warning: tokenizer cache: cannot write") and "\n" not in err, err
+    assert blocker.read_text() == "a file where the cache folder should be"

@@ -25,7 +25,7 @@ from zoo.data.corpus import DataError
 from zoo.io import atomic_write, atomic_write_json, atomic_write_text
 from zoo.report import higher_is_better
 from zoo.training.callbacks import BestMetrics, DivergenceGuard, GracefulStop, Throughput
-from zoo.training.checkpoint import AtomicCheckpointIO, CheckpointError, read_checkpoint
+from zoo.training.checkpoint import AtomicCheckpointIO, CheckpointError, check_weights, read_checkpoint
 from zoo.training.data import bits_per_char, build_data
 from zoo.training.module import ZooModule
 from zoo.training.safety import instantiate_allowed
@@ -180,12 +180,14 @@ def _checkpoint_path(ckpt: str | None, run_dir: Path, model_cfg: dict) -> str | 
         hint = " (ckpt_path=last looks in <run dir>/checkpoints; pass hydra.run.dir=<the run's dir>)" \
             if ckpt == "last" else ""
         raise ConfigError(f"ckpt_path: no checkpoint at '{path}'{hint}")
-    saved = read_checkpoint(path).get("hyper_parameters", {}).get("cfg", {}).get("model")
+    stored = read_checkpoint(path)
+    saved = stored.get("hyper_parameters", {}).get("cfg", {}).get("model")
     if saved != model_cfg:
         ours, theirs = flatten_config(model_cfg), flatten_config(saved or {})
         diff = next((k for k in ours if theirs.get(k) != ours[k]), "name")
         raise ConfigError(f"ckpt_path: '{path}' holds a different architecture (model.{diff}: checkpoint "
                           f"{theirs.get(diff)!r}, this run {ours.get(diff)!r})")
+    check_weights(stored.get("state_dict"), saved, path)  # weights that fit the architecture it names
     return str(path)
 
 

@@ -152,23 +152,16 @@ def check_data(data: dict) -> None:
         _int_at_least("data.vocab_size", data.get("vocab_size"), BPETokenizer.MIN_VOCAB)  # specials + 256 bytes
 
 
-def check_sample(sample: dict, key: str = "sample") -> None:
-    """The sampling settings of a run's config (also used for generate()'s arguments)."""
+def check_sample(sample: dict) -> None:
+    """The config's sample.* keys: what the run prints after training."""
+    from zoo.generate import sampling_error
+
     if not isinstance(sample.get("prompt", ""), str):
-        _fail(f"{key}.prompt", sample.get("prompt"), "text")
-    check_sampling(sample.get("max_new_tokens", 0), sample.get("temperature", 1.0), sample.get("top_k"),
-                   sample.get("top_p"), prefix=f"{key}.")
-
-
-def check_sampling(max_new_tokens: Any, temperature: Any, top_k: Any = None, top_p: Any = None,
-                   num_samples: Any = 1, prefix: str = "") -> None:
-    _int_at_least(f"{prefix}max_new_tokens", max_new_tokens, 0)
-    if not _is_number(temperature) or temperature < 0:  # a negative one inverts the distribution
-        _fail(f"{prefix}temperature", temperature, "a finite number >= 0 (0 = greedy)")
-    _optional_int_at_least(f"{prefix}top_k", top_k, 1)
-    if top_p is not None and (not _is_number(top_p) or not 0 < top_p <= 1):
-        _fail(f"{prefix}top_p", top_p, "a number in (0, 1], or null")
-    _int_at_least(f"{prefix}num_samples", num_samples, 1)
+        _fail("sample.prompt", sample.get("prompt"), "text")
+    keys = ("max_new_tokens", "temperature", "top_k", "top_p")
+    if error := sampling_error(sample.get("max_new_tokens", 0), sample.get("temperature", 1.0), sample.get("top_k"),
+                               sample.get("top_p"), names={k: f"sample.{k}" for k in keys}):
+        raise ConfigError(error)
 
 
 def available_memory(trainer: dict | None = None) -> tuple[int, str]:
