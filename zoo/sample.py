@@ -8,18 +8,18 @@ Characters the tokenizer never saw are an error by default (one line naming them
 
 from __future__ import annotations
 
-import argparse
 import sys
 
 import torch
 
 from zoo.build import ConfigError
 from zoo.generate import generate, sampling_error
+from zoo.inspect import OneLineParser
 from zoo.training.checkpoint import CheckpointError, load_checkpoint
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m zoo.sample", description=__doc__.split("\n")[0])
+    p = OneLineParser(prog="python -m zoo.sample", description=__doc__.split("\n")[0])
     p.add_argument("checkpoint")
     p.add_argument("--prompt", default="\n")
     p.add_argument("--max-new-tokens", type=int, default=200)

@@ -64,6 +64,16 @@ BAD = [  # (overrides, the start of the one-line error after "error: ")
     (["model.attention.name=[a]"], "model.attention.name: unknown attention ['a']; valid: gqa"),
     (["model.norm.type={a: 1}"], "model.norm.type: unknown norm {'a': 1}"),
     (["model.d_model=65536", "model.n_heads=1", "model.n_layers=64"], "model: 3,298,"),
+    (["data.val_fraction=abc"], "data.val_fraction: got 'abc'"),
+    (["data.path=5"], "data.path: got 5"),
+    (["ckpt_path=5"], "ckpt_path: got 5"),
+    (["compile=abc"], "compile: got 'abc'; valid: true or false"),
+    (["trainer.deterministic=abc"], "trainer.deterministic: got 'abc'"),
+    (["trainer.strategy=foo"], "trainer.strategy: got 'foo'; valid: auto, ddp"),
+    (["+trainer.foo=1"], "trainer.foo: is not a Trainer argument; valid: "),
+    (["+trainer.callbacks=[]"], "trainer.callbacks: is set by the run itself"),
+    (["optim=5"], "optim: got 5"),
+    (["sample=5"], "sample: got 5"),
     (["sample.temperature=-1"], "sample.temperature: got -1"),
     (["sample.temperature=hot"], "sample.temperature: got 'hot'"),
     (["sample.max_new_tokens=-1"], "sample.max_new_tokens: got -1"),
@@ -242,3 +252,37 @@ def test_unwritable_tokenizer_cache_warns_in_one_line_and_goes_on(tmp_path, caps
     err = capsys.readouterr().err.strip()
     assert err.startswith("warning: tokenizer cache: cannot write") and "\n" not in err, err
     assert blocker.read_text() == "a file where the cache folder should be"
+
+
+# ---- python -m zoo.inspect / zoo.sample: every error one line, exit 2 -----------------------------------------
+
+@pytest.mark.parametrize("argv,error", [
+    (["data.context=abc"], "data.context: must be a positive integer, got 'abc'"),
+    (["data=copy", "data.test_len=abc"], "data.test_len: got 'abc'"),
+    (["data.tokenizer=5"], "data.tokenizer: unknown 5"),
+    (["model.ffn.name=5"], "model.ffn.name: unknown ffn 5"),
+    (["position=rope", "model.position.theta=0"], "model.position.theta: must be positive"),
+    (["--bogus"], "unrecognized arguments: --bogus; see python -m zoo.inspect --help"),
+])
+def test_inspect_errors_are_one_line(argv, error, capsys):
+    from zoo.inspect import main as inspect_main
+
+    try:
+        code = inspect_main(argv)
+    except SystemExit as e:  # argparse
+        code = e.code
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and err.startswith(f"error: {error}") and "\n" not in err, err
+
+
+@pytest.mark.parametrize("argv,error", [
+    (["x.ckpt", "--temperature", "hot"], "argument --temperature: invalid float value: 'hot'"),
+    ([], "the following arguments are required: checkpoint"),
+])
+def test_sample_usage_errors_are_one_line(argv, error, capsys):
+    from zoo.sample import main as sample_main
+
+    with pytest.raises(SystemExit) as e:
+        sample_main(argv)
+    err = capsys.readouterr().err.strip()
+    assert e.value.code == 2 and err.startswith(f"error: {error}") and "\n" not in err, err

@@ -114,10 +114,10 @@ def _hydra_output_dir() -> str:
 
 def _prepare(plain: dict):
     """Validate the architecture, load data, then size the model from it (vocab, context)."""
+    check_run(plain)
     model_cfg = plain["model"]
     early = resolve_config({**model_cfg, "vocab_size": model_cfg.get("vocab_size") or 1,
                             "max_seq_len": model_cfg.get("max_seq_len") or 1})  # names and shapes, before any data
-    check_run(plain)
     check_memory(early, plain["trainer"])  # a lower bound (the vocabulary is not known yet), before any data
     trainer = plain["trainer"]
     if not isinstance(trainer.get("max_steps"), int) or trainer["max_steps"] <= 0:

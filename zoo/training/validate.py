@@ -76,7 +76,32 @@ def _on_gpu(trainer: dict) -> bool:
     return acc in ("gpu", "cuda") or (acc == "auto" and _cuda_count() > 0)
 
 
+# Trainer arguments the run sets itself (zoo.training.runner.run): a config cannot set them too.
+RUN_SETS = ("logger", "callbacks", "plugins", "num_sanity_val_steps", "enable_model_summary", "default_root_dir",
+            "check_val_every_n_epoch", "use_distributed_sampler")
+
+
 def check_trainer(trainer: dict) -> None:
+    import inspect
+
+    import lightning as L
+
+    params = sorted(set(inspect.signature(L.Trainer.__init__).parameters) - {"self"} - set(RUN_SETS))
+    for key in trainer:
+        if key not in params:
+            what = "is set by the run itself" if key in RUN_SETS else "is not a Trainer argument"
+            raise ConfigError(f"trainer.{key}: {what}; valid: {', '.join(params)}")
+    strategy = trainer.get("strategy", "auto")
+    if isinstance(strategy, str):
+        from lightning.pytorch.strategies import StrategyRegistry
+
+        valid = ["auto", "ddp", "ddp_spawn", "fsdp", "deepspeed", *StrategyRegistry.available_strategies()]
+        if strategy not in valid:
+            _fail("trainer.strategy", strategy, ", ".join(dict.fromkeys(valid)))
+    else:
+        _fail("trainer.strategy", strategy, "a strategy name, e.g. auto, ddp, fsdp")
+    if trainer.get("deterministic", False) not in (True, False, "warn"):
+        _fail("trainer.deterministic", trainer.get("deterministic"), "true, false or warn")
     precision = trainer.get("precision", "32-true")
     if precision not in PRECISIONS:
         _fail("trainer.precision", precision, ", ".join(dict.fromkeys(str(p) for p in PRECISIONS)))
@@ -133,6 +158,11 @@ def _check_devices(devices: Any, available: int, on_gpu: bool) -> None:
 
 def check_data(data: dict) -> None:
     kind = data.get("kind")
+    if data.get("path") is not None and not isinstance(data["path"], str):
+        _fail("data.path", data["path"], "a file path, or null for the embedded corpus")
+    fraction = data.get("val_fraction", 0.1)
+    if not _is_number(fraction):  # the range is checked where the text is split
+        _fail("data.val_fraction", fraction, "a number between 0 and 1 (exclusive)")
     if kind == "task":
         _int_at_least("data.n_train", data.get("n_train"), 1)
         for key in ("n_val", "n_test", "eval_examples"):
@@ -207,7 +237,15 @@ def check_memory(model_cfg: dict, trainer: dict | None = None, training: bool = 
 
 def check_run(plain: dict) -> None:
     """Every value of a run config that the architecture check does not cover, in config order."""
+    for section in ("model", "data", "trainer", "optim", "sample"):
+        if not isinstance(plain.get(section), dict):
+            _fail(section, plain.get(section), f"a mapping of {section} settings (see conf/config.yaml)")
     check_seed(plain.get("seed"))
+    if not isinstance(plain.get("compile", False), bool):
+        _fail("compile", plain.get("compile"), "true or false")
+    ckpt = plain.get("ckpt_path")
+    if ckpt is not None and not isinstance(ckpt, str):
+        _fail("ckpt_path", ckpt, "a .ckpt path, last, or null")
     check_optim(plain.get("optim") or {})
     check_trainer(plain.get("trainer") or {})
     check_data(plain.get("data") or {})
