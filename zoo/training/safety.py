@@ -11,8 +11,6 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from zoo.build import ConfigError
-
 # Exact dotted paths, no prefixes: a prefix such as "zoo." also admits whatever a zoo module imports
 # (zoo.report.np.savez writes files). To allow another class, add its full path to the right group below.
 ALLOWED_TARGETS: tuple[str, ...] = (
@@ -61,6 +59,8 @@ LOGGING_SECTIONS = ("hydra.job_logging", "hydra.hydra_logging")
 
 
 def check_target(target: Any, key: str = "_target_") -> None:
+    from zoo.build import ConfigError  # imported here: train.py's --help must not wait for torch
+
     if not isinstance(target, str) or target not in ALLOWED_TARGETS:
         raise ConfigError(f"{key}: '{target}' is not allowed; valid: a class listed in zoo.training.safety."
                           "ALLOWED_TARGETS (Lightning loggers and callbacks, Hydra launchers and sweepers, "
@@ -69,6 +69,8 @@ def check_target(target: Any, key: str = "_target_") -> None:
 
 def check_targets(node: Any, path: str = "") -> None:
     """Raise ConfigError at the first `_target_` (anywhere in `node`) or logging class that is not allowed."""
+    from zoo.build import ConfigError
+
     logging_section = path.startswith(LOGGING_SECTIONS)
     if isinstance(node, dict):
         for k, v in node.items():
@@ -110,6 +112,8 @@ def check_argv(argv: list[str], app_file: str, config_path: str = "conf", config
     from hydra.types import RunMode
     from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
+
+    from zoo.build import ConfigError
 
     try:
         args = get_args_parser().parse_args(argv)
