@@ -72,6 +72,12 @@ def test_check_argv_refuses(argv, key):
     assert error is not None and error.startswith(f"{key}: ") and "is not allowed" in error, error
 
 
+def test_experimental_rerun_is_refused(tmp_path):
+    """Hydra's --experimental-rerun unpickles a config file and runs it, past any check."""
+    error = check_argv(["--experimental-rerun", str(tmp_path / "config.pickle")], TRAIN)
+    assert error is not None and error.startswith("--experimental-rerun: not supported"), error
+
+
 def test_check_argv_composes_each_swept_group_choice(tmp_path):
     """A sweep over a group whose option (from --config-dir) carries a hydra callback."""
     (tmp_path / "experiment").mkdir()
@@ -87,6 +93,16 @@ def test_check_argv_refuses_a_logging_factory_from_a_yaml(tmp_path):
                                         "    handlers:\n      x:\n        (): builtins.open\n")
     error = check_argv(["--config-dir", str(tmp_path), "--config-name", "mine"], TRAIN)
     assert error is not None and error.startswith("hydra.job_logging.handlers.x.(): 'builtins.open'"), error
+
+
+def test_check_argv_composes_each_group_choice_of_the_sweepers_params(tmp_path):
+    (tmp_path / "experiment").mkdir()
+    (tmp_path / "experiment" / "evil.yaml").write_text(
+        "# @package _global_\nhydra:\n  job_logging:\n    handlers:\n      x:\n        class: logging.os.system\n")
+    (tmp_path / "mine.yaml").write_text("defaults:\n  - config\n  - _self_\nhydra:\n  sweeper:\n    params:\n"
+                                        "      experiment: nanogpt_cpu,evil\n")
+    error = check_argv(["-m", "--config-dir", str(tmp_path), "--config-name", "mine"], TRAIN)
+    assert error is not None and error.startswith("hydra.job_logging.handlers.x.class: 'logging.os.system'"), error
 
 
 @pytest.mark.parametrize("argv", [

@@ -121,6 +121,9 @@ def check_argv(argv: list[str], app_file: str, config_path: str = "conf", config
         return None
     if args.help or args.hydra_help or args.cfg or args.info or args.shell_completion:
         return None
+    if args.experimental_rerun is not None:  # it unpickles a saved config and runs it: nothing could check it
+        return ("--experimental-rerun: not supported (it unpickles a config, which could run any code); "
+                "valid: rerun with the overrides saved in <run dir>/.hydra/overrides.yaml")
     from hydra._internal.hydra import Hydra
 
     overrides = list(args.overrides)
@@ -150,10 +153,14 @@ def check_argv(argv: list[str], app_file: str, config_path: str = "conf", config
                                    from_shell=True, validate_sweep_overrides=False)
         check_targets(OmegaConf.to_container(cfg, resolve=False))
         if args.multirun or cfg.hydra.mode == RunMode.MULTIRUN:
-            # Each choice of a swept group may carry its own targets: one config per choice.
+            # Each choice of a swept group (on the command line or in hydra.sweeper.params, as the study
+            # presets do) may carry its own targets, and each job configures logging from its own config:
+            # one config per choice.
             first = [o.input_line if not o.is_sweep_override() else f"{o.get_key_element()}={_sweep_values(o)[0]}"
                      for o in parsed]
-            for i, o in enumerate(parsed):
+            params = OmegaConf.to_container(cfg.hydra.sweeper, resolve=False).get("params") or {}
+            in_config = OverridesParser.create().parse_overrides([f"{k}={v}" for k, v in params.items()])
+            for i, o in enumerate(parsed + in_config):
                 if o.is_sweep_override() and hydra.config_loader.repository.group_exists(o.key_or_group):
                     for v in _sweep_values(o):
                         over = first[:i] + [f"{o.get_key_element()}={v}"] + first[i + 1:]

@@ -12,7 +12,7 @@ from typing import Any
 
 from zoo.build import ConfigError
 
-PRECISIONS = ("32-true", "32", 32, "bf16-mixed", "bf16", "16-mixed", "16", 16, "bf16-true", "16-true",
+PRECISIONS = (None, "32-true", "32", 32, "bf16-mixed", "bf16", "16-mixed", "16", 16, "bf16-true", "16-true",
               "64-true", "64", 64)
 ACCELERATORS = ("auto", "cpu", "gpu", "cuda", "mps")
 BYTES_PER_PARAM = {"64-true": 8, "64": 8, 64: 8, "bf16-true": 2, "16-true": 2}  # else float32 weights (4)
@@ -104,7 +104,7 @@ def check_trainer(trainer: dict) -> None:
         _fail("trainer.deterministic", trainer.get("deterministic"), "true, false or warn")
     precision = trainer.get("precision", "32-true")
     if precision not in PRECISIONS:
-        _fail("trainer.precision", precision, ", ".join(dict.fromkeys(str(p) for p in PRECISIONS)))
+        _fail("trainer.precision", precision, ", ".join(dict.fromkeys(str(p) for p in PRECISIONS if p)) + ", null")
     acc = trainer.get("accelerator", "auto")
     if acc not in ACCELERATORS:
         _fail("trainer.accelerator", acc, ", ".join(ACCELERATORS))
