@@ -160,13 +160,18 @@ def check_argv(argv: list[str], app_file: str, config_path: str = "conf", config
                      for o in parsed]
             params = OmegaConf.to_container(cfg.hydra.sweeper, resolve=False).get("params") or {}
             in_config = OverridesParser.create().parse_overrides([f"{k}={v}" for k, v in params.items()])
-            for i, o in enumerate(parsed + in_config):
-                if o.is_sweep_override() and hydra.config_loader.repository.group_exists(o.key_or_group):
-                    for v in _sweep_values(o):
-                        over = first[:i] + [f"{o.get_key_element()}={v}"] + first[i + 1:]
-                        cfg = hydra.compose_config(name, over, run_mode=RunMode.RUN, with_log_configuration=False,
+            for o in parsed + in_config:
+                if not (o.is_sweep_override() and hydra.config_loader.repository.group_exists(o.key_or_group)):
+                    continue
+                others = [f for f, p in zip(first, parsed, strict=True) if p.key_or_group != o.key_or_group]
+                for v in _sweep_values(o):
+                    try:
+                        cfg = hydra.compose_config(name, [*others, f"{o.get_key_element()}={v}"],
+                                                   run_mode=RunMode.RUN, with_log_configuration=False,
                                                    from_shell=True)
-                        check_targets(OmegaConf.to_container(cfg, resolve=False))
+                    except (HydraException, OmegaConfBaseException):
+                        continue  # a choice that does not compose fails its own job, before it runs
+                    check_targets(OmegaConf.to_container(cfg, resolve=False))
     except ConfigError as e:
         return str(e)
     except (HydraException, OmegaConfBaseException, OSError, ValueError):
