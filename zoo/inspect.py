@@ -323,8 +323,11 @@ def attention_figure(checkpoint: str | Path, text: str, out: str | Path, max_lab
                  "weight 0 (dark) to 1 (yellow)", fontsize=9)
     fig.tight_layout()
     out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write(out, lambda f: fig.savefig(f, format="png"), mode="wb")
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write(out, lambda f: fig.savefig(f, format="png"), mode="wb")
+    except OSError as e:
+        raise InspectError(f"--out: cannot write '{out}' ({e.strerror or type(e).__name__})") from None
     return out
 
 

@@ -189,6 +189,16 @@ def test_resume_refuses_a_checkpoint_that_does_not_fit(trained, tmp_path, capsys
     assert not (tmp_path / "run" / "checkpoints").exists()
 
 
+def test_inspect_unwritable_out_is_one_line(trained, tmp_path, capsys):
+    from zoo.inspect import main as inspect_main
+
+    (tmp_path / "file").write_text("not a folder")
+    out = str(tmp_path / "file" / "a.png")
+    assert inspect_main(["--attention", str(trained), "--text", "To be", "--out", out]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: --out: cannot write") and "\n" not in err, err
+
+
 def test_checkpoint_with_a_non_text_component_name_is_one_line(trained, tmp_path, capsys):
     from zoo.inspect import main as inspect_main
 
