@@ -37,7 +37,6 @@ BAD = [  # (overrides, the start of the one-line error after "error: ")
     (["trainer.devices=0"], "trainer.devices: got 0"),
     (["trainer.devices=-3"], "trainer.devices: got -3"),
     (["trainer.devices=lots"], "trainer.devices: got 'lots'"),
-    (["trainer.devices=100000"], "trainer.devices: got 100000"),
     (["trainer.devices=[0,1]"], "trainer.devices: got [0, 1]"),
     (["trainer.val_check_interval=0"], "trainer.val_check_interval: got 0"),
     (["trainer.val_check_interval=-10"], "trainer.val_check_interval: got -10"),

@@ -7,7 +7,6 @@ The architecture's own values are checked in zoo.build.resolve_config; data file
 from __future__ import annotations
 
 import math
-import os
 from typing import Any
 
 from zoo.build import ConfigError
@@ -121,7 +120,7 @@ def check_trainer(trainer: dict) -> None:
     if not on_gpu and precision in ("16-mixed", "16", 16, "16-true"):
         raise ConfigError(f"trainer.precision: {precision!r} (float16) needs a GPU; valid on CPU: 32-true, "
                           "bf16-mixed, bf16-true, 64-true")
-    _check_devices(trainer.get("devices", "auto"), gpus if on_gpu else os.cpu_count() or 1, on_gpu)
+    _check_devices(trainer.get("devices", "auto"), gpus if on_gpu else None, on_gpu)
     interval = trainer.get("val_check_interval")
     if interval is not None and not ((_is_int(interval) and interval > 0)
                                      or (_is_number(interval) and 0 < interval <= 1)):
@@ -133,9 +132,13 @@ def check_trainer(trainer: dict) -> None:
         _fail("trainer.gradient_clip_val", clip, "a finite number >= 0, or null")
 
 
-def _check_devices(devices: Any, available: int, on_gpu: bool) -> None:
-    what = f"{available} {'GPU' if on_gpu else 'CPU core'}{'s' if available != 1 else ''} here"
-    valid = f"auto, -1 (all), a count 1..{available}, or a list of device indices ({what})"
+def _check_devices(devices: Any, available: int | None, on_gpu: bool) -> None:
+    """available: the GPUs there are; None on CPU, where a count is that many processes (trainer=ddp)."""
+    if on_gpu:
+        valid = f"auto, -1 (all), a count 1..{available}, or a list of GPU indices ({available} here)"
+    else:
+        valid = "auto, -1, or a count of processes >= 1 (on CPU)"
+    available = available if available is not None else 1 << 30
     if devices in ("auto", -1, "-1"):
         return
     value = devices
@@ -148,10 +151,10 @@ def _check_devices(devices: Any, available: int, on_gpu: bool) -> None:
         if not 1 <= value <= available:
             _fail("trainer.devices", devices, valid)
     elif isinstance(value, (list, tuple)):
-        if not value or not all(_is_int(i) and 0 <= i < (available if on_gpu else 1 << 30) for i in value):
+        if not value or not all(_is_int(i) and 0 <= i < available for i in value):
             _fail("trainer.devices", devices, valid)
         if not on_gpu:  # Lightning's CPU accelerator takes a count only
-            _fail("trainer.devices", devices, f"a count on CPU ({valid})")
+            _fail("trainer.devices", devices, valid)
     else:
         _fail("trainer.devices", devices, valid)
 
