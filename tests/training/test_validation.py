@@ -295,3 +295,16 @@ def test_sample_usage_errors_are_one_line(argv, error, capsys):
         sample_main(argv)
     err = capsys.readouterr().err.strip()
     assert e.value.code == 2 and err.startswith(f"error: {error}") and "\n" not in err, err
+
+
+@pytest.mark.parametrize("lineage", ["decoder_only", "encoder_only", "encoder_decoder"])
+@pytest.mark.parametrize("position", ["learned", "sinusoidal", "rope", "alibi", "none"])
+def test_weights_of_every_lineage_fit_their_own_config(lineage, position):
+    """The meta-device shapes check_weights expects are those the real model has."""
+    from tests.conftest import tiny_cfg
+    from zoo.build import build_model
+    from zoo.training.checkpoint import check_weights
+
+    cfg = tiny_cfg(lineage, position={"name": position})
+    state = {f"model.{k}": v for k, v in build_model(cfg).state_dict().items()}
+    check_weights(state, cfg, "x.ckpt")
