@@ -202,6 +202,9 @@ def available_memory(trainer: dict | None = None) -> tuple[int, str]:
     if trainer is not None and _on_gpu(trainer) and _cuda_count() > 0:
         import torch
 
+        if any(w in str(trainer.get("strategy", "")) for w in ("fork", "notebook")):
+            return 1 << 62, "unknown"  # asking would initialise CUDA, which a forking strategy forbids
+
         return min(torch.cuda.mem_get_info(i)[0] for i in range(_cuda_count())), "free on the GPU"
     try:
         with open("/proc/meminfo") as f:
