@@ -41,6 +41,7 @@ BAD = [  # (overrides, the start of the one-line error after "error: ")
     (["trainer.val_check_interval=0"], "trainer.val_check_interval: got 0"),
     (["trainer.val_check_interval=-10"], "trainer.val_check_interval: got -10"),
     (["trainer.val_check_interval=1.5"], "trainer.val_check_interval: got 1.5"),
+    (["trainer.val_check_interval=0.5"], "trainer.val_check_interval: got 0.5"),
     (["trainer.accumulate_grad_batches=0"], "trainer.accumulate_grad_batches: got 0"),
     (["trainer.log_every_n_steps=0"], "trainer.log_every_n_steps: got 0"),
     (["trainer.gradient_clip_val=-1"], "trainer.gradient_clip_val: got -1"),
@@ -71,6 +72,9 @@ BAD = [  # (overrides, the start of the one-line error after "error: ")
     (["trainer.strategy=foo"], "trainer.strategy: got 'foo'; valid: auto, ddp"),
     (["+trainer.foo=1"], "trainer.foo: is not a Trainer argument; valid: "),
     (["+trainer.callbacks=[]"], "trainer.callbacks: is set by the run itself"),
+    (["+trainer.max_epochs=-5"], "trainer: `max_epochs` must be a non-negative integer or -1"),
+    (["+trainer.gradient_clip_algorithm=foo"], "trainer: `gradient_clip_algorithm` foo is invalid"),
+    (["+trainer.limit_val_batches=-1"], "trainer: You have passed invalid value -1 for limit_val_batches"),
     (["optim=5"], "optim: got 5"),
     (["sample=5"], "sample: got 5"),
     (["sample.temperature=-1"], "sample.temperature: got -1"),
@@ -109,7 +113,7 @@ def test_model_too_large_says_what_it_needs_and_what_there_is(tmp_path, capsys, 
 
 
 @pytest.mark.parametrize("overrides", [
-    ["trainer.precision=bf16-mixed"], ["trainer.val_check_interval=0.5"], ["optim.min_lr=0", "optim.warmup_steps=0"],
+    ["trainer.precision=bf16-mixed"], ["trainer.val_check_interval=7"], ["optim.min_lr=0", "optim.warmup_steps=0"],
     ["sample.temperature=0", "sample.top_k=null", "sample.max_new_tokens=0"], ["trainer.devices=auto"],
     ["position=rope", "model.position.theta=500000.0"],
 ])

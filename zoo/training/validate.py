@@ -122,14 +122,30 @@ def check_trainer(trainer: dict) -> None:
                           "bf16-mixed, bf16-true, 64-true")
     _check_devices(trainer.get("devices", "auto"), gpus if on_gpu else None, on_gpu)
     interval = trainer.get("val_check_interval")
-    if interval is not None and not ((_is_int(interval) and interval > 0)
-                                     or (_is_number(interval) and 0 < interval <= 1)):
-        _fail("trainer.val_check_interval", interval, "an integer number of steps > 0 (or a fraction in (0, 1])")
+    # steps (training is counted in steps: check_val_every_n_epoch=None), or Lightning's time-based 'DD:HH:MM:SS'
+    if interval is not None and not ((_is_int(interval) and interval > 0) or isinstance(interval, (str, dict))):
+        _fail("trainer.val_check_interval", interval, "an integer number of steps > 0")
     _int_at_least("trainer.accumulate_grad_batches", trainer.get("accumulate_grad_batches", 1), 1)
     _int_at_least("trainer.log_every_n_steps", trainer.get("log_every_n_steps", 50), 1)
     clip = trainer.get("gradient_clip_val")
     if clip is not None and (not _is_number(clip) or clip < 0):
         _fail("trainer.gradient_clip_val", clip, "a finite number >= 0, or null")
+
+
+def check_trainer_accepts(trainer: dict) -> None:
+    """Let Lightning judge the remaining Trainer arguments (max_epochs, limit_val_batches, ...): build a
+    Trainer from them, which allocates nothing and launches no process, so its error is one line now
+    instead of a traceback after the model is built."""
+    import lightning as L
+    from lightning.fabric.utilities.exceptions import MisconfigurationException
+
+    try:
+        L.Trainer(**trainer, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                  enable_model_summary=False, num_sanity_val_steps=0, check_val_every_n_epoch=None,
+                  use_distributed_sampler=False)
+    except (MisconfigurationException, ValueError, TypeError) as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ConfigError(f"trainer: {first}") from None
 
 
 def _check_devices(devices: Any, available: int | None, on_gpu: bool) -> None:
@@ -256,3 +272,4 @@ def check_run(plain: dict) -> None:
     check_trainer(plain.get("trainer") or {})
     check_data(plain.get("data") or {})
     check_sample(plain.get("sample") or {})
+    check_trainer_accepts(plain["trainer"])
