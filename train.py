@@ -21,6 +21,7 @@ from zoo.training.cli import (  # no torch: fast answers
     expand,
     help_text,
 )
+from zoo.training.safety import refuse_disallowed_targets  # no torch either
 
 CONF = Path(__file__).resolve().parent / "conf"
 
@@ -45,7 +46,6 @@ def check_arguments(args: list[str]) -> str | None:
     """The command line's mistakes as one line, before Hydra composes and before torch loads."""
     if "--hydra-help" in args:
         return None
-    # (further checks of the arguments, e.g. of `_target_`s, go here, each returning one line or None)
     # a busy hydra.run.dir is refused before Hydra writes .hydra/ into it
     return check_group_choices(args, CONF) or check_keys(args, CONF) or check_run_dir_free(args)
 
@@ -58,4 +58,5 @@ if __name__ == "__main__":
     if error := check_arguments(sys.argv[1:]):
         print(f"error: {error}", file=sys.stderr)
         sys.exit(2)
+    refuse_disallowed_targets(__file__)  # before Hydra instantiates hydra.callbacks, the launcher or the sweeper
     main()

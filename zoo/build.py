@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import copy
 import inspect
+import math
 import zlib
 from collections.abc import Mapping
 from typing import Any
@@ -101,8 +102,18 @@ def _positive_int(key: str, v: Any, optional: bool = False) -> None:
     _need(ok, key, f"must be a positive integer{' or null' if optional else ''}, got {v!r}")
 
 
+def _positive_number(key: str, v: Any) -> None:
+    ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0
+    _need(ok, key, f"must be positive, got {v!r}; valid: a finite number > 0")
+
+
+def _boolean(key: str, v: Any) -> None:
+    _need(isinstance(v, bool), key, f"must be true or false, got {v!r}")
+
+
 def _check_name(registry: Registry, key: str, name: Any) -> None:
-    _need(name in registry, key, f"unknown {registry.kind} '{name}'; valid: {', '.join(registry.names())}")
+    _need(isinstance(name, str) and name in registry, key,
+          f"unknown {registry.kind} {name!r}; valid: {', '.join(registry.names())}")
 
 
 def _check_options(key: str, fn: Any, opts: dict, standard: set[str]) -> None:
@@ -122,9 +133,11 @@ def _validate(cfg: dict) -> None:
     _need(d % h == 0, "d_model", f"{d} is not divisible by n_heads={h}")
     _need(isinstance(cfg["dropout"], (int, float)) and 0 <= cfg["dropout"] < 1, "dropout",
           f"must be in [0, 1), got {cfg['dropout']!r}")
-    _need(cfg["init_std"] > 0, "init_std", f"must be positive, got {cfg['init_std']!r}")
+    _positive_number("init_std", cfg["init_std"])
     _need(cfg["final_norm"] in (True, False, None), "final_norm",
           f"must be true, false or null, got {cfg['final_norm']!r}; valid: true, false, null")
+    for key in ("bias", "tie_embeddings", "scale_embeddings", "embed_norm"):
+        _boolean(key, cfg[key])
 
     att = cfg["attention"]
     _check_name(ATTENTION, "attention.name", att["name"])
@@ -143,13 +156,16 @@ def _validate(cfg: dict) -> None:
     _check_name(POSITION, "position.name", pos["name"])
     _check_options("position", POSITION.get(pos["name"]), {k: v for k, v in pos.items() if k != "name"},
                    {"self", "d_model", "n_heads", "max_seq_len"})
+    for opt in ("theta", "base"):  # RoPE's and sinusoidal's wavelength bases: 0 or less gives nan angles
+        if opt in pos:
+            _positive_number(f"position.{opt}", pos[opt])
     if pos["name"] == "rope":
         _need((d // h) % 2 == 0, "position.name", f"rope needs an even head size, got d_model/n_heads={d // h}")
 
     norm = cfg["norm"]
     _check_name(NORM, "norm.type", norm["type"])
     _check_name(RESIDUAL, "norm.placement", norm["placement"])
-    _need(norm["eps"] > 0, "norm.eps", f"must be positive, got {norm['eps']!r}")
+    _positive_number("norm.eps", norm["eps"])
     # conf/norm/*.yaml set placement and type; the preset's name is only the Hydra option (norm=post_ln).
     _need("name" not in norm, "norm.name", "unknown key (the presets pre_ln, post_ln, ... are chosen with "
           "norm=post_ln and set placement and type); valid: eps, placement, type")

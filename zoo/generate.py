@@ -6,8 +6,38 @@ With `use_cache=False` every step recomputes the whole sequence; the tests check
 
 from __future__ import annotations
 
+import math
+from typing import Any
+
 import torch
 from torch import nn
+
+
+def sampling_error(max_new_tokens: Any, temperature: Any, top_k: Any = None, top_p: Any = None,
+                   num_samples: Any = 1, names: dict[str, str] | None = None) -> str | None:
+    """The first bad sampling setting as one line `<name>: got <value>; valid: <range>`, else None.
+    `names` renames the settings (sample.temperature in a config, --temperature on a command line)."""
+    def name(key: str) -> str:
+        return (names or {}).get(key, key)
+
+    def is_int(v: Any) -> bool:
+        return isinstance(v, int) and not isinstance(v, bool)
+
+    def is_number(v: Any) -> bool:
+        return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+    checks = [  # (key, value, ok, valid)
+        ("max_new_tokens", max_new_tokens, is_int(max_new_tokens) and max_new_tokens >= 0, "an integer >= 0"),
+        # a negative temperature would invert the distribution: the least likely token first
+        ("temperature", temperature, is_number(temperature) and temperature >= 0, "a finite number >= 0 (0 = greedy)"),
+        ("top_k", top_k, top_k is None or (is_int(top_k) and top_k >= 1), "an integer >= 1, or none"),
+        ("top_p", top_p, top_p is None or (is_number(top_p) and 0 < top_p <= 1), "a number in (0, 1], or none"),
+        ("num_samples", num_samples, is_int(num_samples) and num_samples >= 1, "an integer >= 1"),
+    ]
+    for key, value, ok, valid in checks:
+        if not ok:
+            return f"{name(key)}: got {value!r}; valid: {valid}"
+    return None
 
 
 def sample_next(logits: torch.Tensor, temperature: float = 1.0, top_k: int | None = None,
@@ -58,6 +88,8 @@ def generate(model: nn.Module, prompt: torch.Tensor, max_new_tokens: int, temper
     decoder_only: prompt is the text so far. encoder_decoder: `src` (B, S) is the source and
     `prompt` the decoder's start (e.g. a BOS column). Stops early once every row has produced
     eos_id; rows that finished earlier are padded with eos_id."""
+    if error := sampling_error(max_new_tokens, temperature, top_k, top_p, prompt.shape[0], {"num_samples": "prompt"}):
+        raise ValueError(error)
     name = getattr(model, "cfg", {}).get("name")
     if name not in ("decoder_only", "encoder_decoder"):
         raise ValueError(f"model '{name}' does not generate; generation needs decoder_only or encoder_decoder")

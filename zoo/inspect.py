@@ -35,6 +35,14 @@ class InspectError(ValueError):
     """A bad override, config or checkpoint, reported as one line."""
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """argparse whose usage errors are one line (`error: <what>; see --help`) and exit code 2."""
+
+    def error(self, message: str):
+        print(f"error: {message}; see {self.prog} --help", file=sys.stderr)
+        sys.exit(EXIT_ERROR)
+
+
 # ----------------------------------------------------------------------------------------------
 # Config -> counts
 # ----------------------------------------------------------------------------------------------
@@ -109,10 +117,17 @@ def inspect_config(overrides: list[str]) -> dict:
     """Composed config, resolved model config and its counts: params, FLOPs per token, weight bytes."""
     from zoo.build import ConfigError, count_params, flops_per_token, resolve_config
     from zoo.data.corpus import DataError
+    from zoo.training.validate import check_data
 
     plain = compose(overrides)
     model, data = dict(plain["model"]), plain["data"]
     try:
+        check_data(data)  # the sizes that count the model (task lengths, vocab_size), named as in training
+        for key in ("context", "batch_size"):
+            if key in data and (not isinstance(data[key], int) or isinstance(data[key], bool) or data[key] <= 0):
+                raise ConfigError(f"data.{key}: must be a positive integer, got {data[key]!r}")
+        if data.get("tokenizer", "char") not in ("char", "byte", "bpe"):
+            raise ConfigError(f"data.tokenizer: unknown {data['tokenizer']!r}; valid: bpe, byte, char")
         if model.get("vocab_size"):
             source = "model.vocab_size"
         else:
@@ -309,8 +324,11 @@ def attention_figure(checkpoint: str | Path, text: str, out: str | Path, max_lab
                  "weight 0 (dark) to 1 (yellow)", fontsize=9)
     fig.tight_layout()
     out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write(out, lambda f: fig.savefig(f, format="png"), mode="wb")
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write(out, lambda f: fig.savefig(f, format="png"), mode="wb")
+    except OSError as e:
+        raise InspectError(f"--out: cannot write '{out}' ({e.strerror or type(e).__name__})") from None
     return out
 
 
@@ -377,7 +395,7 @@ def format_loss_by_position(result: dict) -> str:
 # ----------------------------------------------------------------------------------------------
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m zoo.inspect", description=__doc__.split("\n\n")[0],
+    p = OneLineParser(prog="python -m zoo.inspect", description=__doc__.split("\n\n")[0],
                                 epilog="B (--vs) is A's overrides with the --vs overrides applied on top.")
     p.add_argument("overrides", nargs="*", help="Hydra overrides, as for train.py (ffn=swiglu model.d_model=256)")
     p.add_argument("--vs", nargs="+", default=None, metavar="OVERRIDE", help="a second config to compare with")

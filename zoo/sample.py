@@ -10,18 +10,18 @@ predicted from the last max_seq_len ones (said once on stderr).
 
 from __future__ import annotations
 
-import argparse
 import sys
 
 import torch
 
 from zoo.build import ConfigError
-from zoo.generate import generate, position_limit
+from zoo.generate import generate, position_limit, sampling_error
+from zoo.inspect import OneLineParser
 from zoo.training.checkpoint import CheckpointError, load_checkpoint
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m zoo.sample", description=__doc__.split("\n")[0])
+    p = OneLineParser(prog="python -m zoo.sample", description=__doc__.split("\n")[0])
     p.add_argument("checkpoint")
     p.add_argument("--prompt", default="\n")
     p.add_argument("--max-new-tokens", type=int, default=200)
@@ -33,6 +33,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--unknown", choices=["error", "skip"], default="error",
                    help="what to do with prompt characters the tokenizer never saw")
     args = p.parse_args(argv)
+    flags = {k: f"--{k.replace('_', '-')}" for k in ("max_new_tokens", "temperature", "top_k", "top_p", "num_samples")}
+    # Checked before the checkpoint is read: a bad flag costs nothing and says which flag.
+    if error := sampling_error(args.max_new_tokens, args.temperature, args.top_k, args.top_p, args.num_samples,
+                               flags):
+        print(f"error: {error}", file=sys.stderr)
+        return 2
     try:
         model, tok, cfg = load_checkpoint(args.checkpoint)
     except (CheckpointError, ConfigError) as e:

@@ -18,6 +18,7 @@ import hashlib
 import json
 import os
 import re
+import sys
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
@@ -398,13 +399,17 @@ def cached_bpe(text: str, cache_path: str | os.PathLike[str], vocab_size: int = 
     """
     path = Path(cache_path)
     meta = {"text_sha256": text_fingerprint(text), "vocab_size": vocab_size}
-    if path.is_file():
-        try:
+    try:
+        if path.is_file():
             payload = _read_saved(path)
             if payload.get("meta") == meta:
                 return BPETokenizer.from_state(payload["tokenizer"])  # type: ignore[return-value]
-        except (DataError, KeyError, TypeError, ValueError):
-            pass  # stale or damaged cache: fall through and rebuild it
+    except (DataError, KeyError, TypeError, ValueError, OSError):
+        pass  # stale, damaged or unreadable cache: fall through and rebuild it
     tok = BPETokenizer(vocab_size=vocab_size).fit(text)
-    tok.save(path, meta=meta)
+    try:
+        tok.save(path, meta=meta)
+    except OSError as e:  # an unwritable cache folder: train on without the cache
+        print(f"warning: tokenizer cache: cannot write '{path}' ({e.strerror or type(e).__name__}); "
+              "going on without the cache", file=sys.stderr, flush=True)
     return tok

@@ -51,6 +51,7 @@ from zoo.training.checkpoint import (
     CheckpointError,
     check_best_metrics_state,
     check_throughput_state,
+    check_weights,
     model_checkpoint_state,
     read_checkpoint,
     sanitize_for_resume,
@@ -59,6 +60,7 @@ from zoo.training.data import bits_per_char, build_data
 from zoo.training.module import ZooModule
 from zoo.training.objectives import higher_is_better
 from zoo.training.safety import instantiate_allowed
+from zoo.training.validate import check_memory, check_run
 
 
 class _QuietLightning(logging.Filter):
@@ -235,9 +237,11 @@ def _check_trainer_keys(trainer_cfg: dict) -> None:
 
 def _prepare(plain: dict):
     """Validate the architecture, load data, then size the model from it (vocab, context)."""
+    check_run(plain)
     model_cfg = plain["model"]
-    resolve_config({**model_cfg, "vocab_size": model_cfg.get("vocab_size") or 1,
-                    "max_seq_len": model_cfg.get("max_seq_len") or 1})  # names and shapes, before any data
+    early = resolve_config({**model_cfg, "vocab_size": model_cfg.get("vocab_size") or 1,
+                            "max_seq_len": model_cfg.get("max_seq_len") or 1})  # names and shapes, before any data
+    check_memory(early, plain["trainer"])  # a lower bound (the vocabulary is not known yet), before any data
     trainer = plain["trainer"]
     if not isinstance(trainer.get("max_steps"), int) or trainer["max_steps"] <= 0:
         raise ConfigError(f"trainer.max_steps: must be a positive integer, got {trainer.get('max_steps')!r}")
@@ -263,6 +267,7 @@ def _prepare(plain: dict):
         raise ConfigError(f"budget: unknown '{budget}'; valid: params, null")
     if budget == "params":
         plain["model"], plain["budget"] = match_params(plain["model"])
+    check_memory(plain["model"], trainer)
     return data
 
 
@@ -320,6 +325,7 @@ def _checkpoint_path(plain: dict, run_dir: Path, data) -> tuple[str | None, int]
         diff = next((k for k in ours if theirs.get(k) != ours[k]), "name")
         raise ConfigError(f"ckpt_path: '{path}' holds a different architecture (model.{diff}: checkpoint "
                           f"{theirs.get(diff)!r}, this run {ours.get(diff)!r})")
+    check_weights(saved_ckpt.get("state_dict"), saved, path)  # weights that fit the architecture it names
     if saved_ckpt.get("tokenizer") not in (None, data.tokenizer.state_dict()):
         raise ConfigError(f"ckpt_path: '{path}' was trained with another tokenizer (data: the text or its "
                           "tokenizer changed since the checkpoint)")

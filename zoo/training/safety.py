@@ -1,33 +1,189 @@
-"""Only known classes may be instantiated from a config: `_target_` must be on an allow-list."""
+"""Only known classes may be instantiated from a config: every `_target_` must be on an explicit allow-list.
+
+Two places instantiate from a config: the run (loggers, in zoo.training.runner) and Hydra itself, which
+builds `hydra.callbacks`, the launcher and the sweeper before the task function runs. `check_argv` composes
+the config train.py is about to run, Hydra's section included, and checks it before Hydra gets that far.
+"""
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
 from typing import Any
 
-from zoo.build import ConfigError
+# Exact dotted paths, no prefixes: a prefix such as "zoo." also admits whatever a zoo module imports
+# (zoo.report.np.savez writes files). To allow another class, add its full path to the right group below.
+ALLOWED_TARGETS: tuple[str, ...] = (
+    # Lightning loggers (conf/logger/ uses CSV, TensorBoard and W&B)
+    "lightning.pytorch.loggers.CSVLogger",
+    "lightning.pytorch.loggers.TensorBoardLogger",
+    "lightning.pytorch.loggers.WandbLogger",
+    "lightning.pytorch.loggers.MLFlowLogger",
+    "lightning.pytorch.loggers.CometLogger",
+    # Lightning callbacks
+    "lightning.pytorch.callbacks.EarlyStopping",
+    "lightning.pytorch.callbacks.LearningRateMonitor",
+    "lightning.pytorch.callbacks.ModelCheckpoint",
+    "lightning.pytorch.callbacks.DeviceStatsMonitor",
+    "lightning.pytorch.callbacks.StochasticWeightAveraging",
+    "lightning.pytorch.callbacks.Timer",
+    "lightning.pytorch.callbacks.TQDMProgressBar",
+    "lightning.pytorch.callbacks.RichProgressBar",
+    "lightning.pytorch.callbacks.ModelSummary",
+    "lightning.pytorch.callbacks.RichModelSummary",
+    # zoo's own classes named by conf/
+    "zoo.report.ReportAfterSweep",
+    # Hydra launchers and sweepers (conf/ uses joblib, submitit and optuna; basic is Hydra's default)
+    "hydra._internal.core_plugins.basic_launcher.BasicLauncher",
+    "hydra._internal.core_plugins.basic_sweeper.BasicSweeper",
+    "hydra_plugins.hydra_joblib_launcher.joblib_launcher.JoblibLauncher",
+    "hydra_plugins.zoo_launcher.parallel_launcher.ParallelLauncher",  # zoo's: a killed job costs that job only
+    "hydra_plugins.hydra_submitit_launcher.submitit_launcher.LocalLauncher",
+    "hydra_plugins.hydra_submitit_launcher.submitit_launcher.SlurmLauncher",
+    "hydra_plugins.hydra_optuna_sweeper.optuna_sweeper.OptunaSweeper",
+    "optuna.samplers.TPESampler",
+    "optuna.samplers.RandomSampler",
+    "optuna.samplers.CmaEsSampler",
+    "optuna.samplers.GridSampler",
+    "optuna.samplers.NSGAIISampler",
+    "optuna.samplers.MOTPESampler",
+)
 
-ALLOWED_TARGETS = ("lightning.pytorch.loggers.", "lightning.pytorch.callbacks.", "torch.optim.", "zoo.")
+# logging.config.dictConfig calls the `class` (handlers, formatters) and `()` (any factory) it is given, so
+# hydra.job_logging / hydra.hydra_logging are code too. Exact names: "logging." would admit logging.os.system.
+ALLOWED_LOGGING_CLASSES: tuple[str, ...] = (
+    "logging.StreamHandler", "logging.FileHandler", "logging.NullHandler", "logging.Formatter",
+    "logging.handlers.RotatingFileHandler", "logging.handlers.TimedRotatingFileHandler",
+    "logging.handlers.WatchedFileHandler", "colorlog.ColoredFormatter",
+)
+LOGGING_SECTIONS = ("hydra.job_logging", "hydra.hydra_logging")
 
 
-def check_target(target: str, key: str = "_target_") -> None:
-    if not any(target.startswith(prefix) for prefix in ALLOWED_TARGETS):
-        raise ConfigError(f"{key}: '{target}' is not allowed; _target_ must start with one of: "
-                          f"{', '.join(ALLOWED_TARGETS)}")
+def check_target(target: Any, key: str = "_target_") -> None:
+    from zoo.build import ConfigError  # imported here: train.py's --help must not wait for torch
+
+    if not isinstance(target, str) or target not in ALLOWED_TARGETS:
+        raise ConfigError(f"{key}: '{target}' is not allowed; valid: a class listed in zoo.training.safety."
+                          "ALLOWED_TARGETS (Lightning loggers and callbacks, Hydra launchers and sweepers, "
+                          "zoo.report.ReportAfterSweep)")
+
+
+def check_targets(node: Any, path: str = "") -> None:
+    """Raise ConfigError at the first `_target_` (anywhere in `node`) or logging class that is not allowed."""
+    from zoo.build import ConfigError
+
+    logging_section = path.startswith(LOGGING_SECTIONS)
+    if isinstance(node, dict):
+        for k, v in node.items():
+            key = f"{path}.{k}".lstrip(".")
+            if k == "_target_":
+                check_target(v, key)
+            elif logging_section and k in ("class", "()") and v not in ALLOWED_LOGGING_CLASSES:
+                raise ConfigError(f"{key}: '{v}' is not allowed; valid: {', '.join(ALLOWED_LOGGING_CLASSES)}")
+            check_targets(v, key)
+    elif isinstance(node, list):
+        for i, v in enumerate(node):
+            check_targets(v, f"{path}[{i}]")
 
 
 def instantiate_allowed(cfg: dict, key: str, **kwargs: Any) -> Any:
     """hydra.utils.instantiate for one object (at config `key`), after checking every nested _target_."""
     from hydra.utils import instantiate
 
-    def walk(node: Any, path: str) -> None:
-        if isinstance(node, dict):
-            if "_target_" in node:
-                check_target(str(node["_target_"]), f"{path}._target_".lstrip("."))
-            for k, v in node.items():
-                walk(v, f"{path}.{k}")
-        elif isinstance(node, list):
-            for i, v in enumerate(node):
-                walk(v, f"{path}[{i}]")
-
-    walk(cfg, key)
+    check_targets(cfg, key)
     return instantiate(cfg, **kwargs)
+
+
+def _sweep_values(override: Any) -> list[Any]:
+    return list(override.sweep_iterator()) if override.is_sweep_override() else [override.value()]
+
+
+def check_argv(argv: list[str], app_file: str, config_path: str = "conf", config_name: str = "config") -> str | None:
+    """The one-line error for the first disallowed `_target_` in the config(s) `python <app_file> <argv>` would
+    run, Hydra's own section (callbacks, launcher, sweeper, logging) included; None if all are allowed.
+
+    Reads argv as Hydra does (--config-dir, --config-path, --config-name, -m, hydra.mode=MULTIRUN) and composes
+    the same config; a sweep over a config group is composed once per choice. Commands that run nothing
+    (--help, --cfg, --info, ...) are not checked. A config Hydra cannot compose is left to Hydra to report."""
+    from hydra._internal.utils import create_automatic_config_search_path, get_args_parser
+    from hydra.core.config_search_path import SearchPathQuery
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+    from hydra.types import RunMode
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    from zoo.build import ConfigError
+
+    try:
+        args = get_args_parser().parse_args(argv)
+    except SystemExit:  # argparse has printed its usage error; Hydra will do the same
+        return None
+    if args.help or args.hydra_help or args.cfg or args.info or args.shell_completion:
+        return None
+    if args.experimental_rerun is not None:  # it unpickles a saved config and runs it: nothing could check it
+        return ("--experimental-rerun: not supported (it unpickles a config, which could run any code); "
+                "valid: rerun with the overrides saved in <run dir>/.hydra/overrides.yaml")
+    from hydra._internal.hydra import Hydra
+
+    overrides = list(args.overrides)
+    try:
+        parsed = OverridesParser.create().parse_overrides(overrides)
+        for o in parsed:  # a value override can carry a target itself: +x._target_=a,b or +x={_target_: a}
+            key = o.key_or_group
+            for v in _sweep_values(o):
+                check_targets({key.rsplit(".", 1)[-1]: v} if "." in key else {key: v}, key.rpartition(".")[0])
+    except ConfigError as e:
+        return str(e)
+    except HydraException:
+        return None
+    search_path = create_automatic_config_search_path(str(Path(app_file).resolve()), None,
+                                                      args.config_path or config_path)
+    if args.config_dir is not None:
+        if not Path(args.config_dir).is_dir():
+            return None
+        search_path.prepend(provider="command-line", path=f"file://{Path(args.config_dir).resolve()}",
+                            anchor=SearchPathQuery(provider="schema"))
+    name = args.config_name or config_name
+    try:
+        hydra = Hydra.create_main_hydra2(task_name=Path(app_file).stem, config_search_path=search_path)
+        # The master config, what Hydra instantiates callbacks, launcher and sweeper from (composed as
+        # Hydra's get_mode does, so one composition serves a single run and a sweep).
+        cfg = hydra.compose_config(name, overrides, run_mode=RunMode.MULTIRUN, with_log_configuration=False,
+                                   from_shell=True, validate_sweep_overrides=False)
+        check_targets(OmegaConf.to_container(cfg, resolve=False))
+        if args.multirun or cfg.hydra.mode == RunMode.MULTIRUN:
+            # Each choice of a swept group (on the command line or in hydra.sweeper.params, as the study
+            # presets do) may carry its own targets, and each job configures logging from its own config:
+            # one config per choice.
+            first = [o.input_line if not o.is_sweep_override() else f"{o.get_key_element()}={_sweep_values(o)[0]}"
+                     for o in parsed]
+            params = OmegaConf.to_container(cfg.hydra.sweeper, resolve=False).get("params") or {}
+            in_config = OverridesParser.create().parse_overrides([f"{k}={v}" for k, v in params.items()])
+            for o in parsed + in_config:
+                if not (o.is_sweep_override() and hydra.config_loader.repository.group_exists(o.key_or_group)):
+                    continue
+                others = [f for f, p in zip(first, parsed, strict=True) if p.key_or_group != o.key_or_group]
+                for v in _sweep_values(o):
+                    try:
+                        cfg = hydra.compose_config(name, [*others, f"{o.get_key_element()}={v}"],
+                                                   run_mode=RunMode.RUN, with_log_configuration=False,
+                                                   from_shell=True)
+                    except (HydraException, OmegaConfBaseException):
+                        continue  # a choice that does not compose fails its own job, before it runs
+                    check_targets(OmegaConf.to_container(cfg, resolve=False))
+    except ConfigError as e:
+        return str(e)
+    except (HydraException, OmegaConfBaseException, OSError, ValueError):
+        return None  # Hydra reports a config it cannot compose itself, before running anything
+    finally:
+        GlobalHydra.instance().clear()
+    return None
+
+
+def refuse_disallowed_targets(app_file: str, config_path: str = "conf", config_name: str = "config") -> None:
+    """train.py's guard: exit 2 with one line if the command's config names a class that is not allowed."""
+    if error := check_argv(sys.argv[1:], app_file, config_path, config_name):
+        print(f"error: {error}", file=sys.stderr)
+        sys.exit(2)
