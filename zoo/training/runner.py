@@ -27,8 +27,8 @@ from zoo.report import higher_is_better
 from zoo.training.callbacks import BestMetrics, DivergenceGuard, GracefulStop, Throughput
 from zoo.training.checkpoint import AtomicCheckpointIO, CheckpointError, read_checkpoint
 from zoo.training.data import bits_per_char, build_data
+from zoo.training.loggers import build_loggers, finish_loggers, log_config
 from zoo.training.module import ZooModule
-from zoo.training.safety import instantiate_allowed
 
 
 class _QuietLightning(logging.Filter):
@@ -70,8 +70,7 @@ def run(cfg: DictConfig, run_dir: str | Path | None = None) -> int:
         dirpath=run_dir / "checkpoints", filename="best", monitor="val_loss", mode="min", save_last=True,
         save_top_k=1, auto_insert_metric_name=False, enable_version_counter=False)
     earlier_metrics = _metrics_before(run_dir / "metrics.csv", ckpt)  # the CSV logger starts a new file
-    loggers = [instantiate_allowed(v, f"logger.{k}", save_dir=str(run_dir), **_wandb_naming(v))
-               for k, v in (plain.get("logger") or {}).items()]
+    loggers = build_loggers(plain, run_dir)
     trainer_cfg = dict(plain["trainer"])
     trainer = L.Trainer(
         **trainer_cfg, logger=loggers or False,
@@ -80,8 +79,7 @@ def run(cfg: DictConfig, run_dir: str | Path | None = None) -> int:
         num_sanity_val_steps=0, enable_model_summary=False, default_root_dir=run_dir,
         check_val_every_n_epoch=None, use_distributed_sampler=False,  # StepLoader shards batches itself
     )
-    for lg in loggers:
-        lg.log_hyperparams(flatten_config(plain))
+    log_config(loggers, plain)
     status = "completed"
     trainer.fit(module, datamodule=data, ckpt_path=ckpt)
     if trainer.interrupted or stop.signal is not None:
@@ -91,14 +89,12 @@ def run(cfg: DictConfig, run_dir: str | Path | None = None) -> int:
     elif status == "completed" and (not best.final or best.final["step"] != trainer.global_step):
         trainer.validate(module, datamodule=data, verbose=False)  # the final evaluation
 
-    for lg in loggers:  # close wandb runs so an offline run's files (config, history) are complete
-        if type(lg).__name__ == "WandbLogger":
-            lg.experiment.finish()
     if earlier_metrics and (run_dir / "metrics.csv").is_file():
         _prepend_rows(run_dir / "metrics.csv", earlier_metrics)
     summary = _summary(plain, data, trainer, throughput, best, status, guard.step, start)
     if trainer.is_global_zero:
         atomic_write_json(run_dir / "summary.json", summary)
+        finish_loggers(loggers, summary, run_dir)  # final metrics, artifacts; closes the runs
         _print_result(summary, run_dir)
         if status == "completed" and plain["sample"]["max_new_tokens"] > 0:
             _print_sample(module, data, plain)
@@ -183,21 +179,6 @@ def _checkpoint_path(ckpt: str | None, run_dir: Path, model_cfg: dict) -> str | 
         raise ConfigError(f"ckpt_path: '{path}' holds a different architecture (model.{diff}: checkpoint "
                           f"{theirs.get(diff)!r}, this run {ours.get(diff)!r})")
     return str(path)
-
-
-def _wandb_naming(logger_cfg: dict) -> dict:
-    """Runs of one sweep share a wandb group (the sweep directory); a run is named by its overrides."""
-    if not str(logger_cfg.get("_target_", "")).endswith("WandbLogger"):
-        return {}
-    try:
-        from hydra.core.hydra_config import HydraConfig
-
-        hc = HydraConfig.get()
-        multirun = hc.mode.name == "MULTIRUN"
-        return {"group": logger_cfg.get("group") or (str(hc.sweep.dir) if multirun else "single-runs"),
-                "name": logger_cfg.get("name") or hc.job.override_dirname or "defaults"}
-    except ValueError:  # not under Hydra
-        return {}
 
 
 def _metrics_before(path: Path, ckpt: str | None) -> list[dict]:
