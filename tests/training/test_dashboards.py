@@ -1,5 +1,6 @@
 """Dashboards: TensorBoard's HParams view and MLflow (a local store, a real server, its web UI)."""
 
+import contextlib
 import json
 import os
 import shutil
@@ -132,8 +133,10 @@ def mlflow_sweep(tmp_path_factory):
         try:
             server.wait(timeout=60)
         except subprocess.TimeoutExpired:
+            pass
+        with contextlib.suppress(ProcessLookupError):  # whatever of its group outlived the TERM
             os.killpg(server.pid, signal.SIGKILL)
-            server.wait(timeout=60)
+        server.wait(timeout=60)
 
 
 def _runs(base: str, experiment: str, role: str) -> list[dict]:
@@ -190,3 +193,17 @@ def test_mlflow_compare_view_renders_the_runs_in_headless_chromium(mlflow_sweep)
     assert shot.is_file() and shot.stat().st_size > 10_000
     if os.environ.get("ZOO_KEEP_SCREENSHOT"):  # how docs/mlflow.png was made
         shutil.copy(shot, os.environ["ZOO_KEEP_SCREENSHOT"])
+
+
+def test_unreachable_or_unknown_mlflow_store_is_one_line_and_exit_code_2(tmp_path):
+    """Checked before the jobs start (the sweep's callback), so nothing trains into a store that is not there."""
+    pytest.importorskip("mlflow")
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    for uri, expect in [(f"http://127.0.0.1:{_free_port()}", "cannot reach"), ("nosuch://x", "nosuch://x")]:
+        cmd = [sys.executable, "train.py", "-m", "logger=mlflow", f"logger.mlflow.tracking_uri={uri}",
+               f"hydra.sweep.dir={tmp_path / 'sweep'}", *TINY]
+        proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 2, proc.stderr[-2000:]
+        [line] = proc.stderr.strip().splitlines()
+        assert line.startswith("error: logger.mlflow.tracking_uri: ") and expect in line and "valid: " in line
+        assert not list((tmp_path / "sweep").rglob("summary.json"))  # no job ran

@@ -12,6 +12,9 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import socket
+import sys
+import urllib.parse
 from pathlib import Path
 from typing import Any
 
@@ -154,16 +157,37 @@ def _store_lock(uri: str):
             fcntl.flock(f.fileno(), fcntl.LOCK_UN)
 
 
-def _client(cfg: dict, key: str):
+def _checked_uri(cfg: dict, key: str) -> str:
+    """The tracking URI, after checking that mlflow is installed and a server answers."""
     try:
-        from mlflow import MlflowClient
+        import mlflow  # noqa: F401
     except ImportError:
         raise ConfigError(f'{key}: the mlflow package is not installed; valid: pip install -e ".[mlflow]", '
                           "or another logger (csv, tensorboard, wandb, none)") from None
     uri = tracking_uri(cfg.get("tracking_uri"))
+    valid = "valid: sqlite:///<file>, http://<host>:<port> of a running server"
     if not uri:
-        raise ConfigError(f"{key}.tracking_uri: empty; valid: sqlite:///<file>, http://<host>:<port>, databricks")
-    return MlflowClient(uri), uri
+        raise ConfigError(f"{key}.tracking_uri: empty; {valid}")
+    parsed = urllib.parse.urlsplit(uri)
+    if parsed.scheme in ("http", "https"):  # fail now, not after MLflow's minutes of retries
+        try:
+            socket.create_connection((parsed.hostname, parsed.port or (443 if parsed.scheme == "https" else 80)),
+                                     timeout=10).close()
+        except OSError as e:
+            raise ConfigError(f"{key}.tracking_uri: cannot reach {uri} ({e.strerror or e}); {valid}") from None
+    return uri
+
+
+@contextlib.contextmanager
+def _store_errors(key: str, uri: str):
+    """MLflow's errors about the store (unknown scheme, unreadable file) as one line naming the key."""
+    from mlflow.exceptions import MlflowException
+
+    try:
+        yield
+    except MlflowException as e:
+        raise ConfigError(f"{key}.tracking_uri: {uri}: {str(e).splitlines()[0]}; valid: sqlite:///<file>, "
+                          "http://<host>:<port> of a running server") from None
 
 
 def _experiment_id(client, name: str, artifact_location: str | None) -> str:
@@ -187,13 +211,16 @@ def _experiment_id(client, name: str, artifact_location: str | None) -> str:
 def _mlflow_run(cfg: dict, key: str, seed: int) -> dict:
     """Create this job's MLflow run (in the sweep's experiment, under the sweep's parent run when there is
     one) and return the MLFlowLogger arguments that attach to it."""
-    client, uri = _client(cfg, key)
+    uri = _checked_uri(cfg, key)
+    from mlflow import MlflowClient
+
     sweep = _sweep_dir()
     name = cfg.get("experiment_name") or sweep or DEFAULT_EXPERIMENT
     factors = job_factors()
     run_name = cfg.get("run_name") or ",".join(f"{k}={v}" for k, v in factors.items()) or "defaults"
     tags = {**(cfg.get("tags") or {}), ROLE_TAG: "job", "seed": str(seed), "mlflow.runName": run_name}
-    with _store_lock(uri):
+    with _store_lock(uri), _store_errors(key, uri):  # a SQLite store's tables are created on first use
+        client = MlflowClient(uri)
         experiment = _experiment_id(client, name, _artifact_location(uri, cfg.get("artifact_location")))
         if sweep is not None:
             parent = _parent_run(client, experiment, sweep)
@@ -228,12 +255,20 @@ class MLflowSweep(Callback):
 
         cfg = OmegaConf.to_container(cfg, resolve=True)
         sweep = str(config.hydra.sweep.dir)
-        self.client, uri = _client(cfg, "logger.mlflow")
-        with _store_lock(uri):  # also creates a new SQLite store's tables before the jobs start
-            experiment = _experiment_id(self.client, cfg.get("experiment_name") or sweep,
-                                        _artifact_location(uri, cfg.get("artifact_location")))
-            run = self.client.create_run(experiment, run_name=f"sweep {sweep}",
-                                         tags={ROLE_TAG: "sweep", SWEEP_TAG: sweep})
+        try:
+            uri = _checked_uri(cfg, "logger.mlflow")
+            from mlflow import MlflowClient
+
+            # under the lock this also creates a new SQLite store's tables before the jobs start
+            with _store_lock(uri), _store_errors("logger.mlflow", uri):
+                self.client = MlflowClient(uri)
+                experiment = _experiment_id(self.client, cfg.get("experiment_name") or sweep,
+                                            _artifact_location(uri, cfg.get("artifact_location")))
+                run = self.client.create_run(experiment, run_name=f"sweep {sweep}",
+                                             tags={ROLE_TAG: "sweep", SWEEP_TAG: sweep})
+        except ConfigError as e:  # before any job starts: one line and exit code 2, as a job would
+            print(f"error: {e}", file=sys.stderr, flush=True)
+            sys.exit(2)
         self.run_id = run.info.run_id
 
     def on_multirun_end(self, config, **kwargs) -> None:
