@@ -207,3 +207,21 @@ def test_unreachable_or_unknown_mlflow_store_is_one_line_and_exit_code_2(tmp_pat
         [line] = proc.stderr.strip().splitlines()
         assert line.startswith("error: logger.mlflow.tracking_uri: ") and expect in line and "valid: " in line
         assert not list((tmp_path / "sweep").rglob("summary.json"))  # no job ran
+
+
+@pytest.mark.slow
+def test_ddp_run_is_one_mlflow_run(tmp_path):
+    """Every DDP rank builds its loggers; only rank 0 may create the MLflow run (Lightning logs from it)."""
+    pytest.importorskip("mlflow")
+    from mlflow import MlflowClient
+
+    store = f"sqlite:///{tmp_path}/mlflow.db"
+    cmd = [sys.executable, "train.py", "trainer=ddp", "logger=mlflow", f"logger.mlflow.tracking_uri={store}",
+           "sample.max_new_tokens=0", f"hydra.run.dir={tmp_path / 'run'}", *TINY]
+    proc = subprocess.run(cmd, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True,
+                          text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    client = MlflowClient(store)
+    [experiment] = [e for e in client.search_experiments() if e.name == "zoo"]
+    [run] = client.search_runs([experiment.experiment_id])
+    assert run.info.status == "FINISHED" and "val_loss" in run.data.metrics

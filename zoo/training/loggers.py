@@ -211,6 +211,10 @@ def _experiment_id(client, name: str, artifact_location: str | None) -> str:
 def _mlflow_run(cfg: dict, key: str, seed: int) -> dict:
     """Create this job's MLflow run (in the sweep's experiment, under the sweep's parent run when there is
     one) and return the MLFlowLogger arguments that attach to it."""
+    from lightning.pytorch.utilities import rank_zero_only
+
+    if rank_zero_only.rank != 0:  # DDP: Lightning logs from rank 0 only, so other ranks make no run
+        return {"tracking_uri": tracking_uri(cfg.get("tracking_uri"))}
     uri = _checked_uri(cfg, key)
     from mlflow import MlflowClient
 
