@@ -191,7 +191,7 @@ def test_mlflow_compare_view_renders_the_runs_in_headless_chromium(mlflow_sweep)
     shot = tmp / "mlflow.png"
     subprocess.run(flags + [f"--screenshot={shot}", url], capture_output=True, timeout=300)
     assert shot.is_file() and shot.stat().st_size > 10_000
-    if os.environ.get("ZOO_KEEP_SCREENSHOT"):  # how docs/mlflow.png was made
+    if os.environ.get("ZOO_KEEP_SCREENSHOT"):  # a path: keep the screenshot to look at
         shutil.copy(shot, os.environ["ZOO_KEEP_SCREENSHOT"])
 
 
