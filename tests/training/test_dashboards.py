@@ -195,18 +195,31 @@ def test_mlflow_compare_view_renders_the_runs_in_headless_chromium(mlflow_sweep)
         shutil.copy(shot, os.environ["ZOO_KEEP_SCREENSHOT"])
 
 
-def test_unreachable_or_unknown_mlflow_store_is_one_line_and_exit_code_2(tmp_path):
-    """Checked before the jobs start (the sweep's callback), so nothing trains into a store that is not there."""
+def test_unreachable_mlflow_server_stops_a_sweep_before_its_jobs_with_one_line(tmp_path):
+    """The sweep's callback checks the store first, so no job trains for a server that is not there."""
     pytest.importorskip("mlflow")
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    for uri, expect in [(f"http://127.0.0.1:{_free_port()}", "cannot reach"), ("nosuch://x", "nosuch://x")]:
-        cmd = [sys.executable, "train.py", "-m", "logger=mlflow", f"logger.mlflow.tracking_uri={uri}",
-               f"hydra.sweep.dir={tmp_path / 'sweep'}", *TINY]
-        proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
-        assert proc.returncode == 2, proc.stderr[-2000:]
-        [line] = proc.stderr.strip().splitlines()
-        assert line.startswith("error: logger.mlflow.tracking_uri: ") and expect in line and "valid: " in line
-        assert not list((tmp_path / "sweep").rglob("summary.json"))  # no job ran
+    uri = f"http://127.0.0.1:{_free_port()}"
+    cmd = [sys.executable, "train.py", "-m", "logger=mlflow", f"logger.mlflow.tracking_uri={uri}",
+           f"hydra.sweep.dir={tmp_path / 'sweep'}", *TINY]
+    proc = subprocess.run(cmd, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    [line] = proc.stderr.strip().splitlines()
+    assert line.startswith(f"error: logger.mlflow.tracking_uri: cannot reach {uri}") and "; valid: " in line
+    assert not list((tmp_path / "sweep").rglob("summary.json"))  # no job ran
+
+
+def test_unknown_mlflow_store_is_one_line_and_exit_code_2(tmp_path, capsys):
+    pytest.importorskip("mlflow")
+    from tests.training.conftest import compose_cfg
+    from zoo.training import main
+
+    cfg = compose_cfg(TINY + ["logger=mlflow", "logger.mlflow.tracking_uri=nosuch://x"])
+    assert main(cfg, tmp_path) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: logger.mlflow.tracking_uri: unknown scheme 'nosuch'") and "\n" not in err, err
+    assert "; valid: sqlite:///<file>" in err
+    assert not (tmp_path / "checkpoints").exists()  # nothing trained
 
 
 @pytest.mark.slow

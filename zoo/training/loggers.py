@@ -25,6 +25,7 @@ from zoo.training.safety import instantiate_allowed
 
 DEFAULT_EXPERIMENT = "zoo"  # MLflow experiment of runs outside a multirun
 ROLE_TAG, SWEEP_TAG = "zoo.role", "zoo.sweep_dir"
+STORE_SCHEMES = ("sqlite", "http", "https", "postgresql", "mysql", "mssql", "databricks", "file", "")  # MLflow's
 
 
 def build_loggers(plain: dict, run_dir: Path) -> list:
@@ -169,6 +170,10 @@ def _checked_uri(cfg: dict, key: str) -> str:
     if not uri:
         raise ConfigError(f"{key}.tracking_uri: empty; {valid}")
     parsed = urllib.parse.urlsplit(uri)
+    scheme = parsed.scheme.split("+")[0]  # postgresql+psycopg2://...
+    if scheme not in STORE_SCHEMES:
+        raise ConfigError(f"{key}.tracking_uri: unknown scheme '{parsed.scheme}' in {uri}; {valid} "
+                          f"(schemes: {', '.join(s for s in STORE_SCHEMES if s)})")
     if parsed.scheme in ("http", "https"):  # fail now, not after MLflow's minutes of retries
         try:
             socket.create_connection((parsed.hostname, parsed.port or (443 if parsed.scheme == "https" else 80)),
