@@ -16,9 +16,11 @@ from __future__ import annotations
 import os
 import re
 import shlex
+import signal
 import subprocess
 import sys
 import textwrap
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -47,6 +49,7 @@ class Command:
     kind: str  # shell, python
     output: str = ""  # what a console block shows it printing
     needs: str = ""  # a `# needs: ...` marker
+    serves: str = ""  # a `# serves: <url>` marker: a server, checked to answer there, then stopped
 
 
 def _strip_comment(line: str) -> tuple[str, str]:
@@ -77,13 +80,14 @@ def collect() -> list[Command]:
                 for i, line in enumerate(body.splitlines()):
                     cmd, comment = _strip_comment(line)
                     if cmd:
-                        commands.append(Command(f"{rel}:{first + i}", cmd, "shell", needs=_needs(comment)))
+                        commands.append(Command(f"{rel}:{first + i}", cmd, "shell", needs=_needs(comment),
+                                                serves=_marker("serves", comment)))
             elif lang in ("", "console") and body.lstrip().startswith("$ "):
                 for chunk in re.split(r"^\$ ", body, flags=re.M)[1:]:
                     line, _, out = chunk.partition("\n")
                     cmd, comment = _strip_comment(line)
                     commands.append(Command(f"{rel}:{first}", cmd, "shell", out.strip(), _needs(comment)))
-        for m in re.finditer(r"`((?:python|zoo-report) [^`]+)`", text):
+        for m in re.finditer(r"`((?:python|zoo-report|mlflow|tensorboard|wandb) [^`]+)`", text):
             if any(a <= m.start() < b for a, b in blocks):
                 continue
             cmd, comment = _strip_comment(m.group(1))
@@ -92,9 +96,13 @@ def collect() -> list[Command]:
     return commands
 
 
-def _needs(comment: str) -> str:
-    m = re.search(r"needs: ([^#]+)", comment)
+def _marker(name: str, comment: str) -> str:
+    m = re.search(rf"{name}: ([^#]+)", comment)
     return m.group(1).strip() if m else ""
+
+
+def _needs(comment: str) -> str:
+    return _marker("needs", comment)
 
 
 def _in_order(commands: list[Command]) -> list[Command]:
@@ -189,6 +197,29 @@ def shrink(argv: list[str]) -> list[str]:
     return argv
 
 
+def _serves(argv: list[str], env: dict, cwd: Path, command: Command) -> None:
+    """Start a documented server, wait until its address answers, then stop it."""
+    import urllib.request
+
+    proc = subprocess.Popen(argv, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    try:
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline:
+            assert proc.poll() is None, f"{command.where}: `{command.text}` exited {proc.returncode}:\n" \
+                                        f"{proc.stdout.read()[-3000:]}"
+            try:
+                with urllib.request.urlopen(command.serves, timeout=5) as response:
+                    assert response.status == 200
+                    return
+            except OSError:
+                time.sleep(1)
+        pytest.fail(f"{command.where}: nothing answered at {command.serves} within 300 s")
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=60)
+
+
 def _env(cwd: Path) -> dict:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "WANDB_MODE": "offline", "WANDB_SILENT": "true",
            "HYDRA_FULL_ERROR": "0"}
@@ -224,6 +255,9 @@ def test_documented_command_runs_as_written(command: Command, workdir: Path):
         if argv[0] == "zoo-report":
             argv = ["python", "-m", "zoo.report", *argv[1:]]
         argv = shrink(argv)
+        if command.serves:
+            _serves(argv, env, workdir, command)
+            continue
         proc = subprocess.run([sys.executable if argv[0] == "python" else argv[0], *argv[1:]], cwd=workdir,
                               env=env, capture_output=True, text=True, timeout=TIMEOUT)
         shown = f"{command.where}: `{' '.join(argv)}` exited {proc.returncode}\n{proc.stdout[-2000:]}\n" \

@@ -89,7 +89,7 @@ def test_bad_data_files(name, content, error, tmp_path, capsys):
 
 
 @pytest.mark.parametrize("arg", ["attention=flash", "position=rotary", "norm=layer", "ffn=swish", "model=gpt",
-                                 "data=wikipedia", "trainer=tpu", "logger=mlflow", "experiment=gpt5"])
+                                 "data=wikipedia", "trainer=tpu", "logger=neptune", "experiment=gpt5"])
 def test_unknown_group_option_is_one_line_listing_choices(arg):
     group, choice = arg.split("=")
     msg = check_group_choices([arg], ROOT / "conf")

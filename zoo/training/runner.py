@@ -57,9 +57,9 @@ from zoo.training.checkpoint import (
     sanitize_for_resume,
 )
 from zoo.training.data import bits_per_char, build_data
+from zoo.training.loggers import build_loggers, finish_loggers, log_config
 from zoo.training.module import ZooModule
 from zoo.training.objectives import higher_is_better
-from zoo.training.safety import instantiate_allowed
 from zoo.training.validate import check_memory, check_run
 
 
@@ -152,8 +152,7 @@ def _run(cfg: DictConfig, run_dir: Path, start: float, state: dict) -> int:
     checkpoints = L.pytorch.callbacks.ModelCheckpoint(
         dirpath=run_dir / "checkpoints", filename="best", monitor="val_loss", mode="min", save_last=True,
         save_top_k=1, auto_insert_metric_name=False, enable_version_counter=False)
-    loggers = [instantiate_allowed(v, f"logger.{k}", save_dir=str(run_dir), **_wandb_naming(v))
-               for k, v in (plain.get("logger") or {}).items()]
+    loggers = build_loggers(plain, run_dir)
     history = _keep_history(loggers)
     trainer_cfg = dict(plain["trainer"])
     trusted = {throughput.state_key: check_throughput_state, best.state_key: check_best_metrics_state,
@@ -167,8 +166,7 @@ def _run(cfg: DictConfig, run_dir: Path, start: float, state: dict) -> int:
         num_sanity_val_steps=0, enable_model_summary=False, default_root_dir=run_dir,
         check_val_every_n_epoch=None, use_distributed_sampler=False,  # StepLoader shards batches itself
     )
-    for lg in loggers:
-        lg.log_hyperparams(flatten_config(plain))
+    log_config(loggers, plain)
     if trainer.is_global_zero:
         _print_banner(plain, data, trainer, run_dir, ckpt)
     status = "completed"
@@ -181,12 +179,10 @@ def _run(cfg: DictConfig, run_dir: Path, start: float, state: dict) -> int:
     elif status == "completed" and (not best.final or best.final["step"] != trainer.global_step):
         trainer.validate(module, datamodule=data, verbose=False)  # the final evaluation
 
-    for lg in loggers:  # close wandb runs so an offline run's files (config, history) are complete
-        if type(lg).__name__ == "WandbLogger":
-            lg.experiment.finish()
     summary = _summary(plain, data, trainer, throughput, best, status, guard.step)
     if trainer.is_global_zero:
         atomic_write_json(run_dir / "summary.json", summary)
+        finish_loggers(loggers, summary, run_dir)  # final metrics, artifacts; closes the runs
         _print_result(summary, run_dir)
         if status == "interrupted":
             print(f"resume with: {resume_command(run_dir)}", flush=True)
@@ -363,21 +359,6 @@ def _first_difference(key: str, a: dict, b: dict) -> str:
 def _result_settings(cfg: dict) -> dict:
     flat = flatten_config({k: v for k, v in cfg.items() if k != "model"})
     return {k: v for k, v in flat.items() if not any(k == a or k.startswith(a + ".") for a in RESUME_MAY_CHANGE)}
-
-
-def _wandb_naming(logger_cfg: dict) -> dict:
-    """Runs of one sweep share a wandb group (the sweep directory); a run is named by its overrides."""
-    if not str(logger_cfg.get("_target_", "")).endswith("WandbLogger"):
-        return {}
-    try:
-        from hydra.core.hydra_config import HydraConfig
-
-        hc = HydraConfig.get()
-        multirun = hc.mode.name == "MULTIRUN"
-        return {"group": logger_cfg.get("group") or (str(hc.sweep.dir) if multirun else "single-runs"),
-                "name": logger_cfg.get("name") or hc.job.override_dirname or "defaults"}
-    except ValueError:  # not under Hydra
-        return {}
 
 
 def _trim_history(path: Path, step: int) -> None:

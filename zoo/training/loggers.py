@@ -1,0 +1,323 @@
+"""Metric loggers for a run (conf/logger/): built from the config, named after the sweep and the run's
+overrides, and finished with the run's summary, so dashboards can compare the runs of a sweep.
+
+- wandb: one group per sweep (its directory), a run per variant named by its overrides, the full config.
+- MLflow: one experiment per sweep (its directory; `zoo` for single runs) holding a parent run for the
+  sweep and one nested run per job; the varied factors are params and the run name, the seed a tag;
+  summary.json and config.yaml are artifacts, and `MLflowSweep` logs the sweep's report to the parent.
+- TensorBoard: the varied factors and the final metrics go to the HParams view.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import socket
+import sys
+import urllib.parse
+from pathlib import Path
+from typing import Any
+
+from hydra.experimental.callback import Callback
+
+from zoo.build import ConfigError, flatten_config
+from zoo.training.safety import instantiate_allowed
+
+DEFAULT_EXPERIMENT = "zoo"  # MLflow experiment of runs outside a multirun
+ROLE_TAG, SWEEP_TAG = "zoo.role", "zoo.sweep_dir"
+STORE_SCHEMES = ("sqlite", "http", "https", "postgresql", "mysql", "mssql", "databricks", "file", "")  # MLflow's
+
+
+def build_loggers(plain: dict, run_dir: Path) -> list:
+    """The Lightning loggers that `plain["logger"]` asks for, writing into `run_dir`."""
+    loggers = []
+    for key, cfg in (plain.get("logger") or {}).items():
+        target = str(cfg.get("_target_", ""))
+        extra = {}
+        if target.endswith("WandbLogger"):
+            extra = _wandb_naming(cfg)
+        elif target.endswith("MLFlowLogger"):
+            extra = _mlflow_run(cfg, f"logger.{key}", plain["seed"])
+        loggers.append(instantiate_allowed(cfg, f"logger.{key}", save_dir=str(run_dir), **extra))
+    return loggers
+
+
+def log_config(loggers: list, plain: dict) -> None:
+    """The resolved config as flat keys; MLflow also gets the run's factors (`ffn`: `relu`) as params."""
+    flat = flatten_config(plain)
+    for lg in loggers:
+        if _is(lg, "MLFlowLogger"):
+            lg.log_hyperparams({**{k: v for k, v in job_factors().items() if k not in flat}, **flat})
+            # Lightning logs the module's nested copy ({"cfg": ...}) when fit starts: it would double
+            # every param (cfg/model/d_model beside model.d_model) in MLflow's tables and plots.
+            lg.log_hyperparams = lambda *args, **kwargs: None
+        else:
+            lg.log_hyperparams(flat)
+
+
+def finish_loggers(loggers: list, summary: dict, run_dir: Path) -> None:
+    """After summary.json is written: final metrics and files to the dashboards, then close the runs."""
+    final = summary.get("final") or {}
+    logged = set((summary.get("history") or [{}])[-1])
+    derived = {k: v for k, v in final.items() if k not in logged}  # computed for the summary (val_ppl, val_bpc)
+    step = summary.get("steps", 0)
+    for lg in loggers:
+        if _is(lg, "WandbLogger"):  # closing makes an offline run's files (config, history) complete
+            lg.experiment.finish()
+        elif _is(lg, "TensorBoardLogger"):
+            _tensorboard_hparams(lg, final, derived, step, summary.get("seed"))
+        elif _is(lg, "MLFlowLogger"):
+            if derived:
+                lg.log_metrics(derived, step=step)
+            for name in ("summary.json", "config.yaml"):
+                if (run_dir / name).is_file():
+                    lg.experiment.log_artifact(lg.run_id, str(run_dir / name))
+            status = {"completed": "FINISHED", "diverged": "FAILED"}.get(summary.get("status"), "KILLED")
+            lg.experiment.set_terminated(lg.run_id, status)
+
+
+def _is(logger: Any, name: str) -> bool:
+    return type(logger).__name__ == name
+
+
+def job_factors() -> dict[str, str]:
+    """What this job varies: its command-line and sweep overrides without the seed and the logger
+    settings (key -> value as written). Empty outside Hydra."""
+    try:
+        from hydra.core.hydra_config import HydraConfig
+
+        hc = HydraConfig.get()
+    except ValueError:
+        return {}
+    exclude = set(hc.job.config.override_dirname.exclude_keys or []) | {"seed"}
+    factors = {}
+    for override in hc.overrides.task:
+        key, _, value = override.lstrip("+~").partition("=")
+        if key not in exclude and not key.startswith(("hydra.", "logger")):  # where to log is no factor
+            factors[key] = value
+    return dict(sorted(factors.items()))
+
+
+def _sweep_dir() -> str | None:
+    """The multirun's directory as configured (relative paths stay relative), or None for a single run."""
+    try:
+        from hydra.core.hydra_config import HydraConfig
+
+        hc = HydraConfig.get()
+    except ValueError:  # not under Hydra
+        return None
+    return str(hc.sweep.dir) if str(hc.mode) == "RunMode.MULTIRUN" else None
+
+
+def _wandb_naming(logger_cfg: dict) -> dict:
+    """Runs of one sweep share a wandb group (the sweep directory); a run is named by its overrides."""
+    try:
+        from hydra.core.hydra_config import HydraConfig
+
+        hc = HydraConfig.get()
+    except ValueError:  # not under Hydra
+        return {}
+    sweep = _sweep_dir()
+    return {"group": logger_cfg.get("group") or sweep or "single-runs",
+            "name": logger_cfg.get("name") or hc.job.override_dirname or "defaults"}
+
+
+# --- MLflow -------------------------------------------------------------------------------------------
+
+def tracking_uri(uri: str | None) -> str:
+    """A relative SQLite path (`sqlite:///outputs/mlflow.db`) made absolute against the working directory,
+    so every job of a sweep, and `mlflow ui` run from the same place, use one store."""
+    uri = str(uri or "")
+    if uri.startswith("sqlite:///") and not uri.startswith("sqlite:////"):
+        path = Path(uri[len("sqlite:///"):]).absolute()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        return f"sqlite:///{path}"
+    if uri.startswith("sqlite:////"):
+        Path(uri[len("sqlite:///"):]).parent.mkdir(parents=True, exist_ok=True)
+    return uri
+
+
+def _artifact_location(uri: str, configured: str | None) -> str | None:
+    """Beside a SQLite store by default (MLflow would use ./mlruns); a server chooses its own."""
+    if configured or not uri.startswith("sqlite:///"):
+        return configured
+    return str(Path(uri[len("sqlite:///"):]).parent / "mlflow-artifacts")
+
+
+@contextlib.contextmanager
+def _store_lock(uri: str):
+    """Serialise the first use of a SQLite store: two processes creating its tables at once collide."""
+    if not uri.startswith("sqlite:///"):
+        yield
+        return
+    with open(uri[len("sqlite:///"):] + ".lock", "a") as f:
+        fcntl.flock(f.fileno(), fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+
+
+def _checked_uri(cfg: dict, key: str) -> str:
+    """The tracking URI, after checking that mlflow is installed and a server answers."""
+    try:
+        import mlflow  # noqa: F401
+    except ImportError:
+        raise ConfigError(f'{key}: the mlflow package is not installed; valid: pip install -e ".[mlflow]", '
+                          "or another logger (csv, tensorboard, wandb, none)") from None
+    uri = tracking_uri(cfg.get("tracking_uri"))
+    valid = "valid: sqlite:///<file>, http://<host>:<port> of a running server"
+    if not uri:
+        raise ConfigError(f"{key}.tracking_uri: empty; {valid}")
+    parsed = urllib.parse.urlsplit(uri)
+    scheme = parsed.scheme.split("+")[0]  # postgresql+psycopg2://...
+    if scheme not in STORE_SCHEMES:
+        raise ConfigError(f"{key}.tracking_uri: unknown scheme '{parsed.scheme}' in {uri}; {valid} "
+                          f"(schemes: {', '.join(s for s in STORE_SCHEMES if s)})")
+    if parsed.scheme in ("http", "https"):  # fail now, not after MLflow's minutes of retries
+        try:
+            socket.create_connection((parsed.hostname, parsed.port or (443 if parsed.scheme == "https" else 80)),
+                                     timeout=10).close()
+        except OSError as e:
+            raise ConfigError(f"{key}.tracking_uri: cannot reach {uri} ({e.strerror or e}); {valid}") from None
+    return uri
+
+
+@contextlib.contextmanager
+def _store_errors(key: str, uri: str):
+    """MLflow's errors about the store (unknown scheme, unreadable file) as one line naming the key."""
+    from mlflow.exceptions import MlflowException
+
+    try:
+        yield
+    except MlflowException as e:
+        raise ConfigError(f"{key}.tracking_uri: {uri}: {str(e).splitlines()[0]}; valid: sqlite:///<file>, "
+                          "http://<host>:<port> of a running server") from None
+
+
+def _experiment_id(client, name: str, artifact_location: str | None) -> str:
+    """Get or create; two jobs creating the same experiment at once both end up with it."""
+    from mlflow.exceptions import MlflowException
+
+    found = client.get_experiment_by_name(name)
+    if found is not None:
+        if found.lifecycle_stage == "deleted":
+            client.restore_experiment(found.experiment_id)
+        return found.experiment_id
+    try:
+        return client.create_experiment(name, artifact_location=artifact_location)
+    except MlflowException:
+        found = client.get_experiment_by_name(name)
+        if found is None:
+            raise
+        return found.experiment_id
+
+
+def _mlflow_run(cfg: dict, key: str, seed: int) -> dict:
+    """Create this job's MLflow run (in the sweep's experiment, under the sweep's parent run when there is
+    one) and return the MLFlowLogger arguments that attach to it."""
+    from lightning.pytorch.utilities import rank_zero_only
+
+    if rank_zero_only.rank != 0:  # DDP: Lightning logs from rank 0 only, so other ranks make no run
+        return {"tracking_uri": tracking_uri(cfg.get("tracking_uri"))}
+    uri = _checked_uri(cfg, key)
+    from mlflow import MlflowClient
+
+    sweep = _sweep_dir()
+    name = cfg.get("experiment_name") or sweep or DEFAULT_EXPERIMENT
+    factors = job_factors()
+    run_name = cfg.get("run_name") or ",".join(f"{k}={v}" for k, v in factors.items()) or "defaults"
+    tags = {**(cfg.get("tags") or {}), ROLE_TAG: "job", "seed": str(seed), "mlflow.runName": run_name}
+    with _store_lock(uri), _store_errors(key, uri):  # a SQLite store's tables are created on first use
+        client = MlflowClient(uri)
+        experiment = _experiment_id(client, name, _artifact_location(uri, cfg.get("artifact_location")))
+        if sweep is not None:
+            parent = _parent_run(client, experiment, sweep)
+            if parent is not None:
+                tags["mlflow.parentRunId"] = parent
+        run = client.create_run(experiment, run_name=run_name, tags=tags)
+    return {"tracking_uri": uri, "experiment_name": name, "run_name": run_name, "run_id": run.info.run_id}
+
+
+def _parent_run(client, experiment: str, sweep: str) -> str | None:
+    runs = client.search_runs([experiment], f"tags.`{ROLE_TAG}` = 'sweep' and tags.`{SWEEP_TAG}` = '{sweep}'",
+                              order_by=["attributes.start_time DESC"], max_results=1)
+    return runs[0].info.run_id if runs else None
+
+
+class MLflowSweep(Callback):
+    """A Hydra callback (conf/logger/mlflow.yaml adds it): a multirun gets a parent MLflow run, under which
+    its jobs nest, and when the sweep ends its top-level files (the report that zoo.report's callback has
+    just written, multirun.yaml) and report_*/ folders are logged to the parent as artifacts.
+
+    Hydra calls the end hooks in reverse order, and this callback comes before the studies' report."""
+
+    def __init__(self):
+        self.run_id: str | None = None
+        self.client = None
+
+    def on_multirun_start(self, config, **kwargs) -> None:
+        cfg = (config.get("logger") or {}).get("mlflow")
+        if not cfg:  # the logger is swept or removed: the jobs log without a parent
+            return
+        from omegaconf import OmegaConf
+
+        cfg = OmegaConf.to_container(cfg, resolve=True)
+        sweep = str(config.hydra.sweep.dir)
+        try:
+            uri = _checked_uri(cfg, "logger.mlflow")
+            from mlflow import MlflowClient
+
+            # under the lock this also creates a new SQLite store's tables before the jobs start
+            with _store_lock(uri), _store_errors("logger.mlflow", uri):
+                self.client = MlflowClient(uri)
+                experiment = _experiment_id(self.client, cfg.get("experiment_name") or sweep,
+                                            _artifact_location(uri, cfg.get("artifact_location")))
+                run = self.client.create_run(experiment, run_name=f"sweep {sweep}",
+                                             tags={ROLE_TAG: "sweep", SWEEP_TAG: sweep})
+        except ConfigError as e:  # before any job starts: one line and exit code 2, as a job would
+            print(f"error: {e}", file=sys.stderr, flush=True)
+            sys.exit(2)
+        self.run_id = run.info.run_id
+
+    def on_multirun_end(self, config, **kwargs) -> None:
+        if self.run_id is None:
+            return
+        root = Path(str(config.hydra.sweep.dir))
+        for path in sorted(root.glob("*")) if root.is_dir() else []:
+            if path.name.startswith(".") or path.name.endswith(".lock"):
+                continue
+            if path.is_file():
+                self.client.log_artifact(self.run_id, str(path))
+            elif path.is_dir() and path.name.startswith("report"):
+                self.client.log_artifacts(self.run_id, str(path), artifact_path=path.name)
+        self.client.set_terminated(self.run_id, "FINISHED")
+
+
+
+def _tensorboard_hparams(logger: Any, final: dict, derived: dict, step: int, seed: Any) -> None:
+    """Write the HParams plugin's summaries: the job's factors and seed against its final metrics.
+
+    The plugin shows, for each metric named here, the last value of that scalar in the run, so the
+    metrics computed only for the summary are logged as scalars first."""
+    from torch.utils.tensorboard.summary import hparams
+
+    writer = logger.experiment
+    for k, v in derived.items():
+        writer.add_scalar(k, v, step)
+    params = {k: _number(v) for k, v in job_factors().items()}
+    if seed is not None:
+        params["seed"] = seed
+    for summary in hparams(params, dict(final)):  # experiment, session start, session end
+        writer._get_file_writer().add_summary(summary)
+    writer.flush()
+
+
+def _number(value: str) -> Any:
+    """An override's value as the HParams view should sort it: 32 and 1e-3 are numbers, relu a string."""
+    for kind in (int, float):
+        try:
+            return kind(value)
+        except ValueError:
+            pass
+    return value
