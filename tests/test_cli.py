@@ -75,5 +75,5 @@ def test_an_added_trainer_key_that_lightning_lacks_is_one_line(tmp_path, capsys)
 
     code = main(compose_cfg(TINY + ["+trainer.max_step=3", "logger=none"]), run_dir=tmp_path)
     err = capsys.readouterr().err.strip().splitlines()
-    assert code == 2 and err[0].startswith("error: trainer.max_step: not a Lightning Trainer argument (did you "
+    assert code == 2 and err[0].startswith("error: trainer.max_step: is not a Trainer argument (did you "
                                            "mean trainer.max_steps?)") and len(err) == 1

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.training.conftest import TINY, compose_cfg
+from tests.helpers import TINY, compose_cfg
 from zoo.training.runner import main
 from zoo.training.safety import ALLOWED_TARGETS, check_argv, check_targets
 

@@ -18,7 +18,7 @@ from hydra import compose, initialize_config_dir
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import open_dict
 
-from tests.training.conftest import CONF, TINY
+from tests.helpers import CONF, TINY
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -211,7 +211,7 @@ def test_unreachable_mlflow_server_stops_a_sweep_before_its_jobs_with_one_line(t
 
 def test_unknown_mlflow_store_is_one_line_and_exit_code_2(tmp_path, capsys):
     pytest.importorskip("mlflow")
-    from tests.training.conftest import compose_cfg
+    from tests.helpers import compose_cfg
     from zoo.training import main
 
     cfg = compose_cfg(TINY + ["logger=mlflow", "logger.mlflow.tracking_uri=nosuch://x"])

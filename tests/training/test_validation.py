@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import zoo.training.runner as runner
-from tests.training.conftest import TINY, TINY_TASK, compose_cfg
+from tests.helpers import TINY, TINY_TASK, compose_cfg
 from zoo.training.runner import main
 
 NO_GPU = not torch.cuda.is_available()
@@ -242,7 +242,7 @@ def test_sample_flags_are_checked_before_the_checkpoint_is_read(flags, error, tm
     ({"top_k": 0}, "top_k: got 0"),
 ])
 def test_generate_refuses_bad_sampling_settings(kwargs, error):
-    from tests.conftest import tiny_cfg
+    from tests.helpers import tiny_cfg
     from zoo.build import build_model
     from zoo.generate import generate
 
@@ -305,7 +305,7 @@ def test_sample_usage_errors_are_one_line(argv, error, capsys):
 @pytest.mark.parametrize("position", ["learned", "sinusoidal", "rope", "alibi", "none"])
 def test_weights_of_every_lineage_fit_their_own_config(lineage, position):
     """The meta-device shapes check_weights expects are those the real model has."""
-    from tests.conftest import tiny_cfg
+    from tests.helpers import tiny_cfg
     from zoo.build import build_model
     from zoo.training.checkpoint import check_weights
 

@@ -122,7 +122,6 @@ def run(cfg: DictConfig, run_dir: str | Path | None = None) -> int:
 
 def _run(cfg: DictConfig, run_dir: Path, start: float, state: dict) -> int:
     plain = OmegaConf.to_container(cfg, resolve=True)
-    _check_trainer_keys(plain["trainer"])
     overwrite = plain.get("overwrite", False)
     if not isinstance(overwrite, bool):
         raise ConfigError(f"overwrite: must be true or false, got {overwrite!r}")
@@ -216,19 +215,6 @@ def _hydra_output_dir() -> str:
     from hydra.core.hydra_config import HydraConfig
 
     return HydraConfig.get().runtime.output_dir
-
-
-def _check_trainer_keys(trainer_cfg: dict) -> None:
-    """`+trainer.max_step=...` gets past Hydra; name the closest Trainer argument instead of a TypeError."""
-    import difflib
-    import inspect
-
-    valid = [p for p in inspect.signature(L.Trainer.__init__).parameters if p != "self"]
-    for key in trainer_cfg:
-        if key not in valid:
-            close = difflib.get_close_matches(key, valid, n=1)
-            hint = f" (did you mean trainer.{close[0]}?)" if close else ""
-            raise ConfigError(f"trainer.{key}: not a Lightning Trainer argument{hint}; valid: {', '.join(valid)}")
 
 
 def _prepare(plain: dict):

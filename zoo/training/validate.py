@@ -87,9 +87,13 @@ def check_trainer(trainer: dict) -> None:
 
     params = sorted(set(inspect.signature(L.Trainer.__init__).parameters) - {"self"} - set(RUN_SETS))
     for key in trainer:
-        if key not in params:
+        if key not in params:  # `+trainer.max_step=...` gets past Hydra's key check
+            import difflib
+
+            close = difflib.get_close_matches(key, params, n=1)
             what = "is set by the run itself" if key in RUN_SETS else "is not a Trainer argument"
-            raise ConfigError(f"trainer.{key}: {what}; valid: {', '.join(params)}")
+            hint = f" (did you mean trainer.{close[0]}?)" if close and key not in RUN_SETS else ""
+            raise ConfigError(f"trainer.{key}: {what}{hint}; valid: {', '.join(params)}")
     strategy = trainer.get("strategy", "auto")
     if isinstance(strategy, str):
         from lightning.pytorch.strategies import StrategyRegistry
@@ -140,9 +144,10 @@ def check_trainer_accepts(trainer: dict) -> None:
     from lightning.fabric.utilities.exceptions import MisconfigurationException
 
     try:
-        L.Trainer(**trainer, logger=False, enable_checkpointing=False, enable_progress_bar=False,
-                  enable_model_summary=False, num_sanity_val_steps=0, check_val_every_n_epoch=None,
-                  use_distributed_sampler=False)
+        quiet = {"logger": False, "enable_checkpointing": False, "enable_progress_bar": False,
+                 "enable_model_summary": False, "num_sanity_val_steps": 0, "check_val_every_n_epoch": None,
+                 "use_distributed_sampler": False}
+        L.Trainer(**{**trainer, **quiet})  # the user's keys, with what this probe must not do
     except (MisconfigurationException, ValueError, TypeError) as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise ConfigError(f"trainer: {first}") from None
