@@ -145,7 +145,7 @@ def _lost(job: _Job) -> JobReturn:
     if job.output_dir is None:
         where = "it had not started"
     else:
-        where = f"{job.output_dir} keeps what it wrote (no summary.json: a report counts it as crashed)"
+        where = f"{job.output_dir} keeps what it wrote (no summary.json: a report counts it as killed)"
         # Died before Hydra saved the job's overrides: save them, so the report still finds and names the run.
         saved = Path(job.output_dir) / ".hydra" / "overrides.yaml"
         if not saved.exists():
