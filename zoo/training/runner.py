@@ -130,7 +130,7 @@ def _run(cfg: DictConfig, run_dir: Path, start: float, state: dict) -> int:
                             "valid: ckpt_path=last to resume it, overwrite=true to replace it, or another "
                             "hydra.run.dir")
     data = _prepare(plain)  # raises ConfigError / DataError before any training
-    if plain.get("threads"):  # e.g. 1 per run when a joblib sweep runs one run per core
+    if plain.get("threads"):  # e.g. 1 per run when a parallel sweep runs one run per core
         torch.set_num_threads(plain["threads"])
     ckpt, ckpt_step = _checkpoint_path(plain, run_dir, data)
     if state["owner"]:
