@@ -97,13 +97,23 @@ def _need(ok: bool, key: str, msg: str) -> None:
         raise ConfigError(f"model.{key}: {msg}")
 
 
+def is_int(v: Any) -> bool:
+    """An integer from a config (YAML's true/false are ints in Python, not counts)."""
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def is_number(v: Any) -> bool:
+    """A finite int or float from a config, not a bool."""
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
 def _positive_int(key: str, v: Any, optional: bool = False) -> None:
-    ok = (optional and v is None) or (isinstance(v, int) and not isinstance(v, bool) and v > 0)
+    ok = (optional and v is None) or (is_int(v) and v > 0)
     _need(ok, key, f"must be a positive integer{' or null' if optional else ''}, got {v!r}")
 
 
 def _positive_number(key: str, v: Any) -> None:
-    ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0
+    ok = is_number(v) and v > 0
     _need(ok, key, f"must be positive, got {v!r}; valid: a finite number > 0")
 
 

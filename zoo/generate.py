@@ -6,11 +6,12 @@ With `use_cache=False` every step recomputes the whole sequence; the tests check
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import torch
 from torch import nn
+
+from zoo.build import is_int, is_number
 
 
 def sampling_error(max_new_tokens: Any, temperature: Any, top_k: Any = None, top_p: Any = None,
@@ -19,12 +20,6 @@ def sampling_error(max_new_tokens: Any, temperature: Any, top_k: Any = None, top
     `names` renames the settings (sample.temperature in a config, --temperature on a command line)."""
     def name(key: str) -> str:
         return (names or {}).get(key, key)
-
-    def is_int(v: Any) -> bool:
-        return isinstance(v, int) and not isinstance(v, bool)
-
-    def is_number(v: Any) -> bool:
-        return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
     checks = [  # (key, value, ok, valid)
         ("max_new_tokens", max_new_tokens, is_int(max_new_tokens) and max_new_tokens >= 0, "an integer >= 0"),

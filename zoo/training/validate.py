@@ -6,10 +6,9 @@ The architecture's own values are checked in zoo.build.resolve_config; data file
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
-from zoo.build import ConfigError
+from zoo.build import ConfigError, is_int, is_number
 
 PRECISIONS = (None, "32-true", "32", 32, "bf16-mixed", "bf16", "16-mixed", "16", 16, "bf16-true", "16-true",
               "64-true", "64", 64)
@@ -18,49 +17,41 @@ BYTES_PER_PARAM = {"64-true": 8, "64": 8, 64: 8, "bf16-true": 2, "16-true": 2}  
 TRAINING_COPIES = 4  # weights, gradients and AdamW's two moments
 
 
-def _is_int(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
-def _is_number(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-
-
 def _fail(key: str, v: Any, valid: str) -> None:
     raise ConfigError(f"{key}: got {v!r}; valid: {valid}")
 
 
 def _int_at_least(key: str, v: Any, low: int) -> None:
-    if not _is_int(v) or v < low:
+    if not is_int(v) or v < low:
         _fail(key, v, f"an integer >= {low}")
 
 
 def _optional_int_at_least(key: str, v: Any, low: int) -> None:
     if v is not None:
-        if not _is_int(v) or v < low:
+        if not is_int(v) or v < low:
             _fail(key, v, f"an integer >= {low}, or null")
 
 
 def check_seed(v: Any) -> None:
-    if not _is_int(v) or not 0 <= v < 2**32:  # numpy's and Lightning's seeds are unsigned 32-bit
+    if not is_int(v) or not 0 <= v < 2**32:  # numpy's and Lightning's seeds are unsigned 32-bit
         _fail("seed", v, "an integer in [0, 2^32)")
 
 
 def check_optim(opt: dict) -> None:
     lr = opt.get("lr")
-    if not _is_number(lr) or lr <= 0:
+    if not is_number(lr) or lr <= 0:
         _fail("optim.lr", lr, "a finite number > 0")
     min_lr = opt.get("min_lr")
-    if not _is_number(min_lr) or not 0 <= min_lr <= lr:  # a negative floor makes the schedule ascend
+    if not is_number(min_lr) or not 0 <= min_lr <= lr:  # a negative floor makes the schedule ascend
         _fail("optim.min_lr", min_lr, f"a number in [0, optim.lr={lr}]")
     _int_at_least("optim.warmup_steps", opt.get("warmup_steps"), 0)
     wd = opt.get("weight_decay")
-    if not _is_number(wd) or wd < 0:
+    if not is_number(wd) or wd < 0:
         _fail("optim.weight_decay", wd, "a finite number >= 0")
     betas = opt.get("betas")
-    if not isinstance(betas, (list, tuple)) or len(betas) != 2 or not all(_is_number(b) and 0 <= b < 1 for b in betas):
+    if not isinstance(betas, (list, tuple)) or len(betas) != 2 or not all(is_number(b) and 0 <= b < 1 for b in betas):
         _fail("optim.betas", betas, "two numbers in [0, 1), e.g. [0.9, 0.99]")
-    if "eps" in opt and (not _is_number(opt["eps"]) or opt["eps"] <= 0):
+    if "eps" in opt and (not is_number(opt["eps"]) or opt["eps"] <= 0):
         _fail("optim.eps", opt["eps"], "a finite number > 0")
 
 
@@ -127,12 +118,12 @@ def check_trainer(trainer: dict) -> None:
     _check_devices(trainer.get("devices", "auto"), gpus if on_gpu else None, on_gpu)
     interval = trainer.get("val_check_interval")
     # steps (training is counted in steps: check_val_every_n_epoch=None), or Lightning's time-based 'DD:HH:MM:SS'
-    if interval is not None and not ((_is_int(interval) and interval > 0) or isinstance(interval, (str, dict))):
+    if interval is not None and not ((is_int(interval) and interval > 0) or isinstance(interval, (str, dict))):
         _fail("trainer.val_check_interval", interval, "an integer number of steps > 0")
     _int_at_least("trainer.accumulate_grad_batches", trainer.get("accumulate_grad_batches", 1), 1)
     _int_at_least("trainer.log_every_n_steps", trainer.get("log_every_n_steps", 50), 1)
     clip = trainer.get("gradient_clip_val")
-    if clip is not None and (not _is_number(clip) or clip < 0):
+    if clip is not None and (not is_number(clip) or clip < 0):
         _fail("trainer.gradient_clip_val", clip, "a finite number >= 0, or null")
 
 
@@ -168,11 +159,11 @@ def _check_devices(devices: Any, available: int | None, on_gpu: bool) -> None:
         if not parts or not all(p.isdigit() for p in parts):
             _fail("trainer.devices", devices, valid)
         value = int(parts[0]) if len(parts) == 1 and "," not in devices else [int(p) for p in parts]
-    if _is_int(value):
+    if is_int(value):
         if not 1 <= value <= available:
             _fail("trainer.devices", devices, valid)
     elif isinstance(value, (list, tuple)):
-        if not value or not all(_is_int(i) and 0 <= i < available for i in value):
+        if not value or not all(is_int(i) and 0 <= i < available for i in value):
             _fail("trainer.devices", devices, valid)
         if not on_gpu:  # Lightning's CPU accelerator takes a count only
             _fail("trainer.devices", devices, valid)
@@ -185,7 +176,7 @@ def check_data(data: dict) -> None:
     if data.get("path") is not None and not isinstance(data["path"], str):
         _fail("data.path", data["path"], "a file path, or null for the embedded corpus")
     fraction = data.get("val_fraction", 0.1)
-    if not _is_number(fraction):  # the range is checked where the text is split
+    if not is_number(fraction):  # the range is checked where the text is split
         _fail("data.val_fraction", fraction, "a number between 0 and 1 (exclusive)")
     if kind == "task":
         _int_at_least("data.n_train", data.get("n_train"), 1)
@@ -194,7 +185,7 @@ def check_data(data: dict) -> None:
                 _int_at_least(f"data.{key}", data[key], 1)  # 0 leaves the exact-match metrics empty
         for key in ("train_len", "test_len"):
             v = data.get(key)
-            if not isinstance(v, (list, tuple)) or len(v) != 2 or not all(_is_int(x) and x > 0 for x in v) \
+            if not isinstance(v, (list, tuple)) or len(v) != 2 or not all(is_int(x) and x > 0 for x in v) \
                     or v[0] > v[1]:
                 _fail(f"data.{key}", v, "[min, max]: two positive integers, min <= max")
         return
