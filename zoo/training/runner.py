@@ -167,7 +167,7 @@ def _run(cfg: DictConfig, run_dir: Path, start: float, state: dict) -> int:
     )
     log_config(loggers, plain)
     if trainer.is_global_zero:
-        _print_banner(plain, data, trainer, run_dir, ckpt)
+        _print_banner(plain, data, trainer, run_dir, ckpt, ckpt_step)
     status = "completed"
     state["training"] = True
     trainer.fit(module, datamodule=data, ckpt_path=ckpt, weights_only=True)
@@ -413,7 +413,7 @@ def _overrides() -> list[str]:
         return []
 
 
-def _print_banner(plain: dict, data, trainer, run_dir: Path, ckpt: str | None) -> None:
+def _print_banner(plain: dict, data, trainer, run_dir: Path, ckpt: str | None, ckpt_step: int) -> None:
     """What is about to run, in two lines: the model, its cost per token, and where it runs and writes."""
     m = plain["model"]
     params = count_params(m)["total"]
@@ -423,7 +423,7 @@ def _print_banner(plain: dict, data, trainer, run_dir: Path, ckpt: str | None) -
     device = f"{trainer.num_devices}x {trainer.strategy.root_device.type}"
     n = torch.get_num_threads()
     threads = f", {n} thread{'s' * (n > 1)}" if trainer.strategy.root_device.type == "cpu" else ""
-    resumed = f"; resuming from {ckpt} at step {read_checkpoint(ckpt).get('global_step', 0)}" if ckpt else ""
+    resumed = f"; resuming from {ckpt} at step {ckpt_step}" if ckpt else ""  # step read once, when checked
     print(f"{m['name']} ({parts}): {params / 1e6:.2f}M parameters, {flops / 1e6:.1f} MFLOPs per token (training), "
           f"{plain['trainer']['max_steps']} steps\nprecision {plain['trainer'].get('precision', '32-true')} on "
           f"{device}{threads}; run directory: {run_dir}{resumed}", flush=True)
