@@ -14,7 +14,7 @@ from zoo.layers.attention import attention_maps
 
 ROOT = Path(__file__).resolve().parents[1]
 PNG = b"\x89PNG\r\n\x1a\n"
-PARTS = ("embedding", "attention", "ffn", "norm", "head")
+PARTS = ("embedding", "position", "attention", "ffn", "norm", "head")
 
 
 @pytest.mark.parametrize("overrides", [[], ["model=encoder_only", "model.bias=false"],

@@ -4,12 +4,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tests.helpers import tiny_cfg
+from tests.helpers import make, tiny_cfg
 from zoo import build_model
 from zoo.block import NO_POSITION
 from zoo.layers.attention import attention_maps
-from zoo.layers.position import ALiBiPosition, RotaryPosition, SinusoidalPosition
-from zoo.registry import ATTENTION, POSITION
+from zoo.registry import ATTENTION, FFN, NORM, POSITION
 
 ATTENTIONS = [{"name": "mha"}, {"name": "gqa", "n_kv_heads": 2}, {"name": "mqa"}, {"name": "mha", "window": 3}]
 
@@ -41,7 +40,7 @@ def test_permutation_equivariance_without_positions(attention):
 
 
 def test_rope_scores_depend_only_on_offset():
-    rope = RotaryPosition(d_model=64, n_heads=4, max_seq_len=16)  # grows past 16 on demand
+    rope = make(POSITION, "rope", d_model=64, n_heads=4, max_seq_len=16)  # grows past 16 on demand
     q, k = torch.randn(1, 1, 1, 16), torch.randn(1, 1, 1, 16)
 
     def score(i: int, j: int) -> torch.Tensor:
@@ -57,7 +56,7 @@ def test_rope_scores_depend_only_on_offset():
 
 
 def test_alibi_bias_is_linear_in_distance_with_geometric_slopes():
-    alibi = ALiBiPosition(d_model=32, n_heads=8, max_seq_len=16)
+    alibi = make(POSITION, "alibi", d_model=32, n_heads=8, max_seq_len=16)
     bias = alibi.score_bias(5, 5)
     assert torch.allclose(alibi.slopes, torch.tensor([2.0 ** -(i + 1) for i in range(8)]))
     for h in range(8):
@@ -67,7 +66,7 @@ def test_alibi_bias_is_linear_in_distance_with_geometric_slopes():
 
 
 def test_sinusoidal_matches_formula():
-    pe = SinusoidalPosition(d_model=8, n_heads=2, max_seq_len=4).embed(torch.zeros(1, 6, 8))[0]
+    pe = make(POSITION, "sinusoidal", d_model=8, n_heads=2, max_seq_len=4).embed(torch.zeros(1, 6, 8))[0]
     for pos in range(6):
         for i in range(4):
             angle = pos / 10000 ** (2 * i / 8)
@@ -77,10 +76,10 @@ def test_sinusoidal_matches_formula():
 
 def test_gqa_with_all_kv_heads_is_mha_and_mqa_is_gqa_with_one():
     x = torch.randn(2, 7, 32)
-    mha, gqa = ATTENTION.get("mha")(32, 4), ATTENTION.get("gqa")(32, 4, 4)
+    mha, gqa = make(ATTENTION, "mha", 32, 4), make(ATTENTION, "gqa", 32, 4, n_kv_heads=4)
     gqa.load_state_dict(mha.state_dict())
     torch.testing.assert_close(gqa(x, NO_POSITION, is_causal=True), mha(x, NO_POSITION, is_causal=True))
-    mqa, gqa1 = ATTENTION.get("mqa")(32, 4), ATTENTION.get("gqa")(32, 4, 1)
+    mqa, gqa1 = make(ATTENTION, "mqa", 32, 4), make(ATTENTION, "gqa", 32, 4, n_kv_heads=1)
     gqa1.load_state_dict(mqa.state_dict())
     torch.testing.assert_close(gqa1(x, NO_POSITION), mqa(x, NO_POSITION))
     assert mqa.qkv.weight.shape == (32 + 2 * 8, 32)  # one shared key head and value head
@@ -89,7 +88,7 @@ def test_gqa_with_all_kv_heads_is_mha_and_mqa_is_gqa_with_one():
 def test_gqa_equals_mha_with_repeated_kv_heads():
     """GQA is MHA whose key/value heads are shared by groups of query heads."""
     x = torch.randn(2, 7, 32)
-    gqa, mha = ATTENTION.get("gqa")(32, 4, 2), ATTENTION.get("mha")(32, 4)
+    gqa, mha = make(ATTENTION, "gqa", 32, 4, n_kv_heads=2), make(ATTENTION, "mha", 32, 4)
     q, k, v = gqa.qkv.weight.detach().split([32, 16, 16])
     rep = lambda w: w.view(2, 8, 32).repeat_interleave(2, dim=0).reshape(32, 32)
     qb, kb, vb = gqa.qkv.bias.detach().split([32, 16, 16])
@@ -192,11 +191,10 @@ def test_encoder_block_equals_torch_transformer_encoder_layer(norm_first, placem
 
 
 def test_norms_match_formulas():
-    from zoo.registry import NORM
 
     x = torch.randn(4, 16) * 3 + 1
-    torch.testing.assert_close(NORM.get("layernorm")(16, 1e-5)(x), F.layer_norm(x, (16,), eps=1e-5))
-    rms = NORM.get("rmsnorm")(16, 1e-6)
+    torch.testing.assert_close(make(NORM, "layernorm", 16, eps=1e-5)(x), F.layer_norm(x, (16,), eps=1e-5))
+    rms = make(NORM, "rmsnorm", 16, eps=1e-6)
     torch.testing.assert_close(rms(x), x / x.pow(2).mean(-1, keepdim=True).add(1e-6).sqrt())
     assert rms(x).pow(2).mean(-1).sub(1).abs().max() < 1e-3  # unit root-mean-square
 
@@ -204,9 +202,8 @@ def test_norms_match_formulas():
 @pytest.mark.parametrize("name,act", [("relu", F.relu), ("gelu", F.gelu), ("reglu", F.relu),
                                       ("geglu", F.gelu), ("swiglu", F.silu)])
 def test_ffns_match_formulas(name, act):
-    from zoo.registry import FFN
 
-    ffn = FFN.get(name)(16, 24, bias=False)
+    ffn = make(FFN, name, 16, bias=False, d_ff=24)
     x = torch.randn(3, 16)
     if ffn.gated:
         expect = (act(x @ ffn.gate.weight.T) * (x @ ffn.up.weight.T)) @ ffn.down.weight.T
@@ -216,9 +213,8 @@ def test_ffns_match_formulas(name, act):
 
 
 def test_gated_ffn_default_width_is_parameter_matched():
-    from zoo.registry import FFN
 
-    plain, gated = FFN.get("gelu")(96, None), FFN.get("swiglu")(96, None)
+    plain, gated = make(FFN, "gelu", 96), make(FFN, "swiglu", 96)
     assert plain.up.out_features == 384 and gated.up.out_features == 256  # 2/3 * 384, a multiple of 8
     n = lambda m: sum(p.numel() for p in m.parameters() if p.dim() == 2)
     assert n(plain) == n(gated)

@@ -57,7 +57,6 @@ from torch import nn
 
 import zoo
 from zoo.generate import generate
-from zoo.layers.attention import kv_heads
 from zoo.layers.ffn import default_d_ff
 
 SECTIONS = ("train", "compile", "generate", "kv", "norm", "mfu", "memory", "overhead", "precision")
@@ -604,12 +603,12 @@ def kv_bytes(s: Settings, attention: str, context: int, batch_size: int = 1) -> 
     with torch.no_grad():
         model(prompt, cache=cache)
     measured = sum(c.nbytes() for layer in cache for c in layer)
-    n_kv = kv_heads(attention, cfg["n_heads"], cfg["attention"].get("n_kv_heads"))
-    head_dim = cfg["d_model"] // cfg["n_heads"]
     elem = next(model.parameters()).element_size()
-    formula = 2 * cfg["n_layers"] * batch_size * n_kv * context * head_dim * elem
-    return dict(attention=attention, n_kv=n_kv, layers=cfg["n_layers"], head_dim=head_dim, context=context,
-                batch=batch_size, bytes_per_elem=elem, measured=measured, formula=formula)
+    layers = [block.attn.f for block in model.decoder.blocks]  # each attention reports its own cache size
+    per_token = sum(a.cache_bytes_per_token(elem) for a in layers)
+    return dict(attention=attention, n_kv=layers[0].n_kv_heads, layers=len(layers), head_dim=layers[0].head_dim,
+                context=context, batch=batch_size, bytes_per_elem=elem, bytes_per_token=per_token,
+                measured=measured, formula=batch_size * context * per_token)
 
 
 def decode_latency(s: Settings, batch_size: int) -> dict[str, Stats]:
@@ -660,6 +659,7 @@ def _norm_step(norm: nn.Module, x: torch.Tensor, grad: torch.Tensor) -> None:
 def section_norm(sess: Session) -> str:
     """zoo's LayerNorm and RMSNorm alone, forward + backward on (batch x context, d_model) activations of each
     shape, interleaved: the speed half of Zhang and Sennrich's finding, without the rest of the model around it."""
+    from zoo.component import Context
     from zoo.registry import NORM
 
     s, rows = sess.settings, []
@@ -667,7 +667,9 @@ def section_norm(sess: Session) -> str:
         shape = SHAPES[shape_name]
         x = torch.randn(shape.batch * shape.context, shape.d_model, requires_grad=True)
         grad = torch.randn_like(x)
-        fns = {name: partial(_norm_step, NORM.get(name)(shape.d_model), x, grad) for name in ("layernorm", "rmsnorm")}
+        ctx = Context(d_model=shape.d_model, n_heads=shape.n_heads, max_seq_len=shape.context)
+        fns = {name: partial(_norm_step, NORM.get(name)(ctx, NORM.options(name)()), x, grad)
+               for name in ("layernorm", "rmsnorm")}
         stats = interleave(fns, replace(s, target_s=s.target_s / 4))
         ln, rms = stats["layernorm"].median, stats["rmsnorm"].median
         rows.append([shape_name, f"{shape.batch * shape.context} x {shape.d_model}", ms(ln), ms(rms), ratio(ln / rms)])

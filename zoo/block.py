@@ -6,22 +6,24 @@ the block only wires them together.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from dataclasses import replace
 
 import torch
 from torch import nn
 
+from zoo.component import Context, Options, build
 from zoo.layers.attention import KVCache
 from zoo.layers.position import Position
+from zoo.registry import ATTENTION, FFN
 
 
 class TransformerBlock(nn.Module):
-    def __init__(self, make_attention: Callable[..., nn.Module], make_ffn: Callable[[], nn.Module],
-                 make_norm: Callable[[], nn.Module], residual: type[nn.Module], cross: bool = False):
+    def __init__(self, ctx: Context, cfg: dict, residual: type[nn.Module], cross: bool = False):
         super().__init__()
-        self.attn = residual(make_attention(), make_norm)
-        self.cross = residual(make_attention(cross=True), make_norm) if cross else None
-        self.ffn = residual(make_ffn(), make_norm)
+        self.attn = residual(build(ATTENTION, cfg["attention"], ctx), ctx.norm)
+        cross_ctx = replace(ctx, cross=True)
+        self.cross = residual(build(ATTENTION, cfg["attention"], cross_ctx), ctx.norm) if cross else None
+        self.ffn = residual(build(FFN, cfg["ffn"], ctx), ctx.norm)
 
     def forward(self, x: torch.Tensor, pos: Position, mask: torch.Tensor | None, is_causal: bool,
                 memory: torch.Tensor | None = None, memory_mask: torch.Tensor | None = None,
@@ -33,4 +35,4 @@ class TransformerBlock(nn.Module):
         return self.ffn(x)
 
 
-NO_POSITION = Position(0, 1, 0)  # cross-attention compares two sequences: no relative positions
+NO_POSITION = Position(Context(d_model=1, n_heads=1, max_seq_len=0), Options())  # cross-attention: no positions

@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from zoo.build import is_int, is_number
+from zoo.registry import MODEL
 
 
 def sampling_error(max_new_tokens: Any, temperature: Any, top_k: Any = None, top_p: Any = None,
@@ -70,6 +71,11 @@ def check_length(model: nn.Module, total: int) -> None:
 
 
 @torch.no_grad()
+def generating_models() -> list[str]:
+    """The registered lineages that continue a prompt token by token."""
+    return [name for name in MODEL.names() if getattr(MODEL.get(name), "generates", False)]
+
+
 def generate(model: nn.Module, prompt: torch.Tensor, max_new_tokens: int, temperature: float = 0.0,
              top_k: int | None = None, top_p: float | None = None, src: torch.Tensor | None = None,
              src_padding: torch.Tensor | None = None, eos_id: int | None = None, use_cache: bool = True,
@@ -86,10 +92,10 @@ def generate(model: nn.Module, prompt: torch.Tensor, max_new_tokens: int, temper
     if error := sampling_error(max_new_tokens, temperature, top_k, top_p, prompt.shape[0], {"num_samples": "prompt"}):
         raise ValueError(error)
     name = getattr(model, "cfg", {}).get("name")
-    if name not in ("decoder_only", "encoder_decoder"):
-        raise ValueError(f"model '{name}' does not generate; generation needs decoder_only or encoder_decoder")
-    if name == "encoder_decoder" and src is None:
-        raise ValueError("encoder_decoder generation needs src (the source tokens)")
+    if not getattr(model, "generates", False):
+        raise ValueError(f"model '{name}' does not generate; generation needs {', '.join(generating_models())}")
+    if model.needs_source and src is None:
+        raise ValueError(f"{name} generation needs src (the source tokens)")
     window = position_limit(model) if slide else None
     if window is None:
         check_length(model, prompt.shape[1] + max_new_tokens)

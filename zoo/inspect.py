@@ -27,8 +27,8 @@ from zoo.io import atomic_write
 EXIT_OK, EXIT_ERROR = 0, 2
 CONF = Path(__file__).resolve().parent.parent / "conf"
 DEFAULT_CHAR_VOCAB = 102  # the char tokenizer fitted on the embedded corpus: 20 specials + 82 characters
-COMPONENTS = (("embedding", "embeddings"), ("attention", "attention"), ("ffn", "FFN"), ("norm", "norms"),
-              ("head", "head"))
+COMPONENTS = (("embedding", "embeddings"), ("position", "positions"), ("attention", "attention"), ("ffn", "FFN"),
+              ("norm", "norms"), ("head", "head"))
 
 
 class InspectError(ValueError):
@@ -145,13 +145,15 @@ def inspect_config(overrides: list[str]) -> dict:
 
 
 def describe(model: dict) -> str:
+    from zoo.registry import MODEL
+
     ffn = model["ffn"]
     d_ff = f" d_ff {ffn['d_ff']}" if ffn.get("d_ff") else ""
     att = model["attention"]
     kv = f" ({att['n_kv_heads']} kv heads)" if att.get("n_kv_heads") else ""
     window = f", window {att['window']}" if att.get("window") else ""
     layers = f"{model['n_layers']} layers"
-    if model["name"] == "encoder_decoder":
+    if MODEL.get(model["name"]).needs_source:  # an encoder and a decoder
         layers = f"{model['n_layers']}+{model.get('n_decoder_layers') or model['n_layers']} layers"
     return (f"{model['name']}: d_model {model['d_model']}, {layers}, {model['n_heads']} heads; "
             f"{att['name']}{kv}{window} attention, {model['position']['name']} positions, "
@@ -288,7 +290,7 @@ def attention_figure(checkpoint: str | Path, text: str, out: str | Path, max_lab
     truncated = len(ids) > limit
     ids = ids[:limit]
     tokens = torch.tensor([ids])
-    inputs = (tokens, tokens) if cfg["model"]["name"] == "encoder_decoder" else (tokens,)
+    inputs = (tokens, tokens) if model.needs_source else (tokens,)
     rows = ordered_maps(attention_maps(model, *inputs))
     if not rows:
         raise InspectError("checkpoint: the model has no attention layers to show")
@@ -351,7 +353,7 @@ def loss_by_position(checkpoint: str | Path, length: int, buckets: int = 8) -> d
     except CheckpointError as e:
         raise InspectError(str(e)) from None
     lineage, data_cfg = cfg["model"]["name"], dict(cfg["data"])
-    if lineage != "decoder_only" or data_cfg.get("kind") not in ("text", "hf"):
+    if not model.next_token_lm or data_cfg.get("kind") not in ("text", "hf"):
         raise InspectError(f"--loss-by-position: needs a decoder_only model trained on text; this checkpoint is "
                            f"{lineage} on data.kind={data_cfg.get('kind')}")
     limit = getattr(getattr(getattr(model, "decoder", None), "position", None), "max_len", None)

@@ -26,14 +26,23 @@ class Registry:
     def __init__(self, kind: str):
         self.kind = kind
         self._entries: dict[str, Callable[..., Any]] = {}
+        self._options: dict[str, type] = {}
+        self._examples: dict[str, list[dict]] = {}
 
-    def register(self, name: str, fn: Callable[..., Any] | None = None):
-        """Register `fn` under `name`; usable as a decorator or called directly."""
+    def register(self, name: str, fn: Callable[..., Any] | None = None, *, options: type | None = None,
+                 examples: list[dict] | None = None):
+        """Register `fn` under `name`; usable as a decorator or called directly.
+
+        options: the dataclass of the component's own options (zoo.component.Options when it has none);
+        examples: option sets the property tests build it with (default: its defaults alone)."""
 
         def add(f: Callable[..., Any]) -> Callable[..., Any]:
             if name in self._entries:
                 raise KeyError(f"{self.kind}: '{name}' is already registered")
             self._entries[name] = f
+            if options is not None:
+                self._options[name] = options
+            self._examples[name] = examples or [{}]
             return f
 
         return add if fn is None else add(fn)
@@ -50,6 +59,18 @@ class Registry:
         if name not in self._entries:
             raise UnknownNameError(f"{self.kind}: unknown name '{name}'; valid: {', '.join(self.names())}")
         return self._entries[name]
+
+    def options(self, name: str) -> type:
+        """The dataclass declaring the component's options (typed, with defaults)."""
+        from zoo.component import Options
+
+        self.get(name)
+        return self._options.get(name, Options)
+
+    def examples(self, name: str) -> list[dict]:
+        """The option sets the component is tested with, e.g. gqa: [{"n_kv_heads": 2}]."""
+        self.get(name)
+        return self._examples[name]
 
     def names(self) -> list[str]:
         self._load()

@@ -3,22 +3,39 @@
 n_kv_heads key/value heads are shared by groups of n_heads // n_kv_heads query heads:
 MHA has n_kv_heads == n_heads (Vaswani et al. 2017), MQA one (Shazeer 2019), GQA in between
 (Ainslie et al. 2023). Masks are built once per forward by `attention_mask` and shared by all layers.
-Constructor shape: `(d_model, n_heads, n_kv_heads, bias, dropout, backend, cross)`.
+Every attention is built as `factory(ctx, opts)` (zoo.component); `AttentionOptions` are the options
+every variant has, and a variant's own options extend them.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from functools import lru_cache
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from zoo.component import Context, Options, linear_flops, need
 from zoo.layers.position import Position
 from zoo.registry import ATTENTION
 
 BACKENDS = ("sdpa", "math")
+
+
+@dataclass(kw_only=True)
+class AttentionOptions(Options):
+    """Options every attention variant has."""
+
+    window: int | None = None  # sliding window: keys at distance < window (the stack builds the mask)
+    backend: Literal["sdpa", "math"] = "sdpa"  # sdpa (fused kernel) or math (explicit softmax; keeps weights)
+
+
+def check_window(opts: AttentionOptions) -> None:
+    need(opts.window is None or opts.window > 0, "attention.window",
+         f"must be a positive integer or null, got {opts.window!r}")
 
 
 class KVCache:
@@ -55,20 +72,23 @@ class KVCache:
 
 
 class Attention(nn.Module):
-    def __init__(self, d_model: int, n_heads: int, n_kv_heads: int | None = None, bias: bool = True,
-                 dropout: float = 0.0, backend: str = "sdpa", cross: bool = False):
+    count_as = "attention"
+    residual_outputs = ("out",)  # writes into the residual stream: depth-scaled init
+
+    def __init__(self, ctx: Context, opts: AttentionOptions, n_kv_heads: int):
         super().__init__()
-        n_kv_heads = n_kv_heads or n_heads
-        self.n_heads, self.n_kv_heads, self.head_dim = n_heads, n_kv_heads, d_model // n_heads
-        self.backend, self.dropout = backend, dropout
+        check_window(opts)
+        d_model, n_heads, bias = ctx.d_model, ctx.n_heads, ctx.bias
+        self.n_heads, self.n_kv_heads, self.head_dim = n_heads, n_kv_heads, ctx.head_dim
+        self.backend, self.dropout = opts.backend, ctx.dropout
         q_dim, kv_dim = n_heads * self.head_dim, n_kv_heads * self.head_dim
         self.split = (q_dim, kv_dim, kv_dim)
-        if cross:  # queries from the decoder, keys and values from the encoder's output
+        if ctx.cross:  # queries from the decoder, keys and values from the encoder's output
             self.q, self.kv = nn.Linear(d_model, q_dim, bias=bias), nn.Linear(d_model, 2 * kv_dim, bias=bias)
         else:  # one fused projection: a single matrix product for q, k and v
             self.qkv = nn.Linear(d_model, q_dim + 2 * kv_dim, bias=bias)
         self.out = nn.Linear(q_dim, d_model, bias=bias)
-        self.out_dropout = nn.Dropout(dropout)
+        self.out_dropout = nn.Dropout(ctx.dropout)
         self.record = False  # when True, use the math backend and keep `weights` (B, H, Tq, Tk)
         self.weights: torch.Tensor | None = None
 
@@ -92,6 +112,14 @@ class Attention(nn.Module):
                     cache.append(k, v)
         y = self._attend(q, k, v, mask, is_causal)
         return self.out_dropout(self.out(y.transpose(1, 2).reshape(B, T, -1)))
+
+    def cache_bytes_per_token(self, element_size: int) -> int:
+        """KV-cache bytes one token adds to this layer: its keys and values."""
+        return 2 * self.n_kv_heads * self.head_dim * element_size
+
+    def flops(self, t: int) -> int:
+        """Forward FLOPs per token at context t: the projections, then q.k scores and the weighted sum."""
+        return linear_flops(self) + 4 * t * self.n_heads * self.head_dim
 
     def _heads(self, t: torch.Tensor) -> torch.Tensor:
         return t.unflatten(-1, (-1, self.head_dim)).transpose(1, 2)
@@ -118,27 +146,30 @@ class Attention(nn.Module):
         return F.dropout(weights, dropout) @ v
 
 
-@ATTENTION.register("mha")
-def mha(d_model: int, n_heads: int, bias: bool = True, dropout: float = 0.0, backend: str = "sdpa",
-        cross: bool = False) -> Attention:
-    return Attention(d_model, n_heads, n_heads, bias, dropout, backend, cross)
+@ATTENTION.register("mha", options=AttentionOptions)
+def mha(ctx: Context, opts: AttentionOptions) -> Attention:
+    """Multi-head attention: a key/value head per query head (Vaswani et al. 2017)."""
+    return Attention(ctx, opts, ctx.n_heads)
 
 
-@ATTENTION.register("mqa")
-def mqa(d_model: int, n_heads: int, bias: bool = True, dropout: float = 0.0, backend: str = "sdpa",
-        cross: bool = False) -> Attention:
-    return Attention(d_model, n_heads, 1, bias, dropout, backend, cross)
+@ATTENTION.register("mqa", options=AttentionOptions)
+def mqa(ctx: Context, opts: AttentionOptions) -> Attention:
+    """Multi-query attention: one key/value head shared by all query heads (Shazeer 2019)."""
+    return Attention(ctx, opts, 1)
 
 
-@ATTENTION.register("gqa")
-def gqa(d_model: int, n_heads: int, n_kv_heads: int, bias: bool = True, dropout: float = 0.0,
-        backend: str = "sdpa", cross: bool = False) -> Attention:
-    return Attention(d_model, n_heads, n_kv_heads, bias, dropout, backend, cross)
+@dataclass(kw_only=True)
+class GQAOptions(AttentionOptions):
+    n_kv_heads: int  # key/value heads, each shared by n_heads // n_kv_heads query heads
 
 
-def kv_heads(name: str, n_heads: int, n_kv_heads: int | None) -> int:
-    """How many key/value heads an attention variant has (for counting and KV-cache sizing)."""
-    return {"mha": n_heads, "mqa": 1}.get(name, n_kv_heads or n_heads)
+@ATTENTION.register("gqa", options=GQAOptions, examples=[{"n_kv_heads": 2}])
+def gqa(ctx: Context, opts: GQAOptions) -> Attention:
+    """Grouped-query attention: groups of query heads share a key/value head (Ainslie et al. 2023)."""
+    kv = opts.n_kv_heads
+    need(kv > 0, "attention.n_kv_heads", f"must be a positive integer, got {kv}")
+    need(ctx.n_heads % kv == 0, "attention.n_kv_heads", f"n_heads={ctx.n_heads} is not divisible by n_kv_heads={kv}")
+    return Attention(ctx, opts, kv)
 
 
 def _slow_fused_backward(q: torch.Tensor) -> bool:

@@ -1,4 +1,4 @@
-"""Position-wise feed-forward networks. Constructor shape: `(d_model, d_ff, bias, dropout)`.
+"""Position-wise feed-forward networks, built as `ffn(ctx, opts)` (zoo.component).
 
 `d_ff=None` picks the usual hidden size: 4 * d_model for MLP, and for gated variants the
 parameter-matched 2/3 of that (three matrices instead of two), rounded up to a multiple of 8.
@@ -6,12 +6,14 @@ parameter-matched 2/3 of that (three matrices instead of two), rounded up to a m
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from functools import partial
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from zoo.component import Context, Options, need
 from zoo.registry import FFN
 
 ACTIVATIONS = {
@@ -28,38 +30,48 @@ def default_d_ff(d_model: int, gated: bool) -> int:
     return 8 * ((2 * 4 * d_model // 3 + 7) // 8)
 
 
-class MLP(nn.Module):
-    """down(act(up(x))): the original Transformer FFN (ReLU) and GPT/BERT's (GELU)."""
+@dataclass(kw_only=True)
+class FFNOptions(Options):
+    d_ff: int | None = None  # hidden size; null: 4 * d_model, or 8/3 * d_model (to a multiple of 8) if gated
 
+
+class _FFN(nn.Module):
+    count_as = "ffn"
+    residual_outputs = ("down",)  # writes into the residual stream: depth-scaled init
     gated = False
     activation = "gelu"
 
-    def __init__(self, d_model: int, d_ff: int | None, bias: bool = True, dropout: float = 0.0):
+    def __init__(self, ctx: Context, opts: FFNOptions):
         super().__init__()
-        d_ff = d_ff or default_d_ff(d_model, self.gated)
+        need(opts.d_ff is None or opts.d_ff > 0, "ffn.d_ff", f"must be a positive integer or null, got {opts.d_ff!r}")
+        self.d_ff = opts.d_ff or default_d_ff(ctx.d_model, self.gated)
         self.act = ACTIVATIONS[self.activation]
-        self.up = nn.Linear(d_model, d_ff, bias=bias)
-        self.down = nn.Linear(d_ff, d_model, bias=bias)
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = nn.Dropout(ctx.dropout)
+
+
+class MLP(_FFN):
+    """down(act(up(x))): the original Transformer FFN (ReLU) and GPT/BERT's (GELU)."""
+
+    def __init__(self, ctx: Context, opts: FFNOptions):
+        super().__init__(ctx, opts)
+        self.up = nn.Linear(ctx.d_model, self.d_ff, bias=ctx.bias)
+        self.down = nn.Linear(self.d_ff, ctx.d_model, bias=ctx.bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.dropout(self.down(self.act(self.up(x))))
 
 
-class GatedMLP(nn.Module):
+class GatedMLP(_FFN):
     """down(act(gate(x)) * up(x)): GLU variants (Shazeer 2020), e.g. SwiGLU in Llama."""
 
     gated = True
     activation = "silu"
 
-    def __init__(self, d_model: int, d_ff: int | None, bias: bool = True, dropout: float = 0.0):
-        super().__init__()
-        d_ff = d_ff or default_d_ff(d_model, self.gated)
-        self.act = ACTIVATIONS[self.activation]
-        self.gate = nn.Linear(d_model, d_ff, bias=bias)
-        self.up = nn.Linear(d_model, d_ff, bias=bias)
-        self.down = nn.Linear(d_ff, d_model, bias=bias)
-        self.dropout = nn.Dropout(dropout)
+    def __init__(self, ctx: Context, opts: FFNOptions):
+        super().__init__(ctx, opts)
+        self.gate = nn.Linear(ctx.d_model, self.d_ff, bias=ctx.bias)
+        self.up = nn.Linear(ctx.d_model, self.d_ff, bias=ctx.bias)
+        self.down = nn.Linear(self.d_ff, ctx.d_model, bias=ctx.bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.dropout(self.down(self.act(self.gate(x)) * self.up(x)))
@@ -70,4 +82,4 @@ for _name, _base, _act in [
     ("relu", MLP, "relu"), ("gelu", MLP, "gelu"), ("gelu_tanh", MLP, "gelu_tanh"),
     ("reglu", GatedMLP, "relu"), ("geglu", GatedMLP, "gelu"), ("swiglu", GatedMLP, "silu"),
 ]:
-    FFN.register(_name, type(_name.upper(), (_base,), {"activation": _act}))
+    FFN.register(_name, type(_name.upper(), (_base,), {"activation": _act}), options=FFNOptions)

@@ -5,25 +5,29 @@
 - `score_bias(t_q, t_k, offset)`: a bias scheme returns (H, t_q, t_k) added to attention scores.
 Each method is a no-op (or returns None) where the scheme does not apply. `offset` is the
 position of the first token, non-zero when decoding with a KV cache.
-Constructor shape: `(d_model, n_heads, max_seq_len, **own_options)`.
+A stack builds one position module, shared by its layers, as `factory(ctx, opts)` (zoo.component).
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 from torch import nn
 
+from zoo.component import Context, Options, need
 from zoo.registry import POSITION
 
 
 class Position(nn.Module):
     """No positional information: attention is permutation-equivariant (`none`)."""
 
-    max_len: int | None = None  # a hard limit on positions, or None when any length works
+    count_as = "position"
+    hard_limit = False  # True: positions past model.max_seq_len do not exist (learned positions)
+    max_len: int | None = None  # that limit, or None when any length works
 
-    def __init__(self, d_model: int, n_heads: int, max_seq_len: int):
+    def __init__(self, ctx: Context, opts: Options):
         super().__init__()
 
     def embed(self, x: torch.Tensor, offset: int = 0) -> torch.Tensor:
@@ -36,17 +40,19 @@ class Position(nn.Module):
         return None
 
 
-POSITION.register("none", Position)
+POSITION.register("none", Position, options=Options)
 
 
-@POSITION.register("learned")
+@POSITION.register("learned", options=Options)
 class LearnedPosition(Position):
     """A trained vector per position (GPT-2, BERT); cannot go past max_seq_len."""
 
-    def __init__(self, d_model: int, n_heads: int, max_seq_len: int):
-        super().__init__(d_model, n_heads, max_seq_len)
-        self.max_len = max_seq_len
-        self.weight = nn.Parameter(torch.zeros(max_seq_len, d_model))
+    hard_limit = True
+
+    def __init__(self, ctx: Context, opts: Options):
+        super().__init__(ctx, opts)
+        self.max_len = ctx.max_seq_len
+        self.weight = nn.Parameter(torch.zeros(ctx.max_seq_len, ctx.d_model))
 
     def embed(self, x: torch.Tensor, offset: int = 0) -> torch.Tensor:
         t = x.shape[-2]
@@ -59,9 +65,9 @@ class LearnedPosition(Position):
 class _GrowingTable(Position):
     """A scheme whose per-position table is computed once and regrown (doubled) only on demand."""
 
-    def __init__(self, d_model: int, n_heads: int, max_seq_len: int):
-        super().__init__(d_model, n_heads, max_seq_len)
-        self.register_buffer("table", self._table(max_seq_len), persistent=False)
+    def __init__(self, ctx: Context, opts: Options):
+        super().__init__(ctx, opts)
+        self.register_buffer("table", self._table(ctx.max_seq_len), persistent=False)
 
     def _rows(self, offset: int, t: int) -> torch.Tensor:
         if offset + t > self.table.shape[0]:
@@ -73,13 +79,19 @@ class _GrowingTable(Position):
         raise NotImplementedError
 
 
-@POSITION.register("sinusoidal")
+@dataclass(kw_only=True)
+class SinusoidalOptions(Options):
+    base: float = 10000.0  # the longest wavelength is 2 pi base
+
+
+@POSITION.register("sinusoidal", options=SinusoidalOptions)
 class SinusoidalPosition(_GrowingTable):
     """Fixed sin/cos waves of geometric wavelengths (Vaswani et al. 2017), added to embeddings."""
 
-    def __init__(self, d_model: int, n_heads: int, max_seq_len: int, base: float = 10000.0):
-        self.d_model, self.base = d_model, base
-        super().__init__(d_model, n_heads, max_seq_len)
+    def __init__(self, ctx: Context, opts: SinusoidalOptions):
+        need(opts.base > 0, "position.base", f"must be positive, got {opts.base!r}; valid: a finite number > 0")
+        self.d_model, self.base = ctx.d_model, opts.base
+        super().__init__(ctx, opts)
 
     def _table(self, n: int) -> torch.Tensor:
         pos = torch.arange(n, dtype=torch.float32)[:, None]
@@ -93,14 +105,22 @@ class SinusoidalPosition(_GrowingTable):
         return x + self._rows(offset, x.shape[-2]).to(x.dtype)
 
 
-@POSITION.register("rope")
+@dataclass(kw_only=True)
+class RotaryOptions(Options):
+    theta: float = 10000.0  # base of the rotation frequencies
+
+
+@POSITION.register("rope", options=RotaryOptions)
 class RotaryPosition(_GrowingTable):
     """RoPE (Su et al. 2021): rotate each (i, i + hd/2) pair of q and k by angle pos * theta^(-2i/hd),
     so q.k depends only on the offset between positions. Half-split layout, as in Llama."""
 
-    def __init__(self, d_model: int, n_heads: int, max_seq_len: int, theta: float = 10000.0):
-        self.head_dim, self.theta = d_model // n_heads, theta
-        super().__init__(d_model, n_heads, max_seq_len)
+    def __init__(self, ctx: Context, opts: RotaryOptions):
+        need(opts.theta > 0, "position.theta", f"must be positive, got {opts.theta!r}; valid: a finite number > 0")
+        need(ctx.head_dim % 2 == 0, "position.name",
+             f"rope needs an even head size, got d_model/n_heads={ctx.head_dim}")
+        self.head_dim, self.theta = ctx.head_dim, opts.theta
+        super().__init__(ctx, opts)
 
     def _table(self, n: int) -> torch.Tensor:
         inv_freq = self.theta ** (-torch.arange(0, self.head_dim, 2, dtype=torch.float32) / self.head_dim)
@@ -117,14 +137,14 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
     return x * cos + torch.cat((-x2, x1), dim=-1) * sin
 
 
-@POSITION.register("alibi")
+@POSITION.register("alibi", options=Options)
 class ALiBiPosition(Position):
     """ALiBi (Press et al. 2022): no embeddings; each head penalises scores linearly with distance,
     -slope_h * |i - j|, with geometric slopes. Extrapolates to longer inputs than trained on."""
 
-    def __init__(self, d_model: int, n_heads: int, max_seq_len: int):
-        super().__init__(d_model, n_heads, max_seq_len)
-        self.register_buffer("slopes", alibi_slopes(n_heads), persistent=False)
+    def __init__(self, ctx: Context, opts: Options):
+        super().__init__(ctx, opts)
+        self.register_buffer("slopes", alibi_slopes(ctx.n_heads), persistent=False)
         self._cache: tuple[tuple, torch.Tensor] | None = None
 
     def score_bias(self, t_q: int, t_k: int, offset: int = 0) -> torch.Tensor:

@@ -5,17 +5,21 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from zoo.models.stack import Cache, Stack
+from zoo.models.stack import Cache, Stack, context
 from zoo.registry import MODEL
 
 
 @MODEL.register("decoder_only")
 class DecoderOnly(nn.Module):
+    generates = True  # sample.py and zoo.generate continue a prompt token by token
+    needs_source = False
+    next_token_lm = True  # a per-token next-token loss (perplexity, bits per character) on running text
+
     def __init__(self, cfg: dict):
         super().__init__()
         self.cfg = cfg
         self.embed = nn.Embedding(cfg["vocab_size"], cfg["d_model"])
-        self.decoder = Stack(cfg, self.embed, cfg["n_layers"], causal=True)
+        self.decoder = Stack(cfg, context(cfg, cfg["n_layers"], causal=True), self.embed, cfg["n_layers"])
         self.head = nn.Linear(cfg["d_model"], cfg["vocab_size"], bias=False)
         if cfg["tie_embeddings"]:
             self.head.weight = self.embed.weight

@@ -3,22 +3,29 @@ cross-attends to it, one shared token embedding and a tied output head."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 from torch import nn
 
-from zoo.models.stack import Cache, Stack
+from zoo.models.stack import Cache, Stack, context
 from zoo.registry import MODEL
 
 
 @MODEL.register("encoder_decoder")
 class EncoderDecoder(nn.Module):
+    generates = True
+    needs_source = True  # the forward pass and generation take a source sequence to encode
+    next_token_lm = False
+
     def __init__(self, cfg: dict):
         super().__init__()
         self.cfg = cfg
         self.embed = nn.Embedding(cfg["vocab_size"], cfg["d_model"])
-        self.encoder = Stack(cfg, self.embed, cfg["n_layers"], causal=False)
-        n_dec = cfg.get("n_decoder_layers") or cfg["n_layers"]
-        self.decoder = Stack(cfg, self.embed, n_dec, causal=True, cross=True)
+        n_enc, n_dec = cfg["n_layers"], cfg.get("n_decoder_layers") or cfg["n_layers"]
+        ctx = context(cfg, n_enc + n_dec)
+        self.encoder = Stack(cfg, ctx, self.embed, n_enc)
+        self.decoder = Stack(cfg, replace(ctx, causal=True, layer=n_enc), self.embed, n_dec, cross=True)
         self.head = nn.Linear(cfg["d_model"], cfg["vocab_size"], bias=False)
         if cfg["tie_embeddings"]:
             self.head.weight = self.embed.weight

@@ -6,20 +6,25 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from zoo.models.stack import Stack, make_norm_factory
+from zoo.models.stack import Stack, context
 from zoo.registry import MODEL
 
 
 @MODEL.register("encoder_only")
 class EncoderOnly(nn.Module):
+    generates = False  # fills masked positions in one pass; no token-by-token generation
+    needs_source = False
+    next_token_lm = False
+
     def __init__(self, cfg: dict):
         super().__init__()
         self.cfg = cfg
         d, vocab, bias = cfg["d_model"], cfg["vocab_size"], cfg["bias"]
         self.embed = nn.Embedding(vocab, d)
-        self.encoder = Stack(cfg, self.embed, cfg["n_layers"], causal=False)
+        ctx = context(cfg, cfg["n_layers"])
+        self.encoder = Stack(cfg, ctx, self.embed, cfg["n_layers"])
         # BERT's MLM head: a dense + GELU + norm transform, then the output projection with a bias.
-        self.head_dense, self.head_norm = nn.Linear(d, d, bias=bias), make_norm_factory(cfg)()
+        self.head_dense, self.head_norm = nn.Linear(d, d, bias=bias), ctx.norm()
         self.head = nn.Linear(d, vocab, bias=bias)
         if cfg["tie_embeddings"]:
             self.head.weight = self.embed.weight

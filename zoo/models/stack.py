@@ -3,50 +3,48 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from functools import partial
 
 import torch
 from torch import nn
 
 from zoo.block import TransformerBlock
+from zoo.component import Context, build
 from zoo.layers.attention import KVCache, attention_bias, cross_attention_mask
-from zoo.registry import ATTENTION, FFN, NORM, POSITION, RESIDUAL
+from zoo.registry import NORM, POSITION, RESIDUAL
 
 Cache = list[tuple[KVCache, KVCache]]  # per layer: (self-attention, cross-attention)
 
 
-def make_norm_factory(cfg: dict):
+def context(cfg: dict, n_layers: int, causal: bool = False) -> Context:
+    """The build context of a model with n_layers blocks in all, its norm factory included."""
+    ctx = Context(d_model=cfg["d_model"], n_heads=cfg["n_heads"], max_seq_len=cfg["max_seq_len"],
+                  n_layers=n_layers, causal=causal, bias=cfg["bias"], dropout=cfg["dropout"])
     norm = cfg["norm"]
-    return partial(NORM.get(norm["type"]), cfg["d_model"], norm["eps"], cfg["bias"])
+    opts = NORM.options(norm["type"])(**{k: v for k, v in norm.items() if k not in ("type", "placement")})
+    return replace(ctx, norm=partial(NORM.get(norm["type"]), ctx, opts))
 
 
 class Stack(nn.Module):
     """Token embedding -> positions -> n_layers blocks -> final norm (where the placement needs one).
 
     causal=True makes it a decoder (each token sees only earlier ones); cross=True adds
-    cross-attention to an encoder's output."""
+    cross-attention to an encoder's output. ctx.layer is the index of its first block in the model."""
 
-    def __init__(self, cfg: dict, embed: nn.Embedding, n_layers: int, causal: bool, cross: bool = False):
+    def __init__(self, cfg: dict, ctx: Context, embed: nn.Embedding, n_layers: int, cross: bool = False):
         super().__init__()
-        d, heads, att, pos = cfg["d_model"], cfg["n_heads"], cfg["attention"], cfg["position"]
-        self.embed, self.causal, self.window = embed, causal, att.get("window")
-        self.embed_scale = math.sqrt(d) if cfg["scale_embeddings"] else 1.0
-        pos_opts = {k: v for k, v in pos.items() if k != "name"}
-        self.position = POSITION.get(pos["name"])(d, heads, cfg["max_seq_len"], **pos_opts)
-        make_norm = make_norm_factory(cfg)
-        self.embed_norm = make_norm() if cfg["embed_norm"] else nn.Identity()
-        self.dropout = nn.Dropout(cfg["dropout"])
-        attn_opts = {k: v for k, v in att.items() if k not in ("name", "window")}
-        make_attention = partial(ATTENTION.get(att["name"]), d, heads, bias=cfg["bias"],
-                                 dropout=cfg["dropout"], **attn_opts)
-        ffn = cfg["ffn"]
-        make_ffn = partial(FFN.get(ffn["name"]), d, ffn.get("d_ff"), cfg["bias"], cfg["dropout"])
+        self.embed, self.causal, self.window = embed, ctx.causal, cfg["attention"]["window"]
+        self.embed_scale = math.sqrt(ctx.d_model) if cfg["scale_embeddings"] else 1.0
+        self.position = build(POSITION, cfg["position"], ctx)
+        self.embed_norm = ctx.norm() if cfg["embed_norm"] else nn.Identity()
+        self.dropout = nn.Dropout(ctx.dropout)
         residual = RESIDUAL.get(cfg["norm"]["placement"])
         self.blocks = nn.ModuleList(
-            TransformerBlock(make_attention, make_ffn, make_norm, residual, cross) for _ in range(n_layers)
+            TransformerBlock(replace(ctx, layer=ctx.layer + i), cfg, residual, cross) for i in range(n_layers)
         )
         final = cfg.get("final_norm")  # None: the placement decides (Post-LN has none; nn.Transformer adds one)
-        self.final_norm = make_norm() if (residual.final_norm if final is None else final) else nn.Identity()
+        self.final_norm = ctx.norm() if (residual.final_norm if final is None else final) else nn.Identity()
 
     def forward(self, tokens: torch.Tensor, padding: torch.Tensor | None = None,
                 memory: torch.Tensor | None = None, memory_padding: torch.Tensor | None = None,

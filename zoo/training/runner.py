@@ -60,6 +60,7 @@ from zoo.training.data import bits_per_char, build_data
 from zoo.training.loggers import build_loggers, finish_loggers, log_config
 from zoo.training.module import ZooModule
 from zoo.training.objectives import higher_is_better
+from zoo.registry import MODEL, POSITION
 from zoo.training.validate import check_memory, check_run
 
 
@@ -231,14 +232,14 @@ def _prepare(plain: dict):
     if threads is not None and (not isinstance(threads, int) or isinstance(threads, bool) or threads <= 0):
         raise ConfigError(f"threads: must be a positive integer or null (torch's default), got {threads!r}")
     data = build_data(plain["data"], plain["seed"], trainer["max_steps"] * trainer.get("accumulate_grad_batches", 1))
-    if data.is_task and model_cfg["name"] == "encoder_only" and data.task.name == "addition":
+    if data.is_task and not MODEL.get(model_cfg["name"]).generates and data.task.name == "addition":
         raise ConfigError("data.task: encoder_only fills the target positions in one pass and needs the target "
                           "length, which addition does not fix; use data=copy, reverse or sort, or "
                           "model=decoder_only / encoder_decoder")
     need = data.required_len()
     if model_cfg.get("max_seq_len") is None:
         model_cfg["max_seq_len"] = need
-    elif model_cfg["max_seq_len"] < need and model_cfg["position"]["name"] == "learned":
+    elif model_cfg["max_seq_len"] < need and POSITION.get(model_cfg["position"]["name"]).hard_limit:
         raise ConfigError(f"model.max_seq_len: {model_cfg['max_seq_len']} learned positions cannot cover sequences "
                           f"of {need} tokens (data.context or the task's longest test example); raise it or "
                           "leave it null")
@@ -371,7 +372,7 @@ def _trim_history(path: Path, step: int) -> None:
 def _summary(plain, data, trainer, throughput, best, status, diverged_step) -> dict:
     m = plain["model"]
     final = {k: v for k, v in best.final.items() if k != "step"}
-    if "val_loss" in final and not data.is_task and m["name"] == "decoder_only":  # per-token LM loss only
+    if "val_loss" in final and not data.is_task and MODEL.get(m["name"]).next_token_lm:  # per-token LM loss only
         final["val_ppl"] = math.exp(final["val_loss"])
         final["val_bpc"] = bits_per_char(final["val_loss"], data.tokens_per_char)
     return {
@@ -455,7 +456,7 @@ def _print_sample(module: ZooModule, data, plain: dict) -> None:
             pred = module.objective.predict(model, torch.tensor([src]), len(tgt))[0]
             print(f"{tok.decode(src)} -> {tok.decode(pred)} (expected {tok.decode(tgt)})")
         return
-    if plain["model"]["name"] != "decoder_only":
+    if not MODEL.get(plain["model"]["name"]).next_token_lm:
         return  # masked LM and denoising models do not continue text
     prompt = torch.tensor([tok.encode(s["prompt"], errors="replace") or [tok.bos_id]])
     limit = position_limit(model)

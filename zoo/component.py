@@ -1,0 +1,128 @@
+"""The component contract: what every attention, position, norm and FFN receives and declares.
+
+- A factory is called as `factory(ctx, opts)`: `ctx` is the `Context` (what the stack knows),
+  `opts` the component's own options, an instance of the dataclass it registered with.
+- Options are declared once, typed, with defaults (`@dataclass class GQAOptions(AttentionOptions)`).
+  `check_options` turns a config mapping into that dataclass, or fails in one line naming
+  `model.<kind>.<option>` and the valid options.
+- A component checks its own constraints with `need(...)` in its own file, before it allocates.
+- Initialisation: every weight ~ N(0, init_std), biases 0. A module lists the children whose
+  weights write into the residual stream in `residual_outputs` (scaled down with depth) and its
+  parameters that are gains in `gains` (set to 1).
+- Whatever other code needs to know it asks the component: `count_as` (which count group its
+  parameters go to), `flops(t)`, `inactive_params()`, attention's `n_kv_heads` and
+  `cache_bytes_per_token(...)`, a position's `hard_limit` and `max_len`, an FFN's `gated`, and
+  `aux_losses` (a dict of weighted scalar losses that a forward pass leaves for the objective).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import types
+import typing
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+
+class ConfigError(ValueError):
+    """A bad model or training config, reported as one line that names the key."""
+
+
+def need(ok: bool, key: str, msg: str) -> None:
+    """Fail with `model.<key>: <msg>` unless ok: a component's own constraint check."""
+    if not ok:
+        raise ConfigError(f"model.{key}: {msg}")
+
+
+@dataclass(frozen=True)
+class Context:
+    """What the stack knows when it builds a component; each component takes what it needs."""
+
+    d_model: int
+    n_heads: int
+    max_seq_len: int
+    layer: int = 0  # this block's index in the whole model (the encoder's blocks first)
+    n_layers: int = 1  # blocks in the whole model
+    causal: bool = False  # a decoder stack: each token sees only earlier ones
+    cross: bool = False  # cross-attention: queries from the decoder, keys and values from the encoder
+    bias: bool = True  # biases in linear layers and LayerNorm
+    dropout: float = 0.0
+    norm: Callable[..., Any] | None = None  # the model's norm: norm(dim=None) -> a new norm module
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.n_heads
+
+
+@dataclass(kw_only=True)
+class Options:
+    """A component without options of its own."""
+
+
+def _type_name(t: Any) -> str:
+    if typing.get_origin(t) is typing.Literal:
+        return " | ".join(repr(a) for a in typing.get_args(t))
+    if typing.get_origin(t) in (typing.Union, types.UnionType):
+        return " | ".join("null" if a is type(None) else _type_name(a) for a in typing.get_args(t))
+    return {int: "an integer", float: "a number", bool: "true or false", str: "a string"}.get(t, str(t))
+
+
+def _fits(value: Any, t: Any) -> bool:
+    origin = typing.get_origin(t)
+    if origin is typing.Literal:
+        return value in typing.get_args(t)
+    if origin in (typing.Union, types.UnionType):
+        return any(_fits(value, a) for a in typing.get_args(t))
+    if t is type(None):
+        return value is None
+    if t is bool:
+        return isinstance(value, bool)
+    if t is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if t is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    if t is str:
+        return isinstance(value, str)
+    return True  # a type the checker does not know: the component checks it
+
+
+def option_fields(cls: type) -> dict[str, dataclasses.Field]:
+    return {f.name: f for f in dataclasses.fields(cls)}
+
+
+def check_options(key: str, name: str, cls: type, values: Mapping) -> Any:
+    """values (a component's config without `name`) -> an instance of its options dataclass.
+
+    key is the config path (`attention`, `norm`, ...); errors are one line naming key.option."""
+    fields, hints = option_fields(cls), typing.get_type_hints(cls)
+    valid = ", ".join(sorted(fields)) or "none"
+    for opt, value in values.items():
+        need(opt in fields, f"{key}.{opt}", f"not an option of '{name}'; valid: {valid}")
+        choices = typing.get_args(hints[opt]) if typing.get_origin(hints[opt]) is typing.Literal else None
+        need(_fits(value, hints[opt]), f"{key}.{opt}", f"unknown {value!r}; valid: {', '.join(map(str, choices))}"
+             if choices else f"expected {_type_name(hints[opt])}, got {value!r}")
+    for opt, f in fields.items():
+        missing = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+        need(opt in values or not missing, f"{key}.{opt}", f"required by '{name}' ({_type_name(hints[opt])})")
+    return cls(**{k: float(v) if hints[k] is float else v for k, v in values.items()})
+
+
+def build(registry: Any, node: Mapping, ctx: Context, name_key: str = "name", skip: tuple = ()) -> Any:
+    """The component a resolved config node names, built with its options: `factory(ctx, opts)`."""
+    name = node[name_key]
+    opts = registry.options(name)(**{k: v for k, v in node.items() if k != name_key and k not in skip})
+    return registry.get(name)(ctx, opts)
+
+
+def option_values(opts: Any) -> dict:
+    """An options instance as a plain dict, for the resolved config."""
+    return dataclasses.asdict(opts)
+
+
+def linear_flops(module: Any) -> int:
+    """2 FLOPs per weight of every linear layer in module (an nn.Module): its matrix products, per token."""
+    from torch import nn
+
+    return sum(2 * m.weight.numel() for m in module.modules() if isinstance(m, nn.Linear))
