@@ -31,6 +31,14 @@ class AttentionOptions(Options):
 
     window: int | None = None  # sliding window: keys at distance < window (the stack builds the mask)
     backend: Literal["sdpa", "math"] = "sdpa"  # sdpa (fused kernel) or math (explicit softmax; keeps weights)
+    qk_norm: bool = False  # normalise each head's queries and keys with the model's norm (OLMo 2, Gemma 3)
+
+
+def qk_norms(ctx: Context, opts: AttentionOptions, dim: int) -> tuple[nn.Module, nn.Module]:
+    """The per-head query and key norms qk_norm asks for (before RoPE, as OLMo 2), else identities."""
+    if not opts.qk_norm:
+        return nn.Identity(), nn.Identity()
+    return ctx.norm(dim), ctx.norm(dim)
 
 
 def check_window(opts: AttentionOptions) -> None:
@@ -89,6 +97,7 @@ class Attention(nn.Module):
             self.qkv = nn.Linear(d_model, q_dim + 2 * kv_dim, bias=bias)
         self.out = nn.Linear(q_dim, d_model, bias=bias)
         self.out_dropout = nn.Dropout(ctx.dropout)
+        self.q_norm, self.k_norm = qk_norms(ctx, opts, self.head_dim)
         self.record = False  # when True, use the math backend and keep `weights` (B, H, Tq, Tk)
         self.weights: torch.Tensor | None = None
 
@@ -98,16 +107,17 @@ class Attention(nn.Module):
         B, T, _ = x.shape
         if context is None:
             q, k, v = self.qkv(x).split(self.split, dim=-1)
-            q, k, v = self._heads(q), self._heads(k), self._heads(v)  # (B, H, T, hd)
+            q, k, v = self.q_norm(self._heads(q)), self.k_norm(self._heads(k)), self._heads(v)  # (B, H, T, hd)
             q, k = pos.rotate(q, k, offset)
             if cache is not None:
                 k, v = cache.append(k, v)
         else:
-            q = self._heads(self.q(x))
+            q = self.q_norm(self._heads(self.q(x)))
             if cache is not None and cache.len:  # the encoder output is fixed: project it once
                 k, v = cache.keys, cache.values
             else:
                 k, v = (self._heads(t) for t in self.kv(context).chunk(2, dim=-1))
+                k = self.k_norm(k)
                 if cache is not None:
                     cache.append(k, v)
         y = self._attend(q, k, v, mask, is_causal)
@@ -146,7 +156,7 @@ class Attention(nn.Module):
         return F.dropout(weights, dropout) @ v
 
 
-@ATTENTION.register("mha", options=AttentionOptions)
+@ATTENTION.register("mha", options=AttentionOptions, examples=[{}, {"window": 3}, {"qk_norm": True}])
 def mha(ctx: Context, opts: AttentionOptions) -> Attention:
     """Multi-head attention: a key/value head per query head (Vaswani et al. 2017)."""
     return Attention(ctx, opts, ctx.n_heads)
