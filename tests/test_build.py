@@ -111,3 +111,20 @@ def test_initialisation_is_as_documented():
     assert blk.ffn.f.down.weight.std().item() == pytest.approx(0.02 / 4, rel=0.1)  # / sqrt(2 * 8)
     assert (blk.attn.f.qkv.bias == 0).all() and (blk.attn.norm.weight == 1).all()
     assert model.head.weight is model.embed.weight  # tied by default
+
+
+@pytest.mark.parametrize("over", [
+    {"name": "decoder_only", "attention": {"name": "gqa", "n_kv_heads": 2}, "ffn": {"name": "swiglu"}},
+    {"name": "encoder_only", "bias": False, "position": {"name": "rope"}},
+    {"name": "encoder_decoder", "attention": {"name": "mqa"}, "n_decoder_layers": 1, "tie_embeddings": False},
+], ids=lambda o: o["name"])
+def test_flops_per_token_matches_torch_flop_counter(over):
+    """The components' own FLOP counts against torch.utils.flop_counter on a real forward pass."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    cfg = tiny_cfg(**{**over, "attention": {**over.get("attention", {"name": "mha"}), "backend": "math"}})
+    model, t = build_model(cfg).eval(), 16
+    tokens = torch.randint(0, 37, (1, t))
+    with FlopCounterMode(display=False) as counter, torch.no_grad():
+        model(tokens, tokens) if model.needs_source else model(tokens)
+    assert flops_per_token(cfg, seq_len=t)["forward"] == counter.get_total_flops() / t

@@ -1,3 +1,7 @@
-"""The three lineages. Importing a module registers its model."""
+"""The lineages. Every module in this package is imported, so each registers its model."""
 
-from zoo.models import decoder_only, encoder_decoder, encoder_only  # noqa: F401
+import importlib
+import pkgutil
+
+for _module in pkgutil.iter_modules(__path__):
+    importlib.import_module(f"{__name__}.{_module.name}")
