@@ -34,6 +34,7 @@ from zoo.io import (
     lock_run_dir,
     remove_temp_files,
 )
+from zoo.registry import MODEL, POSITION
 from zoo.training.callbacks import (
     BestMetrics,
     DivergenceGuard,
@@ -60,7 +61,6 @@ from zoo.training.data import bits_per_char, build_data
 from zoo.training.loggers import build_loggers, finish_loggers, log_config
 from zoo.training.module import ZooModule
 from zoo.training.objectives import higher_is_better
-from zoo.registry import MODEL, POSITION
 from zoo.training.validate import check_memory, check_run
 
 
