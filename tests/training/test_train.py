@@ -12,7 +12,7 @@ from zoo.registry import ATTENTION, FFN, POSITION
 GROUP_OPTIONS = [("attention", n) for n in ["mha", "mqa", "gqa", "sliding_window"]] + \
     [("position", n) for n in ["learned", "sinusoidal", "rope", "alibi", "t5", "none"]] + \
     [("norm", n) for n in ["pre_ln", "post_ln", "pre_rms", "post_rms", "sandwich_ln", "sandwich_rms"]] + \
-    [("ffn", n) for n in ["relu", "gelu", "gelu_tanh", "swiglu", "geglu", "reglu"]] + \
+    [("ffn", n) for n in ["relu", "gelu", "gelu_tanh", "swiglu", "geglu", "geglu_tanh", "reglu"]] + \
     [("model", n) for n in ["decoder_only", "encoder_only", "encoder_decoder"]]
 
 
