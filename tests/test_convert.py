@@ -1,4 +1,4 @@
-"""zoo.convert: HF GPT-2 / BERT / Llama / BART -> zoo models with equal logits (random weights, no downloads)."""
+"""zoo.convert: HF GPT-2 / BERT / Llama / BART / T5 -> zoo models with equal logits (random weights, no downloads)."""
 
 import os
 import subprocess
@@ -29,6 +29,7 @@ NO_DROPOUT = {
     "bert": dict(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0),
     "bart": dict(dropout=0.0, attention_dropout=0.0, activation_dropout=0.0),
     "llama": dict(attention_dropout=0.0),
+    "t5": dict(dropout_rate=0.0),
 }
 
 
@@ -58,6 +59,15 @@ def bart_config(**kw):
                                    max_position_embeddings=32, **NO_DROPOUT["bart"], **SMALL, **kw)
 
 
+def t5_config(**kw):
+    """The original T5 (ReLU, tied head scaled by d_model**-0.5) unless kw says otherwise; small bucket
+    settings (8 buckets, max_distance 12) so the T = 12 inputs reach the log-spaced and the last buckets."""
+    kw = {"feed_forward_proj": "relu", "relative_attention_num_buckets": 8, "relative_attention_max_distance": 12,
+          "d_kv": D // 4, **kw}
+    return transformers.T5Config(vocab_size=V, d_model=D, d_ff=96, num_layers=2, num_decoder_layers=2,
+                                 num_heads=4, **NO_DROPOUT["t5"], **SMALL, **kw)
+
+
 def randomize(model, seed=0):
     """Replace HF's init (zero biases, unit norms, std 0.02) with weights where every tensor matters,
     so a misplaced bias, norm or transposition changes the logits well beyond the tolerance."""
@@ -84,6 +94,19 @@ def hf_llama(**kw):
 
 def hf_bart(**kw):
     return randomize(transformers.BartForConditionalGeneration(bart_config(**kw)))
+
+
+def hf_t5(**kw):
+    return randomize(transformers.T5ForConditionalGeneration(t5_config(**kw)))
+
+
+def hf_t5_v1_1(**kw):
+    """T5 v1.1: gated GELU (tanh), no output scaling, a head of its own (recent transformers tie it
+    to `shared` regardless, so it is untied here, as older transformers and the checkpoints have it)."""
+    model = transformers.T5ForConditionalGeneration(t5_config(feed_forward_proj="gated-gelu",
+                                                              tie_word_embeddings=False, **kw))
+    model.lm_head.weight = torch.nn.Parameter(model.lm_head.weight.detach().clone())
+    return randomize(model)
 
 
 def use_backend(model, backend):
@@ -171,7 +194,46 @@ def test_bart_logits_match(ids, padding, backend, scale):
     torch.testing.assert_close(got, expected, atol=ATOL, rtol=0)
 
 
-MAKERS = {"gpt2": hf_gpt2, "bert": hf_bert, "llama": hf_llama, "bart": hf_bart}
+T5_FLAVOURS = {"t5": hf_t5, "t5_v1_1": hf_t5_v1_1}
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("flavour", T5_FLAVOURS)
+def test_t5_logits_match_with_source_padding(ids, padding, backend, flavour):
+    hf = T5_FLAVOURS[flavour]()
+    zoo_model = use_backend(convert(hf), backend)
+    v1_1 = flavour == "t5_v1_1"
+    assert zoo_model.cfg["ffn"] == {"name": "geglu_tanh" if v1_1 else "relu", "d_ff": 96}
+    assert zoo_model.cfg["position"] == {"name": "t5", "num_buckets": 8, "max_distance": 12}
+    assert (zoo_model.head.weight is zoo_model.embed.weight) == (not v1_1)
+    tgt = torch.randint(0, V, (2, 14), generator=torch.Generator().manual_seed(2))  # past max_distance too
+    with torch.no_grad():
+        expected = hf(input_ids=ids, attention_mask=padding, decoder_input_ids=tgt).logits
+        got = zoo_model(ids, tgt, src_padding=padding.bool())
+    torch.testing.assert_close(got, expected, atol=ATOL, rtol=0)
+
+
+@pytest.mark.parametrize("flavour", T5_FLAVOURS)
+def test_t5_cached_greedy_generation_matches_hf_generate(ids, padding, flavour):
+    """Through the KV caches of both (the t5 bias at offset > 0): zoo.generate's tokens equal HF's greedy
+    generate, and zoo's cached logits at every step equal the logits HF's generate saw."""
+    from zoo.generate import generate
+
+    hf = T5_FLAVOURS[flavour]()
+    zoo_model = convert(hf)
+    src_padding = padding.bool()
+    with torch.no_grad():
+        out = hf.generate(input_ids=ids, attention_mask=padding, max_new_tokens=16, do_sample=False, num_beams=1,
+                          eos_token_id=None, decoder_start_token_id=0, output_logits=True,
+                          return_dict_in_generate=True)
+        start = torch.zeros(2, 1, dtype=torch.long)  # T5 starts decoding from the pad token, 0
+        assert torch.equal(generate(zoo_model, start, 16, src=ids, src_padding=src_padding), out.sequences)
+        memory, cache = zoo_model.encode(ids, src_padding), zoo_model.new_cache()
+        steps = [zoo_model.decode(out.sequences[:, t:t + 1], memory, src_padding, cache) for t in range(16)]
+    torch.testing.assert_close(torch.cat(steps, dim=1), torch.stack(out.logits, dim=1), atol=ATOL, rtol=0)
+
+
+MAKERS = {"gpt2": hf_gpt2, "bert": hf_bert, "llama": hf_llama, "bart": hf_bart, **T5_FLAVOURS}
 
 
 @pytest.mark.parametrize("kind", MAKERS)
@@ -184,12 +246,13 @@ def test_param_count_equals_analytic_count(kind):
     hf_n = sum(p.numel() for p in hf.parameters())
     dropped = {"gpt2": 0, "llama": 0,
                "bert": 2 * D,  # type_vocab_size=2 token-type rows, row 0 folded into the positions
-               "bart": 2 * 2 * D}  # the 2 offset rows of each position table
+               "bart": 2 * 2 * D,  # the 2 offset rows of each position table
+               "t5": 0, "t5_v1_1": 0}
     assert hf_n - dropped[kind] == n
 
 
 def _forward(kind, model, ids, hf):
-    if kind == "bart":
+    if kind in ("bart", "t5", "t5_v1_1"):
         tgt = ids[:, :7]
         return hf(input_ids=ids, decoder_input_ids=tgt).logits if model is None else model(ids, tgt)
     return hf(ids).logits if model is None else model(ids)
@@ -220,10 +283,12 @@ def test_perturbed_hf_weights_break_parity(kind, ids):
     (lambda: config_from_hf(bert_config(is_decoder=True)), "is_decoder"),
     (lambda: llama_config_from_hf(llama_config(
         rope_parameters={"rope_type": "linear", "rope_theta": 1e4, "factor": 2.0})), "RoPE scaling"),
-    (lambda: llama_config_from_hf(llama_config(hidden_act="gelu_pytorch_tanh")), "unsupported activation"),
+    (lambda: llama_config_from_hf(llama_config(hidden_act="tanh")), "unsupported activation"),
     (lambda: llama_config_from_hf(llama_config(attention_bias=True)), "one bias switch"),
     (lambda: llama_config_from_hf(llama_config(head_dim=32)), "head_dim=32"),
-    (lambda: config_from_hf(transformers.T5Config()), "model_type='t5'"),
+    (lambda: config_from_hf(t5_config(d_kv=8)), r"d_kv \* num_heads = 8 \* 4 != d_model=64"),
+    (lambda: config_from_hf(t5_config(feed_forward_proj="gated-tanh")), "unsupported activation"),
+    (lambda: config_from_hf(transformers.MistralConfig()), "model_type='mistral'"),
 ])
 def test_unsupported_configs_raise_a_clear_value_error(make, match):
     with pytest.raises(ValueError, match=match) as err:

@@ -62,7 +62,7 @@ def test_slide_continues_learned_positions_on_the_last_max_seq_len_tokens(use_ca
         assert torch.equal(out[:, i], model(window)[:, -1].argmax(-1)), i
 
 
-@pytest.mark.parametrize("position", ["rope", "alibi", "sinusoidal", "none"])
+@pytest.mark.parametrize("position", ["rope", "alibi", "t5", "sinusoidal", "none"])
 def test_other_positions_continue_past_max_seq_len(position):
     model = build_model(tiny_cfg(max_seq_len=16, position={"name": position}))
     out = generate(model, torch.zeros(1, 10, dtype=torch.long), 40)

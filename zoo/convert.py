@@ -1,14 +1,16 @@
-"""Hugging Face -> zoo: load GPT-2, BERT, Llama and BART weights into zoo models, with exact parity.
+"""Hugging Face -> zoo: load GPT-2, BERT, Llama, BART and T5 weights into zoo models, with exact parity.
 
     from transformers import GPT2LMHeadModel
     model = zoo.convert.convert(GPT2LMHeadModel.from_pretrained("gpt2"))   # or from_pretrained("gpt2")
 
 API
 - `config_from_hf(hf_config) -> dict`: a zoo model config (dispatch on `model_type`); per model:
-  `gpt2_config_from_hf`, `bert_config_from_hf`, `llama_config_from_hf`, `bart_config_from_hf`.
+  `gpt2_config_from_hf`, `bert_config_from_hf`, `llama_config_from_hf`, `bart_config_from_hf`,
+  `t5_config_from_hf`.
 - `from_hf(hf_model)` / `convert(hf_model)`: a zoo model with the HF weights (dispatch on the class
   name); per model: `gpt2_from_hf` (GPT2LMHeadModel), `bert_from_hf` (BertForMaskedLM),
-  `llama_from_hf` (LlamaForCausalLM), `bart_from_hf` (BartForConditionalGeneration).
+  `llama_from_hf` (LlamaForCausalLM), `bart_from_hf` (BartForConditionalGeneration),
+  `t5_from_hf` (T5ForConditionalGeneration: the original T5 and T5 v1.1).
 - `from_pretrained(name_or_path, **kw)`: load with transformers, then convert.
 
 Every zoo parameter must be written exactly once and every HF parameter read (or explicitly set
@@ -28,6 +30,12 @@ Mapping notes
 - BART: the learned position tables have 2 extra leading rows (HF's offset of 2), dropped here.
   `final_logits_bias` must be zero (zoo's head has no bias). Encoder and decoder must share the
   token embedding (they do whenever tie_word_embeddings is set).
+- T5: attention scores are not scaled by 1/sqrt(head_dim) in T5, so the query rows are multiplied by
+  sqrt(d_kv) here; the relative bias tables (in HF, layer 0's self-attention of each stack) become the
+  two stacks' `position=t5` tables; T5LayerNorm is RMSNorm. The original T5 multiplies the decoder
+  output by d_model**-0.5 before its tied head (`scale_decoder_outputs`, or `tie_word_embeddings` in
+  older transformers): folded into the decoder's final norm gain. v1.1's gated-gelu is `geglu_tanh`.
+  `d_kv * num_heads` must equal d_model (zoo's head size is d_model / n_heads).
 - Memory and precision: the zoo model is built with its parameters on the meta device (no memory,
   no random init), and the HF tensors are then assigned in their own dtype and device, so a bf16 or
   float64 checkpoint is never staged through float32 and converting needs the HF model plus one copy.
@@ -52,7 +60,7 @@ from zoo.registry import MODEL
 __all__ = [
     "ConversionError", "config_from_hf", "from_hf", "convert", "from_pretrained",
     "gpt2_config_from_hf", "gpt2_from_hf", "bert_config_from_hf", "bert_from_hf",
-    "llama_config_from_hf", "llama_from_hf", "bart_config_from_hf", "bart_from_hf",
+    "llama_config_from_hf", "llama_from_hf", "bart_config_from_hf", "bart_from_hf", "t5_config_from_hf", "t5_from_hf",
 ]
 
 
@@ -69,6 +77,7 @@ def _need(ok: bool, model: str, msg: str) -> None:
 _MLP_ACTIVATIONS = {"gelu": "gelu", "gelu_python": "gelu", "gelu_new": "gelu_tanh",
                     "gelu_pytorch_tanh": "gelu_tanh", "gelu_fast": "gelu_tanh", "relu": "relu"}
 _GLU_ACTIVATIONS = {"silu": "swiglu", "swish": "swiglu", "gelu": "geglu", "gelu_python": "geglu",
+                    "gelu_new": "geglu_tanh", "gelu_pytorch_tanh": "geglu_tanh", "gelu_fast": "geglu_tanh",
                     "relu": "reglu"}
 
 
@@ -196,14 +205,41 @@ def bart_config_from_hf(config: Any) -> dict:
     }
 
 
+def t5_config_from_hf(config: Any) -> dict:
+    """T5Config -> encoder_decoder: relative position bias, pre-RMSNorm, ReLU (T5) or gated GELU (v1.1), no biases."""
+    m = "T5"
+    d, h = config.d_model, config.num_heads
+    _need(config.d_kv * h == d, m, f"d_kv * num_heads = {config.d_kv} * {h} != d_model={d}; "
+          "zoo's head size is d_model / n_heads")
+    gated = bool(getattr(config, "is_gated_act", False))
+    act = getattr(config, "dense_act_fn", config.feed_forward_proj)
+    ffn = _activation(m, "feed_forward_proj", act, _GLU_ACTIVATIONS if gated else _MLP_ACTIVATIONS)
+    # The original T5 ties its head and scales the decoder output; v1.1 does neither. transformers 5 keeps
+    # that in scale_decoder_outputs (and ties the head in memory regardless); older ones in tie_word_embeddings.
+    original = bool(getattr(config, "scale_decoder_outputs", config.tie_word_embeddings))
+    return {
+        "name": "encoder_decoder", "vocab_size": config.vocab_size, "d_model": d,
+        "n_layers": config.num_layers, "n_decoder_layers": config.num_decoder_layers or config.num_layers,
+        "n_heads": h, "max_seq_len": getattr(config, "n_positions", None) or 512,  # no limit: T5's training length
+        "dropout": float(config.dropout_rate), "bias": False,
+        "tie_embeddings": original,  # t5_from_hf decides from the weights themselves
+        "scale_embeddings": False, "embed_norm": False,
+        "attention": {"name": "mha"},
+        "position": {"name": "t5", "num_buckets": config.relative_attention_num_buckets,
+                     "max_distance": config.relative_attention_max_distance},
+        "norm": {"placement": "pre", "type": "rmsnorm", "eps": config.layer_norm_epsilon},
+        "final_norm": True, "ffn": {"name": ffn, "d_ff": config.d_ff},
+    }
+
+
 _CONFIGS: dict[str, Callable[[Any], dict]] = {
     "gpt2": gpt2_config_from_hf, "bert": bert_config_from_hf,
-    "llama": llama_config_from_hf, "bart": bart_config_from_hf,
+    "llama": llama_config_from_hf, "bart": bart_config_from_hf, "t5": t5_config_from_hf,
 }
 
 
 def config_from_hf(hf_config: Any) -> dict:
-    """A zoo model config dict from a transformers config (GPT-2, BERT, Llama or BART)."""
+    """A zoo model config dict from a transformers config (GPT-2, BERT, Llama, BART or T5)."""
     model_type = getattr(hf_config, "model_type", None)
     if model_type not in _CONFIGS:
         raise ConversionError(f"cannot convert model_type={model_type!r}; supported: {', '.join(_CONFIGS)}")
@@ -456,14 +492,66 @@ def bart_from_hf(hf_model: nn.Module) -> nn.Module:
     return _finish(model, c, hf_model)
 
 
+def _t5_attention(c: _Copier, wrapper: nn.Module, hf_layer: nn.Module, cross: bool) -> None:
+    """One T5 attention sublayer: the query rows carry sqrt(d_kv), since T5 does not scale its scores."""
+    a, f = hf_layer.EncDecAttention if cross else hf_layer.SelfAttention, wrapper.f
+    q = c.take(a.q.weight) * a.key_value_proj_dim ** 0.5
+    if cross:
+        c.write(f.q.weight, q)
+        c.linear(f.kv, a.k, a.v)
+    else:
+        c.write(f.qkv.weight, torch.cat([q, c.take(a.k.weight), c.take(a.v.weight)]))
+    c.linear(f.out, a.o)
+    c.norm(wrapper.norm, hf_layer.layer_norm)
+
+
+@torch.no_grad()
+def t5_from_hf(hf_model: nn.Module) -> nn.Module:
+    """T5ForConditionalGeneration (T5 or T5 v1.1) -> zoo encoder_decoder."""
+    m, config = "T5", hf_model.config
+    cfg = t5_config_from_hf(config)
+    shared, head = hf_model.shared.weight, hf_model.lm_head.weight
+    cfg["tie_embeddings"] = head is shared or torch.equal(head, shared)
+    for stack in (hf_model.encoder, hf_model.decoder):
+        table = stack.embed_tokens.weight
+        _need(table is shared or torch.equal(table, shared), m,
+              "the encoder's or decoder's token embeddings differ from `shared`; zoo shares one embedding")
+    model, c = _build(hf_model, cfg)
+    c.write(model.embed.weight, c.take(shared))
+    for stack, hf_stack in ((model.encoder, hf_model.encoder), (model.decoder, hf_model.decoder)):
+        c.take(hf_stack.embed_tokens.weight)  # `shared` itself, or checked equal to it above
+        c.write(stack.position.weight, c.take(hf_stack.block[0].layer[0].SelfAttention.relative_attention_bias.weight))
+        for blk, hf_blk in _pairs(stack.blocks, hf_stack.block):
+            _t5_attention(c, blk.attn, hf_blk.layer[0], cross=False)
+            if blk.cross is not None:
+                _t5_attention(c, blk.cross, hf_blk.layer[1], cross=True)
+            ff = hf_blk.layer[-1]
+            dense = ff.DenseReluDense
+            if hasattr(dense, "wi_0"):  # gated: act(wi_0 x) * wi_1 x
+                c.linear(blk.ffn.f.gate, dense.wi_0)
+                c.linear(blk.ffn.f.up, dense.wi_1)
+            else:
+                c.linear(blk.ffn.f.up, dense.wi)
+            c.linear(blk.ffn.f.down, dense.wo)
+            c.norm(blk.ffn.norm, ff.layer_norm)
+    c.write(model.encoder.final_norm.weight, c.take(hf_model.encoder.final_layer_norm.weight))
+    # The original T5 scales the decoder output by d_model**-0.5 before the head: a factor on the final gain.
+    scale = getattr(config, "scale_decoder_outputs", config.tie_word_embeddings)  # as t5_config_from_hf
+    gain = c.take(hf_model.decoder.final_layer_norm.weight)
+    c.write(model.decoder.final_norm.weight, gain * config.d_model ** -0.5 if scale else gain)
+    c.head(model, cfg, head, shared, m)
+    return _finish(model, c, hf_model)
+
+
 # --------------------------------------------------------------------------------------- dispatch
 
 _CONVERTERS: dict[str, Callable[[nn.Module], nn.Module]] = {
     "GPT2LMHeadModel": gpt2_from_hf, "BertForMaskedLM": bert_from_hf,
     "LlamaForCausalLM": llama_from_hf, "BartForConditionalGeneration": bart_from_hf,
+    "T5ForConditionalGeneration": t5_from_hf,
 }
-_CLASS_FOR_TYPE = {"gpt2": "GPT2LMHeadModel", "bert": "BertForMaskedLM",
-                   "llama": "LlamaForCausalLM", "bart": "BartForConditionalGeneration"}
+_CLASS_FOR_TYPE = {"gpt2": "GPT2LMHeadModel", "bert": "BertForMaskedLM", "llama": "LlamaForCausalLM",
+                   "bart": "BartForConditionalGeneration", "t5": "T5ForConditionalGeneration"}
 
 
 def convert(hf_model: nn.Module) -> nn.Module:
@@ -480,7 +568,7 @@ _HUB_KWARGS = ("revision", "cache_dir", "local_files_only", "token", "subfolder"
 
 
 def from_pretrained(name_or_path: str, **kw: Any) -> nn.Module:
-    """Load a GPT-2 / BERT / Llama / BART checkpoint with transformers (hub name or local path) and
+    """Load a GPT-2 / BERT / Llama / BART / T5 checkpoint with transformers (hub name or local path) and
     convert it. `kw` goes to the model class's `from_pretrained` (e.g. revision, local_files_only)."""
     try:
         import transformers

@@ -10,9 +10,9 @@ from tests.helpers import compose_cfg
 from zoo.registry import ATTENTION, FFN, POSITION
 
 GROUP_OPTIONS = [("attention", n) for n in ["mha", "mqa", "gqa", "sliding_window"]] + \
-    [("position", n) for n in ["learned", "sinusoidal", "rope", "alibi", "none"]] + \
+    [("position", n) for n in ["learned", "sinusoidal", "rope", "alibi", "t5", "none"]] + \
     [("norm", n) for n in ["pre_ln", "post_ln", "pre_rms", "post_rms", "sandwich_ln", "sandwich_rms"]] + \
-    [("ffn", n) for n in ["relu", "gelu", "gelu_tanh", "swiglu", "geglu", "reglu"]] + \
+    [("ffn", n) for n in ["relu", "gelu", "gelu_tanh", "swiglu", "geglu", "geglu_tanh", "reglu"]] + \
     [("model", n) for n in ["decoder_only", "encoder_only", "encoder_decoder"]]
 
 
@@ -93,7 +93,7 @@ def test_experiment_presets(train, experiment):
     expected = {"gpt2_style": ("decoder_only", "learned", "layernorm", "gelu"),
                 "llama_style": ("decoder_only", "rope", "rmsnorm", "swiglu"),
                 "bert_style": ("encoder_only", "learned", "layernorm", "gelu"),
-                "t5_style": ("encoder_decoder", "alibi", "rmsnorm", "relu"),
+                "t5_style": ("encoder_decoder", "t5", "rmsnorm", "relu"),
                 "transformer_base": ("encoder_decoder", "sinusoidal", "layernorm", "relu"),
                 "nanogpt_cpu": ("decoder_only", "learned", "layernorm", "gelu")}[experiment]
     a = s["architecture"]

@@ -302,7 +302,7 @@ def test_sample_usage_errors_are_one_line(argv, error, capsys):
 
 
 @pytest.mark.parametrize("lineage", ["decoder_only", "encoder_only", "encoder_decoder"])
-@pytest.mark.parametrize("position", ["learned", "sinusoidal", "rope", "alibi", "none"])
+@pytest.mark.parametrize("position", ["learned", "sinusoidal", "rope", "alibi", "t5", "none"])
 def test_weights_of_every_lineage_fit_their_own_config(lineage, position):
     """The meta-device shapes check_weights expects are those the real model has."""
     from tests.helpers import tiny_cfg

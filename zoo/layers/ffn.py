@@ -80,6 +80,7 @@ class GatedMLP(_FFN):
 # One registered subclass per variant: the class says which activation, nothing else changes.
 for _name, _base, _act in [
     ("relu", MLP, "relu"), ("gelu", MLP, "gelu"), ("gelu_tanh", MLP, "gelu_tanh"),
-    ("reglu", GatedMLP, "relu"), ("geglu", GatedMLP, "gelu"), ("swiglu", GatedMLP, "silu"),
+    ("reglu", GatedMLP, "relu"), ("geglu", GatedMLP, "gelu"), ("geglu_tanh", GatedMLP, "gelu_tanh"),
+    ("swiglu", GatedMLP, "silu"),
 ]:
     FFN.register(_name, type(_name.upper(), (_base,), {"activation": _act}), options=FFNOptions)

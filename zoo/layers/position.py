@@ -58,7 +58,7 @@ class LearnedPosition(Position):
         t = x.shape[-2]
         if offset + t > self.max_len:
             raise ValueError(f"position {offset + t - 1} is past max_seq_len={self.max_len} of learned "
-                             "positions; use position=rope, alibi, sinusoidal or none to go longer")
+                             "positions; use position=rope, alibi, t5, sinusoidal or none to go longer")
         return x + self.weight[offset:offset + t]
 
 
@@ -166,3 +166,52 @@ def alibi_slopes(n_heads: int) -> torch.Tensor:
     p = 2 ** math.floor(math.log2(n_heads))
     slopes = powers(p) + powers(2 * p)[0::2][: n_heads - p]
     return torch.tensor(slopes, dtype=torch.float32)
+
+
+@dataclass(kw_only=True)
+class T5Options(Options):
+    num_buckets: int = 32  # distance buckets (an encoder splits them between keys before and after the query)
+    max_distance: int = 128  # distances from here on share the last bucket
+
+
+@POSITION.register("t5", options=T5Options, examples=[{}, {"num_buckets": 8, "max_distance": 12}])
+class T5Position(Position):
+    """T5's relative position bias (Raffel et al. 2020): a learned scalar per head and distance bucket,
+    added to attention scores. Small distances get a bucket each, larger ones log-spaced buckets up to
+    max_distance. One (num_buckets, n_heads) table per stack, shared by all its layers."""
+
+    def __init__(self, ctx: Context, opts: T5Options):
+        super().__init__(ctx, opts)
+        self.bidirectional = not ctx.causal  # an encoder tells keys before the query from keys after it
+        n = opts.num_buckets // 2 if self.bidirectional else opts.num_buckets
+        need(n >= 2, "position.num_buckets", f"must be at least {4 if self.bidirectional else 2} "
+             f"(half of them exact), got {opts.num_buckets!r}")
+        need(opts.max_distance > n // 2, "position.max_distance", f"must be above the {n // 2} exact distances "
+             f"(num_buckets={opts.num_buckets}{', halved in an encoder' if self.bidirectional else ''}), "
+             f"got {opts.max_distance!r}")
+        self.num_buckets, self.max_distance = opts.num_buckets, opts.max_distance
+        self.weight = nn.Parameter(torch.zeros(opts.num_buckets, ctx.n_heads))
+        self._cache: tuple[tuple, torch.Tensor] | None = None
+
+    def buckets(self, rel: torch.Tensor) -> torch.Tensor:
+        """Relative positions (key - query, integers) -> bucket indices in [0, num_buckets)."""
+        n, base = self.num_buckets, torch.zeros_like(rel)
+        if self.bidirectional:  # the upper half of the buckets is for keys after the query
+            n //= 2
+            base, dist = (rel > 0) * n, rel.abs()
+        else:  # a decoder only sees keys up to the query; later ones (masked anyway) share bucket 0
+            dist = (-rel).clamp(min=0)
+        exact = n // 2
+        # Distances exact .. max_distance spread over the remaining n - exact buckets, log-spaced.
+        far = exact + (torch.log(dist.clamp(min=exact).float() / exact) / math.log(self.max_distance / exact)
+                       * (n - exact)).long()
+        return base + torch.where(dist < exact, dist, far.clamp(max=n - 1))
+
+    def score_bias(self, t_q: int, t_k: int, offset: int = 0) -> torch.Tensor:
+        key = (t_q, t_k, offset, self.weight.device)
+        if self._cache is None or self._cache[0] != key:  # the buckets are fixed; the table is learned
+            # Query i sits at offset + i; keys are the t_k positions ending with the last query.
+            q_pos = torch.arange(offset, offset + t_q, device=self.weight.device)
+            k_pos = torch.arange(offset + t_q - t_k, offset + t_q, device=self.weight.device)
+            self._cache = (key, self.buckets(k_pos[None, :] - q_pos[:, None]))
+        return self.weight[self._cache[1]].permute(2, 0, 1)  # (t_q, t_k, H) -> (H, t_q, t_k)
