@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from zoo.build import is_int, is_number
+from zoo.layers.position import unlimited_positions
 from zoo.registry import MODEL
 
 
@@ -67,15 +68,15 @@ def check_length(model: nn.Module, total: int) -> None:
     if limit is not None and total > limit:
         raise ValueError(f"generating to length {total} needs positions past max_seq_len={limit} of learned "
                          "positions; shorten the prompt or max_new_tokens, use slide=True (condition on the last "
-                         f"{limit} tokens), or use position=rope/alibi/sinusoidal/none")
+                         f"{limit} tokens), or use position={'/'.join(unlimited_positions())}")
 
 
-@torch.no_grad()
 def generating_models() -> list[str]:
     """The registered lineages that continue a prompt token by token."""
     return [name for name in MODEL.names() if getattr(MODEL.get(name), "generates", False)]
 
 
+@torch.no_grad()
 def generate(model: nn.Module, prompt: torch.Tensor, max_new_tokens: int, temperature: float = 0.0,
              top_k: int | None = None, top_p: float | None = None, src: torch.Tensor | None = None,
              src_padding: torch.Tensor | None = None, eos_id: int | None = None, use_cache: bool = True,

@@ -43,6 +43,11 @@ class Position(nn.Module):
 POSITION.register("none", Position, options=Options)
 
 
+def unlimited_positions() -> list[str]:
+    """The registered schemes that place any position (no hard limit at max_seq_len)."""
+    return [name for name in POSITION.names() if not POSITION.get(name).hard_limit]
+
+
 @POSITION.register("learned", options=Options)
 class LearnedPosition(Position):
     """A trained vector per position (GPT-2, BERT); cannot go past max_seq_len."""
@@ -57,8 +62,8 @@ class LearnedPosition(Position):
     def embed(self, x: torch.Tensor, offset: int = 0) -> torch.Tensor:
         t = x.shape[-2]
         if offset + t > self.max_len:
-            raise ValueError(f"position {offset + t - 1} is past max_seq_len={self.max_len} of learned "
-                             "positions; use position=rope, alibi, t5, sinusoidal or none to go longer")
+            raise ValueError(f"position {offset + t - 1} is past max_seq_len={self.max_len} of learned positions; "
+                             f"use position={', '.join(unlimited_positions())} to go longer")
         return x + self.weight[offset:offset + t]
 
 
