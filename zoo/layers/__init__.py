@@ -1,3 +1,3 @@
 """Architecture components. Importing a module registers its components."""
 
-from zoo.layers import attention, ffn, norm, position, residual  # noqa: F401
+from zoo.layers import attention, ffn, moe, norm, position, residual  # noqa: F401

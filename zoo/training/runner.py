@@ -34,6 +34,7 @@ from zoo.io import (
     lock_run_dir,
     remove_temp_files,
 )
+from zoo.registry import MODEL, POSITION
 from zoo.training.callbacks import (
     BestMetrics,
     DivergenceGuard,
@@ -60,7 +61,6 @@ from zoo.training.data import bits_per_char, build_data
 from zoo.training.loggers import build_loggers, finish_loggers, log_config
 from zoo.training.module import ZooModule
 from zoo.training.objectives import higher_is_better
-from zoo.registry import MODEL, POSITION
 from zoo.training.validate import check_memory, check_run
 
 
@@ -246,23 +246,29 @@ def _prepare(plain: dict):
     model_cfg["vocab_size"] = data.tokenizer.vocab_size
     plain["model"] = resolve_config(model_cfg)
     budget = plain.get("budget")
-    if budget not in (None, "params"):
-        raise ConfigError(f"budget: unknown '{budget}'; valid: params, null")
-    if budget == "params":
-        plain["model"], plain["budget"] = match_params(plain["model"])
+    if budget is not None and budget not in BUDGETS:
+        raise ConfigError(f"budget: unknown '{budget}'; valid: {', '.join(BUDGETS)}, null")
+    if budget is not None:
+        plain["model"], plain["budget"] = match_params(plain["model"], count=BUDGETS[budget])
     check_memory(plain["model"], trainer)
     return data
 
 
-def match_params(model_cfg: dict, tolerance: float = 0.01) -> tuple[dict, dict]:
+# budget=<key> -> the count_params entry match_params equalises: all parameters, or those a token uses
+BUDGETS = {"params": "total", "active_params": "active"}
+
+
+def match_params(model_cfg: dict, tolerance: float = 0.01, count: str = "total") -> tuple[dict, dict]:
     """Resize d_ff so the model has the parameters of the baseline (MHA, 4x GELU FFN) within 1%.
 
-    Used with budget=params, so a sweep over FFN or attention types compares them at equal size."""
+    count: "total" (budget=params) or "active" (budget=active_params: the parameters one token uses,
+    fewer than total for sparse FFNs such as ffn=moe; the dense baseline's are all active).
+    Used so that a sweep over FFN or attention types compares them at equal size."""
     baseline = {**model_cfg, "attention": {**model_cfg["attention"], "name": "mha"},
                 "ffn": {"name": "gelu", "d_ff": None}}
     baseline["attention"].pop("n_kv_heads", None)
-    target = count_params(baseline)["total"]
-    at = lambda d_ff: count_params({**model_cfg, "ffn": {**model_cfg["ffn"], "d_ff": d_ff}})["total"]
+    target = count_params(baseline)[count]
+    at = lambda d_ff: count_params({**model_cfg, "ffn": {**model_cfg["ffn"], "d_ff": d_ff}})[count]
     per_unit = (at(16) - at(8)) / 8  # the count is linear in d_ff
     exact = 8 + (target - at(8)) / per_unit
     d_ff = max(8, 8 * round(exact / 8))  # a multiple of 8, as the defaults are, unless that misses by > 1%
@@ -271,9 +277,10 @@ def match_params(model_cfg: dict, tolerance: float = 0.01) -> tuple[dict, dict]:
     params = at(d_ff)
     if abs(params - target) > tolerance * target:
         raise ConfigError(f"budget: no d_ff brings {model_cfg['ffn']['name']} with {model_cfg['attention']['name']} "
-                          f"within {tolerance:.0%} of the baseline's {target} parameters")
+                          f"within {tolerance:.0%} of the baseline's {target} {count} parameters")
     resized = {**model_cfg, "ffn": {**model_cfg["ffn"], "d_ff": d_ff}}
-    return resized, {"kind": "params", "baseline": "mha + gelu", "target_params": target, "d_ff": d_ff,
+    kind = next(k for k, v in BUDGETS.items() if v == count)
+    return resized, {"kind": kind, "baseline": "mha + gelu", "target_params": target, "d_ff": d_ff,
                      "params": params, "deviation": (params - target) / target}
 
 
