@@ -206,11 +206,13 @@ def test_training_step_adds_this_forwards_aux_losses_only():
     assert 0 < (total - lm).item() < 1  # two layers of ~0.01 balance and a small z-loss, not the stale 100
 
 
-def test_training_logs_the_aux_losses(tmp_path):
+def test_training_logs_the_aux_losses(tmp_path, capsys):
     from zoo.training import run
 
     run_dir = tmp_path / "run"
     assert run(compose_cfg(TINY + ["ffn=moe", "model.ffn.n_experts=4", "model.ffn.d_ff=16"]), run_dir=run_dir) == 0
+    banner = capsys.readouterr().out.splitlines()[0]
+    assert "(mha/learned/pre-layernorm/moe): " in banner and "M active), " in banner  # sparse: both counts
     rows = list(csv.DictReader((run_dir / "metrics.csv").open()))
     logged = [r for r in rows if r.get("train_moe_balance")]
     assert len(logged) == 4 and all(r["train_moe_z"] for r in logged)

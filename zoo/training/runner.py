@@ -424,7 +424,9 @@ def _overrides() -> list[str]:
 def _print_banner(plain: dict, data, trainer, run_dir: Path, ckpt: str | None, ckpt_step: int) -> None:
     """What is about to run, in two lines: the model, its cost per token, and where it runs and writes."""
     m = plain["model"]
-    params = count_params(m)["total"]
+    counts = count_params(m)
+    params = counts["total"]
+    active = f" ({counts['active'] / 1e6:.2f}M active)" if counts["active"] != params else ""  # sparse: ffn=moe
     flops = flops_per_token(m, plain["data"].get("context") or data.required_len())["train"]
     parts = "/".join(str(p) for p in (m["attention"]["name"], m["position"]["name"],
                                       f"{m['norm']['placement']}-{m['norm']['type']}", m["ffn"]["name"]))
@@ -432,9 +434,10 @@ def _print_banner(plain: dict, data, trainer, run_dir: Path, ckpt: str | None, c
     n = torch.get_num_threads()
     threads = f", {n} thread{'s' * (n > 1)}" if trainer.strategy.root_device.type == "cpu" else ""
     resumed = f"; resuming from {ckpt} at step {ckpt_step}" if ckpt else ""  # step read once, when checked
-    print(f"{m['name']} ({parts}): {params / 1e6:.2f}M parameters, {flops / 1e6:.1f} MFLOPs per token (training), "
-          f"{plain['trainer']['max_steps']} steps\nprecision {plain['trainer'].get('precision', '32-true')} on "
-          f"{device}{threads}; run directory: {run_dir}{resumed}", flush=True)
+    print(f"{m['name']} ({parts}): {params / 1e6:.2f}M parameters{active}, {flops / 1e6:.1f} MFLOPs per token "
+          f"(training), {plain['trainer']['max_steps']} steps\nprecision "
+          f"{plain['trainer'].get('precision', '32-true')} on {device}{threads}; run directory: {run_dir}{resumed}",
+          flush=True)
 
 
 def resume_command(run_dir: Path) -> str:
