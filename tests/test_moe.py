@@ -210,13 +210,14 @@ def test_training_logs_the_aux_losses(tmp_path, capsys):
     from zoo.training import run
 
     run_dir = tmp_path / "run"
-    assert run(compose_cfg(TINY + ["ffn=moe", "model.ffn.n_experts=4", "model.ffn.d_ff=16"]), run_dir=run_dir) == 0
+    over = ["ffn=moe", "model.ffn.n_experts=4", "model.ffn.d_ff=16", "sample.max_new_tokens=0"]
+    assert run(compose_cfg(TINY + over), run_dir=run_dir) == 0
     banner = capsys.readouterr().out.splitlines()[0]
     assert "(mha/learned/pre-layernorm/moe): " in banner and "M active), " in banner  # sparse: both counts
     rows = list(csv.DictReader((run_dir / "metrics.csv").open()))
     logged = [r for r in rows if r.get("train_moe_balance")]
     assert len(logged) == 4 and all(r["train_moe_z"] for r in logged)
-    # one layer: the balance loss is balance_weight * (>= ~1 when routing is even, at most n_experts)
+    # one layer: the balance loss is balance_weight * (about 1 when routing is even, n_experts at most)
     assert all(0.005 < float(r["train_moe_balance"]) <= 0.04 for r in logged)
     assert all(math.isfinite(float(r["train_loss"])) for r in logged)
 
