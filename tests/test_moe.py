@@ -255,3 +255,23 @@ def test_ddp_two_processes_with_experts_that_get_no_tokens(tmp_path):
     assert s["status"] == "completed" and s["steps"] == 4
     rows = [r for r in csv.DictReader((tmp_path / "metrics.csv").open()) if r.get("train_moe_balance")]
     assert len(rows) == 4 and all(math.isfinite(float(r["train_moe_balance"])) for r in rows)
+
+
+@pytest.mark.slow  # a minute or a few on 2 CPU cores
+def test_moe_learns_the_corpus_with_balanced_routing(tmp_path):
+    """Below the unigram entropy (3.34 nats, the best loss without context) as the dense decoder in
+    tests/training/test_learning.py, with the balance loss near its value for even routing (1 per layer)."""
+    from zoo.training import run
+
+    over = ["ffn=moe", "model.ffn.n_experts=4", "model.d_model=64", "model.n_layers=2", "model.n_heads=4",
+            "data.eval_batches=8", "trainer.max_steps=600", "trainer.val_check_interval=200", "data.context=64",
+            "data.batch_size=16", "sample.max_new_tokens=0", "threads=1"]
+    assert run(compose_cfg(over), run_dir=tmp_path) == 0
+    import json
+
+    s = json.loads((tmp_path / "summary.json").read_text())
+    assert s["final"]["val_loss"] < 2.6, s["history"]
+    balance = [float(r["train_moe_balance"]) for r in csv.DictReader((tmp_path / "metrics.csv").open())
+               if r.get("train_moe_balance")]
+    last = balance[-10:]
+    assert sum(last) / len(last) < 2 * 0.01 * 1.2  # two layers, routing within 20% of even: no collapse
