@@ -5,7 +5,8 @@ A router (a linear layer, no bias) gives each token a softmax over `n_experts`; 
 - top_k >= 2: the chosen probabilities renormalised to sum to 1, as Mixtral;
 - top_k = 1: the chosen probability itself, as Switch (renormalised it would always be 1, and the
   router would learn from the auxiliary losses alone).
-No token is dropped (no capacity factor). Each expert is any registered FFN (`expert`), built through
+No token is dropped (no capacity factor); every position is routed and counted in the losses, padding
+included (an FFN does not see the padding mask). Each expert is any registered FFN (`expert`), built through
 the FFN registry, so it keeps its own init roles (its `down` is depth-scaled like a dense FFN's).
 
 Auxiliary losses, left in `self.aux_losses` for the objective (zoo.component.aux_losses), already weighted:
