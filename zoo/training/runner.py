@@ -246,7 +246,7 @@ def _prepare(plain: dict):
     model_cfg["vocab_size"] = data.tokenizer.vocab_size
     plain["model"] = resolve_config(model_cfg)
     budget = plain.get("budget")
-    if budget is not None and budget not in BUDGETS:
+    if budget is not None and not (isinstance(budget, str) and budget in BUDGETS):  # a list is not hashable
         raise ConfigError(f"budget: unknown '{budget}'; valid: {', '.join(BUDGETS)}, null")
     if budget is not None:
         plain["model"], plain["budget"] = match_params(plain["model"], count=BUDGETS[budget])
