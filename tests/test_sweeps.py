@@ -48,7 +48,7 @@ def test_unknown_budget_is_refused(tmp_path, capsys):
     from zoo.training import main
 
     assert main(compose_cfg(TINY + ["budget=flops"]), tmp_path) == 2
-    assert "budget: unknown 'flops'; valid: params, null" in capsys.readouterr().err
+    assert "budget: unknown 'flops'; valid: params, active_params, null" in capsys.readouterr().err
 
 
 def _train_py(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:

@@ -11,8 +11,13 @@
   parameters that are gains in `gains` (set to 1).
 - Whatever other code needs to know it asks the component: `count_as` (which count group its
   parameters go to), `flops(t)`, `inactive_params()`, attention's `n_kv_heads` and
-  `cache_bytes_per_token(...)`, a position's `hard_limit` and `max_len`, an FFN's `gated`, and
-  `aux_losses` (a dict of weighted scalar losses that a forward pass leaves for the objective).
+  `cache_bytes_per_token(...)`, a position's `hard_limit` and `max_len`, an FFN's `gated`.
+- Auxiliary losses (any component): during its forward a module sets `self.aux_losses`, a dict
+  name -> scalar tensor, already weighted (ffn=moe: {"moe_balance": ..., "moe_z": ...}). The training
+  step calls `clear_aux_losses(model)` before the forward and `aux_losses(model)` right after it: the
+  values summed by name over modules, and cleared, so a value from an earlier forward (validation,
+  sampling) is never added. The step adds their sum to the objective's loss and logs each as
+  `train_<name>` (zoo/training/module.py). Each DDP process adds its own, like its own loss.
 """
 
 from __future__ import annotations
@@ -126,3 +131,21 @@ def linear_flops(module: Any) -> int:
     from torch import nn
 
     return sum(2 * m.weight.numel() for m in module.modules() if isinstance(m, nn.Linear))
+
+
+def aux_losses(model: Any) -> dict[str, Any]:
+    """The auxiliary losses model's modules left in `aux_losses` since the last clear, summed by name; clears them."""
+    out: dict[str, Any] = {}
+    for m in model.modules():
+        for name, value in (getattr(m, "aux_losses", None) or {}).items():
+            out[name] = out[name] + value if name in out else value
+        if getattr(m, "aux_losses", None):
+            m.aux_losses = {}
+    return out
+
+
+def clear_aux_losses(model: Any) -> None:
+    """Forget every auxiliary loss a module holds: call before a forward whose losses will be collected."""
+    for m in model.modules():
+        if getattr(m, "aux_losses", None):
+            m.aux_losses = {}

@@ -193,7 +193,10 @@ def format_single(info: dict) -> str:
         in_blocks = key in ("attention", "ffn", "norm")
         share_blocks = f"{100 * p[key] / blocks:.1f}%" if in_blocks and blocks else "-"
         lines.append(f"{name:<16}{p[key]:>14,}{100 * p[key] / total:>11.1f}%{share_blocks:>12}")
-    lines += [f"{'total':<16}{total:>14,}{100.0:>11.1f}%",
+    lines.append(f"{'total':<16}{total:>14,}{100.0:>11.1f}%")
+    if p["active"] != total:  # sparse parts (ffn=moe): what one token uses
+        lines.append(f"{'active':<16}{p['active']:>14,}{100 * p['active'] / total:>11.1f}%")
+    lines += [
               f"{'non-embedding':<16}{blocks:>14,}{100 * blocks / total:>11.1f}%{'100.0%':>12}",
               f"FFN share of attention + FFN: {100 * ffn_share(p):.1f}% "
               "(2/3 for a 4x FFN beside MHA self-attention, no biases)", "",
@@ -224,6 +227,9 @@ def _delta(a: int, b: int) -> str:
 def format_vs(a: dict, b: dict, a_over: list[str], b_over: list[str]) -> str:
     rows = [(name, a["params"][key], b["params"][key]) for key, name in COMPONENTS]
     rows += [("total params", a["params"]["total"], b["params"]["total"]),
+             *([("active params", a["params"]["active"], b["params"]["active"])]
+               if a["params"]["active"] != a["params"]["total"] or b["params"]["active"] != b["params"]["total"]
+               else []),
              ("non-embedding", non_embedding(a["params"]), non_embedding(b["params"])),
              ("FLOPs/token fwd", a["flops"]["forward"], b["flops"]["forward"]),
              ("FLOPs/token train", a["flops"]["train"], b["flops"]["train"]),

@@ -100,7 +100,7 @@ def test_unknown_group_option_through_train_py():
     proc = subprocess.run([sys.executable, "train.py", "-m", "ffn=relu,swish"], cwd=ROOT, capture_output=True,
                           text=True, timeout=600)
     assert proc.returncode == 2
-    valid = "geglu, gelu, gelu_tanh, reglu, relu, swiglu"
+    valid = "geglu, gelu, gelu_tanh, moe, reglu, relu, swiglu"
     assert proc.stderr.strip() == f"error: ffn: unknown option 'swish'; valid: {valid}"
 
 

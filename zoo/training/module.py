@@ -9,6 +9,7 @@ import torch
 from torch import nn
 
 from zoo.build import build_model
+from zoo.component import aux_losses, clear_aux_losses
 from zoo.training.objectives import OBJECTIVE
 
 
@@ -47,11 +48,15 @@ class ZooModule(L.LightningModule):
             self.step_fn = lambda model, batch: self.objective.loss(self._compiled, batch)
 
     def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
+        clear_aux_losses(self.model)  # only this forward's auxiliary losses are added (zoo.component)
         loss, logs = self.step_fn(self.model, batch)
+        aux = aux_losses(self.model)
+        # train_loss is the objective's loss alone, comparable across variants and with val_loss;
+        # the optimiser minimises it plus the auxiliary losses (e.g. ffn=moe's), each logged on its own.
         self.log("train_loss", loss, prog_bar=True)
-        for k, v in logs.items():
+        for k, v in {**logs, **aux}.items():
             self.log(f"train_{k}", v)
-        return loss
+        return loss + sum(aux.values())
 
     def validation_step(self, batch: dict, batch_idx: int) -> None:
         loss, logs = self.objective.loss(self.model, batch)

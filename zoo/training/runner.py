@@ -246,23 +246,29 @@ def _prepare(plain: dict):
     model_cfg["vocab_size"] = data.tokenizer.vocab_size
     plain["model"] = resolve_config(model_cfg)
     budget = plain.get("budget")
-    if budget not in (None, "params"):
-        raise ConfigError(f"budget: unknown '{budget}'; valid: params, null")
-    if budget == "params":
-        plain["model"], plain["budget"] = match_params(plain["model"])
+    if budget is not None and not (isinstance(budget, str) and budget in BUDGETS):  # a list is not hashable
+        raise ConfigError(f"budget: unknown '{budget}'; valid: {', '.join(BUDGETS)}, null")
+    if budget is not None:
+        plain["model"], plain["budget"] = match_params(plain["model"], count=BUDGETS[budget])
     check_memory(plain["model"], trainer)
     return data
 
 
-def match_params(model_cfg: dict, tolerance: float = 0.01) -> tuple[dict, dict]:
+# budget=<key> -> the count_params entry match_params equalises: all parameters, or those a token uses
+BUDGETS = {"params": "total", "active_params": "active"}
+
+
+def match_params(model_cfg: dict, tolerance: float = 0.01, count: str = "total") -> tuple[dict, dict]:
     """Resize d_ff so the model has the parameters of the baseline (MHA, 4x GELU FFN) within 1%.
 
-    Used with budget=params, so a sweep over FFN or attention types compares them at equal size."""
+    count: "total" (budget=params) or "active" (budget=active_params: the parameters one token uses,
+    fewer than total for sparse FFNs such as ffn=moe; the dense baseline's are all active).
+    Used so that a sweep over FFN or attention types compares them at equal size."""
     baseline = {**model_cfg, "attention": {**model_cfg["attention"], "name": "mha"},
                 "ffn": {"name": "gelu", "d_ff": None}}
     baseline["attention"].pop("n_kv_heads", None)
-    target = count_params(baseline)["total"]
-    at = lambda d_ff: count_params({**model_cfg, "ffn": {**model_cfg["ffn"], "d_ff": d_ff}})["total"]
+    target = count_params(baseline)[count]
+    at = lambda d_ff: count_params({**model_cfg, "ffn": {**model_cfg["ffn"], "d_ff": d_ff}})[count]
     per_unit = (at(16) - at(8)) / 8  # the count is linear in d_ff
     exact = 8 + (target - at(8)) / per_unit
     d_ff = max(8, 8 * round(exact / 8))  # a multiple of 8, as the defaults are, unless that misses by > 1%
@@ -271,9 +277,10 @@ def match_params(model_cfg: dict, tolerance: float = 0.01) -> tuple[dict, dict]:
     params = at(d_ff)
     if abs(params - target) > tolerance * target:
         raise ConfigError(f"budget: no d_ff brings {model_cfg['ffn']['name']} with {model_cfg['attention']['name']} "
-                          f"within {tolerance:.0%} of the baseline's {target} parameters")
+                          f"within {tolerance:.0%} of the baseline's {target} {count} parameters")
     resized = {**model_cfg, "ffn": {**model_cfg["ffn"], "d_ff": d_ff}}
-    return resized, {"kind": "params", "baseline": "mha + gelu", "target_params": target, "d_ff": d_ff,
+    kind = next(k for k, v in BUDGETS.items() if v == count)
+    return resized, {"kind": kind, "baseline": "mha + gelu", "target_params": target, "d_ff": d_ff,
                      "params": params, "deviation": (params - target) / target}
 
 
@@ -417,7 +424,9 @@ def _overrides() -> list[str]:
 def _print_banner(plain: dict, data, trainer, run_dir: Path, ckpt: str | None, ckpt_step: int) -> None:
     """What is about to run, in two lines: the model, its cost per token, and where it runs and writes."""
     m = plain["model"]
-    params = count_params(m)["total"]
+    counts = count_params(m)
+    params = counts["total"]
+    active = f" ({counts['active'] / 1e6:.2f}M active)" if counts["active"] != params else ""  # sparse: ffn=moe
     flops = flops_per_token(m, plain["data"].get("context") or data.required_len())["train"]
     parts = "/".join(str(p) for p in (m["attention"]["name"], m["position"]["name"],
                                       f"{m['norm']['placement']}-{m['norm']['type']}", m["ffn"]["name"]))
@@ -425,9 +434,10 @@ def _print_banner(plain: dict, data, trainer, run_dir: Path, ckpt: str | None, c
     n = torch.get_num_threads()
     threads = f", {n} thread{'s' * (n > 1)}" if trainer.strategy.root_device.type == "cpu" else ""
     resumed = f"; resuming from {ckpt} at step {ckpt_step}" if ckpt else ""  # step read once, when checked
-    print(f"{m['name']} ({parts}): {params / 1e6:.2f}M parameters, {flops / 1e6:.1f} MFLOPs per token (training), "
-          f"{plain['trainer']['max_steps']} steps\nprecision {plain['trainer'].get('precision', '32-true')} on "
-          f"{device}{threads}; run directory: {run_dir}{resumed}", flush=True)
+    print(f"{m['name']} ({parts}): {params / 1e6:.2f}M parameters{active}, {flops / 1e6:.1f} MFLOPs per token "
+          f"(training), {plain['trainer']['max_steps']} steps\nprecision "
+          f"{plain['trainer'].get('precision', '32-true')} on {device}{threads}; run directory: {run_dir}{resumed}",
+          flush=True)
 
 
 def resume_command(run_dir: Path) -> str:
