@@ -101,6 +101,7 @@ def _first(values):
 class Row:
     variant: Variant
     params: float | None
+    active: float | None  # parameters one token uses, where sparse parts (experts) make it less than params
     flops: float | None
     tok_s: float | None
     busy: int  # of the runs behind tok_s, how many ended on a machine busier than its core count
@@ -134,13 +135,15 @@ def make_rows(variants: list[Variant], metric: str, target: float, higher: bool)
     for v in variants:
         ok = v.ok_runs(metric)
         params = _first(r.get("params", "total") for r in v.runs)
+        active = _first(r.get("params", "active") for r in v.runs)
         flops = _first(r.get("flops_per_token", "train") for r in v.runs)
         if params is None:
             params, flops = _first(pf for r in v.runs if (pf := _params_from_config(r))[0] is not None) or (None, None)
         timed = [r for r in ok if r.get("tokens_per_second") is not None]
         speeds = [r.get("tokens_per_second") for r in timed]
         finals, bests = v.finals(metric), v.bests(metric, higher)
-        rows.append(Row(v, params, flops, sum(speeds) / len(speeds) if speeds else None, sum(r.busy for r in timed),
+        rows.append(Row(v, params, active if active != params else None, flops,
+                        sum(speeds) / len(speeds) if speeds else None, sum(r.busy for r in timed),
                         mean_std(finals), confidence_interval(finals), mean_std(bests), confidence_interval(bests),
                         [steps_to_target(r.history(metric), target, higher) for r in ok]))
     return rows
@@ -179,7 +182,8 @@ def table(rows: list[Row], factors: list[str], metric: str, target: float, highe
         n = r.final[2]
         cells = [val for _, val in r.variant.key] or [r.variant.label]
         speed = _human(r.tok_s) + (" (busy)" if r.busy else "")
-        cells += [_human(r.params), _human(r.flops), speed, _ms(r.final), _ci(r.final_ci, n),
+        params = _human(r.params) + (f" ({_human(r.active)} active)" if r.active is not None else "")
+        cells += [params, _human(r.flops), speed, _ms(r.final), _ci(r.final_ci, n),
                   _ms(r.best), _ci(r.best_ci, r.best[2]), str(n), _steps(r.steps),
                   str(r.variant.count("diverged")), str(r.variant.count(*FAILED))]
         cells += [str(r.variant.count("running"))] if running else []
