@@ -1,5 +1,9 @@
 """build_model: configs, validation errors, initialisation, analytic counts."""
 
+import subprocess
+import sys
+import textwrap
+
 import pytest
 import torch
 
@@ -128,3 +132,23 @@ def test_flops_per_token_matches_torch_flop_counter(over):
     with FlopCounterMode(display=False) as counter, torch.no_grad():
         model(tokens, tokens) if model.needs_source else model(tokens)
     assert flops_per_token(cfg, seq_len=t)["forward"] == counter.get_total_flops() / t
+
+
+LLAMA_2_7B = dict(vocab_size=32000, d_model=4096, n_layers=32, n_heads=32, max_seq_len=4096, bias=False,
+                  tie_embeddings=False, position={"name": "rope"}, norm={"placement": "pre", "type": "rmsnorm"},
+                  ffn={"name": "swiglu", "d_ff": 11008})
+
+
+def test_count_params_of_llama_2_7b_is_exact_and_allocates_nothing():
+    """Counted on the meta device: Meta's published 6,738,415,616, and the process grows by a few MB at most
+    (a real float32 build would need 27 GB). Run in a fresh process so the peak RSS is this count's alone."""
+    code = textwrap.dedent(f"""
+        import resource, zoo
+        zoo.count_params(dict(vocab_size=8))  # imports and registries loaded before the measurement
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        print(zoo.count_params({LLAMA_2_7B!r})["total"], resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before)
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    total, growth_kb = int(out[0]), int(out[1])
+    assert total == 6_738_415_616
+    assert growth_kb < 20 * 1024
