@@ -40,6 +40,8 @@ def test_a_wrongly_typed_value_is_one_line_naming_the_full_key(args, expected):
     (["optim.betas=[0.9,x]"], "optim.betas[1]: got 'x'; valid: a number"),
     (["-m", "model=encoder_only,decoder_only", "model.dropout=0.1,big"], "model.dropout: got 'big'; valid: a number"),
     (["sample.top_k=many"], "sample.top_k: got 'many'; valid: an integer, or null"),
+    (["model.bias=5"], "model.bias: got 5; valid: true or false"),  # OmegaConf alone would read 5 as true
+    (["compile=1"], "compile: got 1; valid: true or false"),
 ])
 def test_typed_errors_in_process(args, expected):
     assert check_keys([expand(a) for a in args], CONF) == expected

@@ -201,4 +201,6 @@ def _describe(t: Any) -> str:
                                                                                else "")
     if origin is list:
         return f"a list of {_describe(args[0]).removeprefix('a ').removeprefix('an ')}s" if args else "a list"
+    if dataclasses.is_dataclass(t):
+        return f"a mapping of its settings (zoo/schema.py {t.__name__})"
     return {int: "an integer", float: "a number", bool: "true or false", str: "a string"}.get(t, str(t))

@@ -176,7 +176,7 @@ def _check_types(args: list[str], configs: list, conf_dir: Path) -> str | None:
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.core.override_parser.types import ChoiceSweep, RangeSweep
     from hydra.errors import HydraException
-    from omegaconf import OmegaConf
+    from omegaconf import BooleanNode, OmegaConf
     from omegaconf.errors import OmegaConfBaseException
 
     from zoo.schema import one_line
@@ -197,6 +197,10 @@ def _check_types(args: list[str], configs: list, conf_dir: Path) -> str | None:
             for probe in probes:
                 if OmegaConf.select(probe, key, default=_ABSENT) is _ABSENT:
                     continue  # a key check_keys reports
+                parent, _, last = key.rpartition(".")
+                node = (OmegaConf.select(probe, parent) if parent else probe)._get_node(last)
+                if isinstance(node, BooleanNode) and not isinstance(value, bool):  # OmegaConf reads 5 as true
+                    return f"{key}: got {value!r}; valid: true or false"
                 try:
                     OmegaConf.update(probe, key, value, merge=True)
                 except OmegaConfBaseException as e:
