@@ -277,7 +277,8 @@ def test_unwritable_tokenizer_cache_warns_in_one_line_and_goes_on(tmp_path, caps
     (["data.context=abc"], "data.context: must be a positive integer, got 'abc'"),
     (["data=copy", "data.test_len=abc"], "data.test_len: got 'abc'"),
     (["data.tokenizer=5"], "data.tokenizer: unknown 5"),
-    (["model.ffn.name=5"], "model.ffn.name: unknown ffn 5"),
+    (["model.ffn.name=5"], "model.ffn.name: unknown ffn '5'"),
+    (["model.d_model=abc"], "model.d_model: got 'abc'; valid: an integer"),
     (["position=rope", "model.position.theta=0"], "model.position.theta: must be positive"),
     (["--bogus"], "unrecognized arguments: --bogus; see python -m zoo.inspect --help"),
 ])
