@@ -98,6 +98,19 @@ def model_defaults() -> dict:
     return dataclasses.asdict(ModelConfig())
 
 
+def default_of(key: str, missing: Any = None) -> Any:
+    """The schema's default for a dotted key (`optim.eps` -> 1e-08), or `missing` where it declares none."""
+    node: Any = ZooConfig()
+    for part in key.split("."):
+        if dataclasses.is_dataclass(node) and part in {f.name for f in dataclasses.fields(node)}:
+            node = getattr(node, part)
+        elif isinstance(node, dict) and part in node:
+            node = node[part]
+        else:
+            return missing
+    return dataclasses.asdict(node) if dataclasses.is_dataclass(node) else node
+
+
 # config group -> (registry kind, the key that names the component). Norm presets (pre_ln, ...) pair a
 # placement with a norm type, so a norm type gets a base node but no `norm=<type>` option of its own.
 KINDS: dict[str, tuple[str, str]] = {
