@@ -15,8 +15,8 @@ from zoo.build import DEFAULTS, resolve_config
 from zoo.component import Options
 from zoo.layers.norm import NormOptions
 from zoo.registry import POSITION, REGISTRIES
-from zoo.schema import KINDS, ModelConfig, OptimConfig, SampleConfig, ZooConfig, register
-from zoo.training.cli import check_group_choices, check_keys, expand
+from zoo.schema import KINDS, ModelConfig, OptimConfig, SampleConfig, ZooConfig, default_of, register
+from zoo.training.cli import check_group_choices, check_keys, expand, help_text
 
 ROOT = Path(__file__).resolve().parents[1]
 CONF = ROOT / "conf"
@@ -118,6 +118,7 @@ def test_a_registered_component_gets_its_hydra_option_with_no_yaml(new_position)
     assert _values(cfg.model.position) == {"name": new_position, "scale": 3.0}
     assert compose_cfg([f"position={new_position}"]).model.position.scale == 2.0
     assert check_group_choices([f"position={new_position}"], CONF) is None
+    assert f"position: alibi, learned, none, rope, sinusoidal, {new_position}" in help_text([], CONF, "doc")
     assert check_keys([f"position={new_position}", "model.position.scale=big"], CONF) == \
         "model.position.scale: got 'big'; valid: a number"
 
@@ -126,3 +127,10 @@ def test_an_old_checkpoint_config_still_resolves():
     old = {"vocab_size": 10, "max_seq_len": 16, "attention": {"name": "mha", "window": None, "backend": "sdpa"},
            "norm": {"placement": "pre", "type": "rmsnorm", "eps": 1e-5}, "ffn": {"name": "gelu", "d_ff": None}}
     assert resolve_config(old)["attention"] == {"name": "mha", "window": None, "backend": "sdpa", "qk_norm": False}
+
+
+def test_default_of_reads_the_schema():
+    """What a resume assumes for a key an older checkpoint's config lacks."""
+    assert default_of("optim.eps") == OptimConfig().eps and default_of("seed") == 0
+    assert default_of("model.max_seq_len") is None  # training's default: the data's context
+    assert default_of("data.context", "absent") == "absent"  # data presets differ: no schema default
