@@ -15,6 +15,7 @@ OmegaConf's many-line error into `model.d_model: got 'abc'; valid: an integer`.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import types
 import typing
@@ -139,35 +140,94 @@ def _omegaconf_type(t: Any) -> Any:
     return t if t in (int, float, bool, str) else Any
 
 
-def component_node(kind: str, name: str) -> type:
-    """A dataclass for Hydra: the component's name and its options, typed, with their dataclass defaults."""
+_TYPES = {"int": int, "float": float, "bool": bool, "str": str, "any": Any}
+
+
+def _spec_type(t: Any) -> str:
+    """An OmegaConf-checkable type as text for the cache: int, float | None, any, ..."""
+    optional = typing.get_origin(t) in (typing.Union, types.UnionType)
+    base = next((a for a in typing.get_args(t) if a is not type(None)), Any) if optional else t
+    word = next((k for k, v in _TYPES.items() if v is base), "any")
+    return f"{word} | None" if optional else word
+
+
+def _live_specs() -> dict:
+    """{kind: {name: [[option, type, default], ...]}} from the registries (imports the components: torch)."""
     from zoo.registry import REGISTRIES
 
-    registry_kind, name_key = KINDS[kind]
-    options = REGISTRIES[registry_kind].options(name)
-    hints = typing.get_type_hints(options)
-    fields = [(name_key, str, field(default=name))]
-    for f in dataclasses.fields(options):
-        default = {} if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING else (
-            {"default": f.default} if f.default is not dataclasses.MISSING else {"default_factory": f.default_factory})
-        fields.append((f.name, _omegaconf_type(hints[f.name]), field(**(default or {"default": "???"}))))
+    specs: dict = {}
+    for kind, (registry_kind, _) in KINDS.items():
+        registry = REGISTRIES[registry_kind]
+        for name in registry.names():
+            options = registry.options(name)
+            hints = typing.get_type_hints(options)
+            rows = specs.setdefault(kind, {}).setdefault(name, [])
+            for f in dataclasses.fields(options):
+                default = f.default if f.default is not dataclasses.MISSING else (
+                    f.default_factory() if f.default_factory is not dataclasses.MISSING else "???")
+                rows.append([f.name, _spec_type(_omegaconf_type(hints[f.name])), default])
+    return specs
+
+
+def _cache_path() -> Path:
+    """Where the specs are kept between runs, named by the sources of zoo/: any edit there makes a new name."""
+    import hashlib
+
+    root = Path(__file__).resolve().parent
+    stamp = sorted(f"{p.relative_to(root)}:{p.stat().st_mtime_ns}:{p.stat().st_size}" for p in root.rglob("*.py"))
+    return root / "__pycache__" / f"zoo-options-{hashlib.sha1(' '.join(stamp).encode()).hexdigest()[:16]}.json"
+
+
+def option_specs() -> dict:
+    """The components' options for the Hydra nodes. Read from the registries when they are loaded (and kept in
+    zoo/__pycache__), else from that copy while no source under zoo/ has changed since: the command line's
+    checks then answer without importing torch."""
+    import json
+    import sys
+
+    try:
+        path = _cache_path()
+    except OSError:
+        path = None
+    if "zoo.layers" not in sys.modules and path is not None and path.is_file():
+        try:
+            return json.loads(path.read_text())
+        except (OSError, ValueError):
+            pass
+    specs = _live_specs()
+    if path is not None:
+        try:
+            from zoo.io import atomic_write_text
+
+            path.parent.mkdir(exist_ok=True)
+            atomic_write_text(path, json.dumps(specs))  # a default JSON cannot hold raises TypeError: not kept
+        except (OSError, TypeError, ValueError):
+            pass
+    return specs
+
+
+def component_node(kind: str, name: str, rows: list) -> type:
+    """A dataclass for Hydra: the component's name and its options, typed, with their dataclass defaults."""
+    fields: list = [(KINDS[kind][1], str, field(default=name))]
+    for option, type_text, default in rows:
+        word, optional = type_text.removesuffix(" | None"), type_text.endswith(" | None")
+        t = _TYPES[word] | None if optional else _TYPES[word]
+        fields.append((option, t, field(default_factory=lambda d=default: copy.deepcopy(d))
+                       if isinstance(default, (list, dict)) else field(default=default)))
     node = dataclasses.make_dataclass(f"{kind}_{name}", fields)
     node.__module__ = __name__  # made here; pickled by value (cloudpickle) when a launcher sends the ConfigStore
     return node
 
 
 def register(conf_dir: Path = CONF) -> None:
-    """Put the schema and every component's node in Hydra's ConfigStore; call before composing. Loads the
-    component registries (and so torch)."""
+    """Put the schema and every component's node in Hydra's ConfigStore; call before composing."""
     from hydra.core.config_store import ConfigStore
-
-    from zoo.registry import REGISTRIES
 
     cs = ConfigStore.instance()
     cs.store(name="zoo_schema", node=ZooConfig)
-    for kind, (registry_kind, _) in KINDS.items():
-        for name in REGISTRIES[registry_kind].names():
-            node = component_node(kind, name)
+    for kind, components in option_specs().items():
+        for name, rows in components.items():
+            node = component_node(kind, name, rows)
             cs.store(group=f"{BASE}/{kind}", name=name, node=node)
             if kind != "norm" and not (conf_dir / kind / f"{name}.yaml").exists():
                 cs.store(group=kind, name=name, node=node, package="model" if kind == "model" else f"model.{kind}")
