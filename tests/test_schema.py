@@ -15,7 +15,16 @@ from zoo.build import DEFAULTS, resolve_config
 from zoo.component import Options
 from zoo.layers.norm import NormOptions
 from zoo.registry import POSITION, REGISTRIES
-from zoo.schema import KINDS, ModelConfig, OptimConfig, SampleConfig, ZooConfig, default_of, register
+from zoo.schema import (
+    KINDS,
+    ModelConfig,
+    OptimConfig,
+    SampleConfig,
+    ZooConfig,
+    default_of,
+    option_specs,
+    register,
+)
 from zoo.training.cli import check_group_choices, check_keys, expand, help_text
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -32,6 +41,14 @@ CONF = ROOT / "conf"
 def test_a_wrongly_typed_value_is_one_line_naming_the_full_key(args, expected):
     proc = subprocess.run([sys.executable, "train.py", *args], cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 2 and proc.stderr.strip() == expected, proc.stderr[-2000:]
+
+
+def test_typed_errors_answer_without_torch_once_the_options_are_cached():
+    option_specs()  # this process has the registries loaded: it reads them and keeps the copy train.py reads
+    proc = subprocess.run([sys.executable, "-X", "importtime", "train.py", "attention.window=abc"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 2 and "error: model.attention.window: got 'abc'" in proc.stderr, proc.stderr[-2000:]
+    assert not any(line.rstrip().endswith(" torch") for line in proc.stderr.splitlines()), "torch was imported"
 
 
 @pytest.mark.parametrize("args,expected", [
