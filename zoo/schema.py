@@ -8,6 +8,8 @@
   defaults list) and, for every registered component, a node `_zoo/<kind>/<name>` holding its name and
   its options with their dataclass defaults. A preset in conf/<kind>/ starts from that node and writes
   only what it chooses; a component with no preset there gets `<kind>=<name>` from its node alone.
+  The options are read from the registries (which import torch) and kept in zoo/__pycache__ while no
+  source under zoo/ changes, so train.py's checks compose the config without torch.
 
 Hydra then types every key as it composes: `model.d_model=abc` fails there, and `one_line` turns
 OmegaConf's many-line error into `model.d_model: got 'abc'; valid: an integer`.
