@@ -27,28 +27,11 @@ import zoo.models  # noqa: F401  (registers the lineages)
 from zoo.block import TransformerBlock
 from zoo.component import ConfigError, check_options, linear_flops, need, option_fields, option_values
 from zoo.registry import ATTENTION, FFN, MODEL, NORM, POSITION, RESIDUAL, Registry
+from zoo.schema import model_defaults
 
-DEFAULTS: dict[str, Any] = {
-    "name": "decoder_only",
-    "vocab_size": None,  # required; training sets it from the tokenizer
-    "d_model": 128,
-    "n_layers": 4,
-    "n_decoder_layers": None,  # encoder_decoder only; None = n_layers
-    "n_heads": 4,
-    "max_seq_len": 256,
-    "dropout": 0.0,
-    "bias": True,  # biases in linear layers and LayerNorm
-    "tie_embeddings": True,  # output head shares the token embedding matrix
-    "scale_embeddings": False,  # multiply token embeddings by sqrt(d_model) (Vaswani et al.)
-    "embed_norm": False,  # a norm right after the embeddings (BERT, BART)
-    "init_std": 0.02,
-    "final_norm": None,  # a norm after each stack's last block; None: where the placement needs one (pre, sandwich)
-    # Components: a name, then the component's own options (declared, with defaults, in its file).
-    "attention": {"name": "mha"},
-    "position": {"name": "learned"},
-    "norm": {"placement": "pre", "type": "layernorm"},
-    "ffn": {"name": "gelu"},
-}
+# The model keys and their defaults, declared once (zoo/schema.py ModelConfig); a component's options are
+# declared, with their defaults, in its own options dataclass.
+DEFAULTS: dict[str, Any] = model_defaults()
 
 # config key -> (registry, the key that names the component, keys of the node that are not its options)
 COMPONENTS: dict[str, tuple[Registry, str, tuple[str, ...]]] = {

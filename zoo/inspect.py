@@ -67,6 +67,10 @@ def compose(overrides: list[str]) -> dict:
             cfg = hydra_compose("config", overrides=overrides)
         return OmegaConf.to_container(cfg, resolve=True)
     except Exception as e:  # hydra and omegaconf errors span many lines and types: keep the first line
+        from zoo.schema import one_line
+
+        if typed := one_line(e):  # a wrongly typed value: its key, the value and the type
+            raise InspectError(typed) from None
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise InspectError(f"overrides: {first}") from None
 

@@ -32,7 +32,18 @@ def overrides(args: list[str]) -> list[str]:
 
 
 def _is_group(key: str, conf_dir: Path) -> bool:
-    return "/" not in key and (conf_dir / key).is_dir()
+    from zoo.schema import KINDS
+
+    return "/" not in key and ((conf_dir / key).is_dir() or key in KINDS)
+
+
+def _options(group: str, conf_dir: Path) -> list[str]:
+    """A group's options: its preset files, and the components registered with no preset (zoo.schema)."""
+    from zoo.schema import generated_options, register
+
+    register()
+    files = {p.stem for p in (conf_dir / group).glob("*.yaml") if not p.stem.startswith("_")}
+    return sorted(files | set(generated_options(group)))
 
 
 def check_group_choices(args: list[str], conf_dir: Path) -> str | None:
@@ -41,10 +52,9 @@ def check_group_choices(args: list[str], conf_dir: Path) -> str | None:
     Hydra would report it too, but over many lines; sweeps (`ffn=relu,gelu`) are checked per value."""
     for arg in overrides(args):
         key, sep, value = arg.lstrip("+~").partition("=")
-        group = conf_dir / key
         if not sep or not _is_group(key, conf_dir) or value in ("", "null"):
             continue
-        valid = sorted(p.stem for p in group.glob("*.yaml") if not p.stem.startswith("_"))
+        valid = _options(key, conf_dir)
         for choice in value.split(","):
             if choice not in valid and not any(c in choice for c in "()[]{}*$"):
                 return f"{key}: unknown option '{choice}'; valid: {', '.join(valid)}"
@@ -55,17 +65,22 @@ def help_text(args: list[str], conf_dir: Path, doc: str) -> str | None:
     """train.py --help: the groups and their options, then the config the other arguments compose, or None when
     they do not compose (Hydra's own help then answers). Hydra's help takes seconds: it composes the whole
     config tree once per group to list the options; reading the conf folder is enough here."""
-    configs = _compose_all(args, conf_dir)
+    configs, _ = _compose_all(args, conf_dir)
     if configs is None:
         return None
     from omegaconf import OmegaConf
 
-    groups = sorted(d.name for d in conf_dir.iterdir() if d.is_dir() and d.name != "hydra" and d.name[0] != "_")
-    options = [f"{g}: {', '.join(sorted(p.stem for p in (conf_dir / g).glob('*.yaml') if p.stem[0] != '_'))}"
-               for g in groups]
+    options = [f"{g}: {', '.join(_options(g, conf_dir))}" for g in _groups(conf_dir)]
     return "\n".join([doc.strip(), "", "== Configuration groups (group=option) ==", *options, "",
                       "== Config (override any key: key=value) ==", OmegaConf.to_yaml(configs[0]).rstrip(), "",
                       "Hydra's own options (-m, --cfg, --info, hydra.run.dir=...): python train.py --hydra-help"])
+
+
+def _groups(conf_dir: Path) -> list[str]:
+    from zoo.schema import KINDS
+
+    dirs = {d.name for d in conf_dir.iterdir() if d.is_dir() and d.name != "hydra" and d.name[0] != "_"}
+    return sorted(dirs | set(KINDS))
 
 
 def _leaves(cfg, prefix: str = "") -> list[str]:
@@ -82,11 +97,14 @@ def _leaves(cfg, prefix: str = "") -> list[str]:
     return out
 
 
-def _compose_all(args: list[str], conf_dir: Path):
-    """The primary config composed for each group choice given (the first of a sweep, then each other value
-    of a swept group in turn), or None when composition fails for any reason: Hydra then reports it itself."""
+def _compose_all(args: list[str], conf_dir: Path) -> tuple[list | None, str | None]:
+    """(the primary config composed for each group choice given: the first of a sweep, then each other value
+    of a swept group in turn; None when composition fails), and the one-line error of a preset's wrongly
+    typed value (zoo.schema.one_line), else None: Hydra then reports the failure itself."""
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
+
+    from zoo.schema import one_line, register
 
     groups = {}
     for arg in overrides(args):
@@ -95,12 +113,14 @@ def _compose_all(args: list[str], conf_dir: Path):
             groups[key] = value.split(",")
     first = {k: v[0] for k, v in groups.items()}
     variants = [first] + [{**first, k: c} for k, v in groups.items() for c in v[1:]]
+    register()
     GlobalHydra.instance().clear()
     try:
         with initialize_config_dir(config_dir=str(conf_dir), version_base="1.3"):
-            return [compose("config", overrides=[f"{k}={v}" for k, v in choice.items()]) for choice in variants]
-    except Exception:
-        return None
+            return [compose("config", overrides=[f"{k}={v}" for k, v in choice.items()])
+                    for choice in variants], None
+    except Exception as e:
+        return None, one_line(e)
     finally:
         GlobalHydra.instance().clear()
 
@@ -117,9 +137,9 @@ def check_keys(args: list[str], conf_dir: Path) -> str | None:
         if key.startswith(("+", "~")) or key.startswith("hydra") or _is_group(key, conf_dir) or "/" in key:
             continue  # additions and deletions are explicit; hydra.* and group/option are Hydra's own
         given.append(key)
-    configs = _compose_all(args, conf_dir)
+    configs, error = _compose_all(args, conf_dir)
     if configs is None:
-        return None
+        return error
     known = set().union(*(_leaves(c) for c in configs))
     for key in given:
         if key not in known:
@@ -137,6 +157,8 @@ def check_keys(args: list[str], conf_dir: Path) -> str | None:
             extra = "; a Lightning Trainer argument not in conf/trainer is added with +trainer.<name>=..." \
                 if parent == "trainer" else ""
             return f"{key}: unknown key{hint}; valid: {where}{extra}"
+    if error := _check_types(args, configs, conf_dir):
+        return error
     from omegaconf import OmegaConf
 
     for cfg in configs:
@@ -144,6 +166,50 @@ def check_keys(args: list[str], conf_dir: Path) -> str | None:
             if key not in given:
                 return f"{key}: required, not set; valid: {key}=<value> on the command line"
     return None
+
+
+def _check_types(args: list[str], configs: list, conf_dir: Path) -> str | None:
+    """One-line error for the first `key=value` whose value (any value of a sweep, `seed=0,x`) does not fit the
+    key's type in the schema (zoo.schema), e.g. `model.d_model: got 'abc'; valid: an integer`; else None."""
+    import copy
+
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.core.override_parser.types import ChoiceSweep, RangeSweep
+    from hydra.errors import HydraException
+    from omegaconf import BooleanNode, OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    from zoo.schema import one_line
+
+    try:
+        parsed = OverridesParser.create().parse_overrides(overrides(args))
+    except HydraException:
+        return None  # Hydra reports an override it cannot parse
+    probes = [copy.deepcopy(c) for c in configs]  # each value is tried on a copy
+    for o in parsed:
+        key = o.key_or_group
+        if o.is_delete() or o.is_add() or o.is_force_add() or o.package is not None or key.startswith("hydra.") \
+                or _is_group(key, conf_dir) or "/" in key:
+            continue
+        if o.is_sweep_override() and not isinstance(o.value(), (ChoiceSweep, RangeSweep)):
+            continue  # interval(...) and the like: the sweeper draws the values
+        for value in (list(o.sweep_iterator()) if o.is_sweep_override() else [o.value()]):
+            for probe in probes:
+                if OmegaConf.select(probe, key, default=_ABSENT) is _ABSENT:
+                    continue  # a key check_keys reports
+                parent, _, last = key.rpartition(".")
+                node = (OmegaConf.select(probe, parent) if parent else probe)._get_node(last)
+                if isinstance(node, BooleanNode) and not isinstance(value, bool):  # OmegaConf reads 5 as true
+                    return f"{key}: got {value!r}; valid: true or false"
+                try:
+                    OmegaConf.update(probe, key, value, merge=True)
+                except OmegaConfBaseException as e:
+                    if error := one_line(e):
+                        return error
+    return None
+
+
+_ABSENT = object()
 
 
 def check_run_dir_free(args: list[str]) -> str | None:

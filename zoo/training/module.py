@@ -10,6 +10,7 @@ from torch import nn
 
 from zoo.build import build_model
 from zoo.component import aux_losses, clear_aux_losses
+from zoo.schema import OptimConfig
 from zoo.training.objectives import OBJECTIVE
 
 
@@ -86,7 +87,7 @@ class ZooModule(L.LightningModule):
             (decay if is_matrix else no_decay).append(p)
         optimizer = torch.optim.AdamW(
             [{"params": decay, "weight_decay": opt["weight_decay"]}, {"params": no_decay, "weight_decay": 0.0}],
-            lr=opt["lr"], betas=tuple(opt["betas"]), eps=opt.get("eps", 1e-8),
+            lr=opt["lr"], betas=tuple(opt["betas"]), eps=opt.get("eps", OptimConfig.eps),
         )
         schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(
             opt["warmup_steps"], self.cfg["trainer"]["max_steps"], opt["min_lr"] / opt["lr"]))

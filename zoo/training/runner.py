@@ -35,6 +35,7 @@ from zoo.io import (
     remove_temp_files,
 )
 from zoo.registry import MODEL, POSITION
+from zoo.schema import default_of
 from zoo.training.callbacks import (
     BestMetrics,
     DivergenceGuard,
@@ -304,7 +305,8 @@ def _checkpoint_path(plain: dict, run_dir: Path, data) -> tuple[str | None, int]
     saved_cfg = (saved_ckpt.get("hyper_parameters") or {}).get("cfg") or {}
     ours, theirs = _result_settings(plain), _result_settings(saved_cfg)
     for key in sorted(set(ours) | set(theirs)):
-        if ours.get(key, _MISSING) != theirs.get(key, _MISSING):
+        # a key the schema gained after the checkpoint was written (optim.eps) counts as its default there
+        if ours.get(key, _MISSING) != theirs.get(key, default_of(key, _MISSING)):
             key = key if key in ours and key in theirs else _first_difference(key, plain, saved_cfg)
             raise ConfigError(f"ckpt_path: '{path}' was trained with other settings ({key}: checkpoint "
                               f"{_lookup(saved_cfg, key)!r}, this run {_lookup(plain, key)!r}); a resume "

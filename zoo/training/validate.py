@@ -257,7 +257,7 @@ def check_run(plain: dict) -> None:
     """Every value of a run config that the architecture check does not cover, in config order."""
     for section in ("model", "data", "trainer", "optim", "sample"):
         if not isinstance(plain.get(section), dict):
-            _fail(section, plain.get(section), f"a mapping of {section} settings (see conf/config.yaml)")
+            _fail(section, plain.get(section), f"a mapping of {section} settings (see zoo/schema.py)")
     check_seed(plain.get("seed"))
     if not isinstance(plain.get("compile", False), bool):
         _fail("compile", plain.get("compile"), "true or false")

@@ -1,0 +1,5 @@
+"""Imported by Hydra's plugin scan (see __init__.py); its work is this one call."""
+
+from zoo.schema import register
+
+register()

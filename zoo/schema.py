@@ -1,0 +1,282 @@
+"""The config's typed schema: every key's type and default, declared once.
+
+- `ModelConfig`: the model's numbers (zoo.build.DEFAULTS is made from it). A component's options are not
+  here: each component declares them in its own options dataclass (zoo/layers/*.py).
+- `ZooConfig`: the training config (optim, sample, the top-level keys). data, trainer and logger differ
+  from one preset to the next, so they stay mappings, checked by zoo.training.validate.
+- `register()` puts them in Hydra's ConfigStore: `zoo_schema` (the first entry of conf/config.yaml's
+  defaults list) and, for every registered component, a node `_zoo/<kind>/<name>` holding its name and
+  its options with their dataclass defaults. A preset in conf/<kind>/ starts from that node and writes
+  only what it chooses; a component with no preset there gets `<kind>=<name>` from its node alone.
+  The options are read from the registries (which import torch) and kept in zoo/__pycache__ while no
+  source under zoo/ changes, so train.py's checks compose the config without torch.
+
+Hydra then types every key as it composes: `model.d_model=abc` fails there, and `one_line` turns
+OmegaConf's many-line error into `model.d_model: got 'abc'; valid: an integer`.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+CONF = Path(__file__).resolve().parents[1] / "conf"
+
+
+@dataclass
+class ModelConfig:
+    """The model's numbers and its components (a name, then the component's own options)."""
+
+    name: str = "decoder_only"  # the lineage: decoder_only, encoder_only, encoder_decoder
+    vocab_size: int | None = None  # required; training sets it from the tokenizer
+    d_model: int = 128
+    n_layers: int = 4  # encoder layers for encoder_decoder
+    n_decoder_layers: int | None = None  # encoder_decoder only; null: n_layers
+    n_heads: int = 4
+    max_seq_len: int | None = 256  # training's default is null: the data's context (see ZooConfig.model)
+    dropout: float = 0.0
+    bias: bool = True  # biases in linear layers and LayerNorm
+    tie_embeddings: bool = True  # output head shares the token embedding matrix
+    scale_embeddings: bool = False  # multiply token embeddings by sqrt(d_model) (Vaswani et al.)
+    embed_norm: bool = False  # a norm right after the embeddings (BERT, BART)
+    init_std: float = 0.02
+    final_norm: bool | None = None  # a norm after each stack's last block; null: where the placement needs one
+    # The components: in a composed config, the node of the chosen preset (conf/<kind>/) replaces these.
+    attention: Any = field(default_factory=lambda: {"name": "mha"})
+    position: Any = field(default_factory=lambda: {"name": "learned"})
+    norm: Any = field(default_factory=lambda: {"placement": "pre", "type": "layernorm"})
+    ffn: Any = field(default_factory=lambda: {"name": "gelu"})
+
+
+@dataclass
+class OptimConfig:
+    """AdamW with linear warm-up and cosine decay."""
+
+    lr: float = 1.0e-3
+    min_lr: float = 1.0e-4  # cosine decay ends here at trainer.max_steps
+    warmup_steps: int = 100
+    weight_decay: float = 0.1  # decoupled (AdamW), on weight matrices only
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.99])
+    eps: float = 1.0e-8
+
+
+@dataclass
+class SampleConfig:
+    """Text printed after training (decoder_only and encoder_decoder)."""
+
+    prompt: str = "\n"
+    max_new_tokens: int = 200
+    temperature: float = 0.8  # 0: greedy
+    top_k: int | None = 40
+    top_p: float | None = None
+
+
+@dataclass
+class ZooConfig:
+    """What `python train.py` composes, less Hydra's own section."""
+
+    # Training sizes the positions to the data's context unless max_seq_len is set.
+    model: ModelConfig = field(default_factory=lambda: ModelConfig(max_seq_len=None))
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    sample: SampleConfig = field(default_factory=SampleConfig)
+    data: Any = field(default_factory=dict)  # conf/data/: kinds differ (text, task, hf); zoo.training.validate
+    trainer: Any = field(default_factory=dict)  # conf/trainer/: Lightning Trainer arguments
+    logger: Any = field(default_factory=dict)  # conf/logger/: name -> a logger to instantiate
+    seed: int = 0
+    threads: int | None = None  # torch intra-op threads per run; null: torch's default (one per core)
+    optimized_metric: str | None = None  # set by hparams_search presets: the final metric the sweeper optimises
+    compile: bool = False  # torch.compile the model (first steps slower, then faster)
+    ckpt_path: str | None = None  # a .ckpt to resume from, or `last` for <run dir>/checkpoints/last.ckpt
+    overwrite: bool = False  # true: a fresh run may replace the run already in its directory (else refused)
+    budget: str | None = None  # params: resize d_ff so every FFN / attention variant matches the baseline's size;
+    # active_params: the same for the parameters one token uses (ffn=moe: router + top_k experts)
+
+
+def model_defaults() -> dict:
+    """ModelConfig's defaults as a plain dict: zoo.build.DEFAULTS."""
+    return dataclasses.asdict(ModelConfig())
+
+
+def default_of(key: str, missing: Any = None) -> Any:
+    """The schema's default for a dotted key (`optim.eps` -> 1e-08), or `missing` where it declares none."""
+    node: Any = ZooConfig()
+    for part in key.split("."):
+        if dataclasses.is_dataclass(node) and part in {f.name for f in dataclasses.fields(node)}:
+            node = getattr(node, part)
+        elif isinstance(node, dict) and part in node:
+            node = node[part]
+        else:
+            return missing
+    return dataclasses.asdict(node) if dataclasses.is_dataclass(node) else node
+
+
+# config group -> (registry kind, the key that names the component). Norm presets (pre_ln, ...) pair a
+# placement with a norm type, so a norm type gets a base node but no `norm=<type>` option of its own.
+KINDS: dict[str, tuple[str, str]] = {
+    "model": ("model", "name"),
+    "attention": ("attention", "name"),
+    "position": ("position", "name"),
+    "norm": ("norm", "type"),
+    "ffn": ("ffn", "name"),
+}
+BASE = "_zoo"  # the group of the generated nodes: conf/<kind>/<preset>.yaml starts from /_zoo/<kind>/<name>
+
+
+def _omegaconf_type(t: Any) -> Any:
+    """An options field's type as OmegaConf can check it (Literal -> str: the component checks the choice)."""
+    origin, args = typing.get_origin(t), typing.get_args(t)
+    if origin is typing.Literal:
+        kinds = {type(a) for a in args if a is not None}
+        base = kinds.pop() if len(kinds) == 1 and not kinds & {list, dict} else Any
+        return base | None if None in args else base
+    if origin in (typing.Union, types.UnionType):
+        rest = [a for a in args if a is not type(None)]
+        if len(rest) == 1:
+            inner = _omegaconf_type(rest[0])
+            return inner | None if len(rest) < len(args) else inner
+        return Any
+    return t if t in (int, float, bool, str) else Any
+
+
+_TYPES = {"int": int, "float": float, "bool": bool, "str": str, "any": Any}
+
+
+def _spec_type(t: Any) -> str:
+    """An OmegaConf-checkable type as text for the cache: int, float | None, any, ..."""
+    optional = typing.get_origin(t) in (typing.Union, types.UnionType)
+    base = next((a for a in typing.get_args(t) if a is not type(None)), Any) if optional else t
+    word = next((k for k, v in _TYPES.items() if v is base), "any")
+    return f"{word} | None" if optional else word
+
+
+def _live_specs() -> dict:
+    """{kind: {name: [[option, type, default], ...]}} from the registries (imports the components: torch)."""
+    from zoo.registry import REGISTRIES
+
+    specs: dict = {}
+    for kind, (registry_kind, _) in KINDS.items():
+        registry = REGISTRIES[registry_kind]
+        for name in registry.names():
+            options = registry.options(name)
+            hints = typing.get_type_hints(options)
+            rows = specs.setdefault(kind, {}).setdefault(name, [])
+            for f in dataclasses.fields(options):
+                default = f.default if f.default is not dataclasses.MISSING else (
+                    f.default_factory() if f.default_factory is not dataclasses.MISSING else "???")
+                rows.append([f.name, _spec_type(_omegaconf_type(hints[f.name])), default])
+    return specs
+
+
+def _cache_path() -> Path:
+    """Where the specs are kept between runs, named by the sources of zoo/: any edit there makes a new name."""
+    import hashlib
+
+    root = Path(__file__).resolve().parent
+    stamp = sorted(f"{p.relative_to(root)}:{p.stat().st_mtime_ns}:{p.stat().st_size}" for p in root.rglob("*.py"))
+    return root / "__pycache__" / f"zoo-options-{hashlib.sha1(' '.join(stamp).encode()).hexdigest()[:16]}.json"
+
+
+def option_specs() -> dict:
+    """The components' options for the Hydra nodes. Read from the registries when they are loaded (and kept in
+    zoo/__pycache__), else from that copy while no source under zoo/ has changed since: the command line's
+    checks then answer without importing torch."""
+    import json
+    import sys
+
+    try:
+        path = _cache_path()
+    except OSError:
+        path = None
+    if "zoo.layers" not in sys.modules and path is not None and path.is_file():
+        try:
+            return json.loads(path.read_text())
+        except (OSError, ValueError):
+            pass
+    specs = _live_specs()
+    if path is not None:
+        try:
+            from zoo.io import atomic_write_text
+
+            path.parent.mkdir(exist_ok=True)
+            atomic_write_text(path, json.dumps(specs))  # a default JSON cannot hold raises TypeError: not kept
+        except (OSError, TypeError, ValueError):
+            pass
+    return specs
+
+
+def component_node(kind: str, name: str, rows: list) -> type:
+    """A dataclass for Hydra: the component's name and its options, typed, with their dataclass defaults."""
+    fields: list = [(KINDS[kind][1], str, field(default=name))]
+    for option, type_text, default in rows:
+        word, optional = type_text.removesuffix(" | None"), type_text.endswith(" | None")
+        t = _TYPES[word] | None if optional else _TYPES[word]
+        fields.append((option, t, field(default_factory=lambda d=default: copy.deepcopy(d))
+                       if isinstance(default, (list, dict)) else field(default=default)))
+    node = dataclasses.make_dataclass(f"{kind}_{name}", fields)
+    node.__module__ = __name__  # made here; pickled by value (cloudpickle) when a launcher sends the ConfigStore
+    return node
+
+
+def register(conf_dir: Path = CONF) -> None:
+    """Put the schema and every component's node in Hydra's ConfigStore; call before composing."""
+    from hydra.core.config_store import ConfigStore
+
+    cs = ConfigStore.instance()
+    cs.store(name="zoo_schema", node=ZooConfig)
+    for kind, components in option_specs().items():
+        for name, rows in components.items():
+            node = component_node(kind, name, rows)
+            cs.store(group=f"{BASE}/{kind}", name=name, node=node)
+            if kind != "norm" and not (conf_dir / kind / f"{name}.yaml").exists():
+                cs.store(group=kind, name=name, node=node, package="model" if kind == "model" else f"model.{kind}")
+
+
+def generated_options(group: str) -> list[str]:
+    """The options of a config group that come from the ConfigStore (components with no preset file)."""
+    from hydra.core.config_store import ConfigStore
+
+    try:
+        names = ConfigStore.instance().list(group)
+    except (OSError, KeyError):
+        return []
+    return sorted(n.removesuffix(".yaml") for n in names if not n.startswith("_") and n.endswith(".yaml"))
+
+
+def one_line(error: BaseException) -> str | None:
+    """OmegaConf's validation error (found in the cause chain of Hydra's) as one line naming the key:
+    `model.d_model: got 'abc'; valid: an integer`. None when the error is not a typed value's."""
+    from omegaconf.errors import ValidationError
+
+    seen = error
+    while seen is not None and not isinstance(seen, ValidationError):
+        seen = seen.__cause__ or seen.__context__
+    if seen is None:
+        return None
+    key = seen.full_key or seen.key or "config"
+    hints = {}
+    if dataclasses.is_dataclass(seen.object_type):
+        hints = typing.get_type_hints(seen.object_type)
+    t = hints.get(str(seen.key).rpartition(".")[2]) if seen.key is not None else None
+    target = seen.msg.splitlines()[0].rpartition(" to ")[2] if "could not be converted" in seen.msg else None
+    words = _describe(t) if t is not None else _NODE_WORDS.get(target, seen.msg.splitlines()[0])
+    return f"{key}: got {seen.value!r}; valid: {words}" if seen.value is not None else f"{key}: {words}"
+
+
+_NODE_WORDS = {"Integer": "an integer", "Float": "a number", "Boolean": "true or false", "String": "a string"}
+
+
+def _describe(t: Any) -> str:
+    origin, args = typing.get_origin(t), typing.get_args(t)
+    if origin in (typing.Union, types.UnionType):
+        return " or ".join(_describe(a) for a in args if a is not type(None)) + (", or null" if type(None) in args
+                                                                               else "")
+    if origin is list:
+        return f"a list of {_describe(args[0]).removeprefix('a ').removeprefix('an ')}s" if args else "a list"
+    if dataclasses.is_dataclass(t):
+        return f"a mapping of its settings (zoo/schema.py {t.__name__})"
+    return {int: "an integer", float: "a number", bool: "true or false", str: "a string"}.get(t, str(t))
