@@ -660,7 +660,8 @@ def section_kv(sess: Session) -> str:
                       f"token of {s.gen_new_tokens} greedy steps, median over {s.gen_rounds} interleaved calls "
                       f"(models of the generation shape with {', '.join(KV_VARIANTS)}; the parameter counts differ by "
                       "the key/value projections; mla decodes with its up-projections absorbed, attending over the "
-                      "cached latents).", "",
+                      "cached latents: its scores and sums run over kv_rank + rope_dim and kv_rank numbers per head "
+                      "instead of head_dim, more FLOPs per token for a smaller cache).", "",
                       table(["attention", "ms/token", "IQR", "mha / this"], lat_rows), ""])
 
 
