@@ -80,14 +80,24 @@ def test_kv_cache_bytes_equal_formula(attention, n_kv):
     assert r["measured"] == r["formula"] == 2 * shape.n_layers * 2 * n_kv * 24 * head_dim * 4
 
 
+def test_mla_cache_bytes_are_the_latent_and_rotary_key():
+    s = quick()
+    shape = bench.SHAPES[s.gen_shape]
+    r = bench.kv_bytes(s, "mla", context=24, batch_size=2)
+    head_dim = shape.d_model // shape.n_heads
+    assert (r["kv_rank"], r["rope_dim"]) == (4 * head_dim, head_dim // 2)  # the defaults, RoPE
+    assert r["measured"] == r["formula"] == shape.n_layers * 2 * 24 * (4 * head_dim + head_dim // 2) * 4
+
+
 def test_kv_section_reports_matches():
     md = bench.section_kv(bench.Session(quick()))
-    rows = rows_of(md, "| attention | n_kv | layers | head_dim | T | bytes |")
-    assert [r["attention"] for r in rows] == ["mha", "gqa", "mqa"]
+    rows = rows_of(md, "| attention | n_kv | layers | head_dim | bytes/token/layer | T | bytes |")
+    assert [r["attention"] for r in rows] == ["mha", "gqa", "mqa", "mla"]
     assert all(r["match"] == "yes" and r["bytes"] == r["formula"] for r in rows)
-    assert [r["vs mha"] for r in rows] == ["1.00x", "0.50x", "0.25x"]
+    assert [r["vs mha"] for r in rows] == ["1.00x", "0.50x", "0.25x", "0.56x"]  # mla: (32 + 4) / (2 * 4 * 8)
+    assert [r["bytes/token/layer"] for r in rows] == ["256", "128", "64", "144"]
     latency = rows_of(md, "| attention | ms/token |")
-    assert [r["attention"] for r in latency] == ["mha", "gqa", "mqa"] and latency[0]["mha / this"] == "1.00x"
+    assert [r["attention"] for r in latency] == ["mha", "gqa", "mqa", "mla"] and latency[0]["mha / this"] == "1.00x"
     for r in latency:
         positive(r["ms/token"])
 

@@ -73,7 +73,7 @@ def test_defaults_fill_in_and_dictconfig_works():
     ({"attention": {"name": "mha", "n_kv_heads": 2}}, "model.attention.n_kv_heads: not an option of 'mha'"),
     ({"attention": {"name": "mha", "window": 0}}, "model.attention.window: must be a positive integer"),
     ({"attention": {"name": "mha", "backend": "flash"}}, "model.attention.backend: unknown 'flash'"),
-    ({"attention": {"name": "flash"}}, "model.attention.name: unknown attention 'flash'; valid: gqa, mha, mqa"),
+    ({"attention": {"name": "flash"}}, "model.attention.name: unknown attention 'flash'; valid: gqa, mha, mla, mqa"),
     ({"position": {"name": "rotary"}}, "model.position.name: unknown position 'rotary'"),
     ({"position": {"name": "rope"}, "d_model": 36, "n_heads": 4}, "model.position.name: rope needs an even head"),
     ({"position": {"name": "learned", "theta": 5.0}}, "model.position.theta: not an option of 'learned'; valid: none"),

@@ -8,7 +8,8 @@ Sections (pick with `--only train,compile,...`; default: all):
 - compile   zoo with torch.compile, bf16 autocast and both, as ratios to zoo float32 eager (and
             nanoGPT float32 / bf16 / compile+bf16 when given);
 - generate  per-token decoding latency with and without the KV cache at growing contexts;
-- kv        KV-cache bytes of MHA, GQA and MQA, checked against 2 * layers * batch * n_kv * T * hd * bytes;
+- kv        KV-cache bytes of MHA, GQA, MQA and MLA, checked against each attention's cache_bytes_per_token
+            (2 * n_kv * hd * bytes for MHA/GQA/MQA; (kv_rank + rope_dim) * bytes for MLA's latent);
 - norm      LayerNorm against RMSNorm, one layer forward + backward;
 - mfu       achieved FLOP/s of zoo's training steps over a matrix-multiply peak measured in the same run;
 - memory    peak RSS growth of three training steps, one subprocess per contender;
@@ -595,6 +596,9 @@ def section_generate(sess: Session) -> str:
     return "\n".join(out)
 
 
+KV_VARIANTS = ("mha", "gqa", "mqa", "mla")  # mla with its defaults: kv_rank 4 x head size, rope_dim half of it
+
+
 def kv_bytes(s: Settings, attention: str, context: int, batch_size: int = 1) -> dict:
     """Prefill `context` tokens into a fresh cache; nbytes() summed over layers, and the formula."""
     model, cfg = generation_model(s, attention)
@@ -607,17 +611,18 @@ def kv_bytes(s: Settings, attention: str, context: int, batch_size: int = 1) -> 
     layers = [block.attn.f for block in model.decoder.blocks]  # each attention reports its own cache size
     per_token = sum(a.cache_bytes_per_token(elem) for a in layers)
     return dict(attention=attention, n_kv=layers[0].n_kv_heads, layers=len(layers), head_dim=layers[0].head_dim,
+                kv_rank=getattr(layers[0], "kv_rank", None), rope_dim=getattr(layers[0], "rope_dim", None),
                 context=context, batch=batch_size, bytes_per_elem=elem, bytes_per_token=per_token,
                 measured=measured, formula=batch_size * context * per_token)
 
 
 def decode_latency(s: Settings, batch_size: int) -> dict[str, Stats]:
-    """Per-token decoding time with the KV cache after a prompt of s.kv_context tokens, for mha, gqa and mqa
+    """Per-token decoding time with the KV cache after a prompt of s.kv_context tokens, for the KV_VARIANTS
     models of the generation shape, interleaved. Every call's decoding steps are averaged into one sample."""
     g = torch.Generator().manual_seed(0)
     samples: dict[str, list[float]] = {}
     fns = {}
-    for attention in ("mha", "gqa", "mqa"):
+    for attention in KV_VARIANTS:
         model, cfg = generation_model(s, attention)
         timer, out = StepTimer(model.decoder), samples.setdefault(attention, [])
         prompt = torch.randint(0, cfg["vocab_size"], (batch_size, s.kv_context), generator=g)
@@ -632,23 +637,31 @@ def decode_latency(s: Settings, batch_size: int) -> dict[str, Stats]:
 
 def section_kv(sess: Session) -> str:
     s = sess.settings
-    rows, res = [], [kv_bytes(s, a, s.kv_context) for a in ("mha", "gqa", "mqa")]
+    rows, res = [], [kv_bytes(s, a, s.kv_context) for a in KV_VARIANTS]
     for r in res:
-        rows.append([r["attention"], r["n_kv"], r["layers"], r["head_dim"], r["context"], r["measured"],
-                     num(r["measured"] / 2**20), r["formula"], "yes" if r["measured"] == r["formula"] else "**NO**",
-                     ratio(r["measured"] / res[0]["measured"])])
+        rows.append([r["attention"], r["n_kv"], r["layers"], r["head_dim"], r["bytes_per_token"] // r["layers"],
+                     r["context"], r["measured"], num(r["measured"] / 2**20), r["formula"],
+                     "yes" if r["measured"] == r["formula"] else "**NO**", ratio(r["measured"] / res[0]["measured"])])
+    latent = "; ".join(f"{r['attention']}: kv_rank {r['kv_rank']}, rope_dim {r['rope_dim']}"
+                       for r in res if r["kv_rank"] is not None)
     batch = 8
     lat = decode_latency(s, batch)
     lat_rows = [[a, ms(st.median), ms(st.iqr), ratio(lat["mha"].median / st.median)] for a, st in lat.items()]
     return "\n".join(["## KV-cache size", "",
                       f"`KVCache.nbytes()` summed over layers after a prefill of {s.kv_context} tokens (batch 1, "
-                      "float32), against 2 * layers * batch * n_kv * T * head_dim * bytes.", "",
-                      table(["attention", "n_kv", "layers", "head_dim", "T", "bytes", "MiB", "formula", "match",
-                             "vs mha"], rows), "",
+                      "float32), against layers * batch * T * the bytes per token and layer each attention reports "
+                      "(`cache_bytes_per_token`): 2 * n_kv * head_dim * 4 for mha, gqa and mqa; (kv_rank + rope_dim) "
+                      f"* 4 for mla, whose cache holds one latent and one rotary key per token ({latent}; its n_kv "
+                      "and head_dim are those of the keys and values it makes from the latent, one per query head).",
+                      "",
+                      table(["attention", "n_kv", "layers", "head_dim", "bytes/token/layer", "T", "bytes", "MiB",
+                             "formula", "match", "vs mha"], rows), "",
                       f"Decoding with the cache after a {s.kv_context}-token prompt, batch {batch}: mean time per "
                       f"token of {s.gen_new_tokens} greedy steps, median over {s.gen_rounds} interleaved calls "
-                      "(models of the generation shape with mha, gqa and mqa; the parameter counts differ by the "
-                      "key/value projections).", "",
+                      f"(models of the generation shape with {', '.join(KV_VARIANTS)}; the parameter counts differ by "
+                      "the key/value projections; mla decodes with its up-projections absorbed, attending over the "
+                      "cached latents: its scores and sums run over kv_rank + rope_dim and kv_rank numbers per head "
+                      "instead of head_dim, more FLOPs per token for a smaller cache).", "",
                       table(["attention", "ms/token", "IQR", "mha / this"], lat_rows), ""])
 
 

@@ -52,6 +52,7 @@ class Context:
     n_layers: int = 1  # blocks in the whole model
     causal: bool = False  # a decoder stack: each token sees only earlier ones
     cross: bool = False  # cross-attention: queries from the decoder, keys and values from the encoder
+    rotary: bool = False  # the stack's position rotates queries and keys (its `rotary`; RoPE)
     bias: bool = True  # biases in linear layers and LayerNorm
     dropout: float = 0.0
     norm: Callable[..., Any] | None = None  # the model's norm: norm(dim=None) -> a new norm module

@@ -1,4 +1,5 @@
 """Attention: one class covers MHA, GQA and MQA, self- and cross-attention, two backends.
+(Multi-head latent attention, `mla`, is in zoo/layers/mla.py, built on the same `AttentionBase` and `KVCache`.)
 
 n_kv_heads key/value heads are shared by groups of n_heads // n_kv_heads query heads:
 MHA has n_kv_heads == n_heads (Vaswani et al. 2017), MQA one (Shazeer 2019), GQA in between
@@ -34,11 +35,13 @@ class AttentionOptions(Options):
     qk_norm: bool = False  # normalise each head's queries and keys with the model's norm (OLMo 2, Gemma 3)
 
 
-def qk_norms(ctx: Context, opts: AttentionOptions, dim: int) -> tuple[nn.Module, nn.Module]:
-    """The per-head query and key norms qk_norm asks for (before RoPE, as OLMo 2), else identities."""
+def qk_norms(ctx: Context, opts: AttentionOptions, dim: int, k_dim: int | None = None) -> tuple[nn.Module, nn.Module]:
+    """The per-head query and key norms qk_norm asks for (before RoPE, as OLMo 2), else identities.
+    dim: the size of a query head; k_dim: of a key head, when it differs (0: keys have no part to normalise)."""
+    k_dim = dim if k_dim is None else k_dim
     if not opts.qk_norm:
         return nn.Identity(), nn.Identity()
-    return ctx.norm(dim), ctx.norm(dim)
+    return ctx.norm(dim), ctx.norm(k_dim) if k_dim else nn.Identity()
 
 
 def check_window(opts: AttentionOptions) -> None:
@@ -47,48 +50,90 @@ def check_window(opts: AttentionOptions) -> None:
 
 
 class KVCache:
-    """Keys and values of one attention layer during decoding, in a buffer grown by doubling,
-    so appending a token costs no copy of the past (B, H_kv, T, hd)."""
+    """What one attention layer keeps of past tokens during decoding: its keys and values (B, H_kv, T, hd), or
+    the per-token tensors of its own it appends (MLA: one, its latent and rotary key side by side), each
+    (B, heads, T, dim) with its own heads and dim. Buffers grow by doubling, so appending a token costs no
+    copy of the past."""
 
     def __init__(self):
-        self.k: torch.Tensor | None = None
-        self.v: torch.Tensor | None = None
+        self.buffers: list[torch.Tensor] = []
         self.len = 0
 
-    def append(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        t = k.shape[2]
-        if self.k is None or self.len + t > self.k.shape[2]:
-            cap = max(self.len + t, 2 * (0 if self.k is None else self.k.shape[2]), 64)
-            new_k, new_v = (k.new_empty(*k.shape[:2], cap, k.shape[3]) for _ in range(2))
-            if self.k is not None:
-                new_k[:, :, : self.len], new_v[:, :, : self.len] = self.keys, self.values
-            self.k, self.v = new_k, new_v
-        self.k[:, :, self.len: self.len + t], self.v[:, :, self.len: self.len + t] = k, v
+    def append(self, *xs: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """Add T tokens of each tensor (B, heads, T, dim), in the same order every call; return all so far."""
+        t = xs[0].shape[2]
+        if not self.buffers or self.len + t > self.buffers[0].shape[2]:
+            cap = max(self.len + t, 2 * (self.buffers[0].shape[2] if self.buffers else 0), 64)
+            new = [x.new_empty(*x.shape[:2], cap, x.shape[3]) for x in xs]
+            for buf, old in zip(new, self.tensors, strict=False):
+                buf[:, :, : self.len] = old
+            self.buffers = new
+        for buf, x in zip(self.buffers, xs, strict=True):
+            buf[:, :, self.len: self.len + t] = x
         self.len += t
-        return self.keys, self.values
+        return self.tensors
+
+    @property
+    def tensors(self) -> tuple[torch.Tensor, ...]:
+        return tuple(buf[:, :, : self.len] for buf in self.buffers)
 
     @property
     def keys(self) -> torch.Tensor:
-        return self.k[:, :, : self.len]
+        return self.tensors[0]
 
     @property
     def values(self) -> torch.Tensor:
-        return self.v[:, :, : self.len]
+        return self.tensors[1]
 
     def nbytes(self) -> int:
-        return 0 if self.k is None else 2 * self.keys.numel() * self.k.element_size()
+        return sum(t.numel() * t.element_size() for t in self.tensors)
 
 
-class Attention(nn.Module):
+class AttentionBase(nn.Module):
+    """What every attention shares: the backends, attention-weight dropout, and `record` (keep the weights
+    for `attention_maps`). A variant makes its own queries, keys and values and calls `_attend`."""
+
     count_as = "attention"
     residual_outputs = ("out",)  # writes into the residual stream: depth-scaled init
 
-    def __init__(self, ctx: Context, opts: AttentionOptions, n_kv_heads: int):
+    def __init__(self, ctx: Context, opts: AttentionOptions):
         super().__init__()
         check_window(opts)
+        self.backend, self.dropout = opts.backend, ctx.dropout
+        self.record = False  # when True, use the math backend and keep `weights` (B, H, Tq, Tk)
+        self.weights: torch.Tensor | None = None
+
+    def _attend(self, q, k, v, mask, is_causal, qk_dim: int | None = None) -> torch.Tensor:
+        """softmax(q k^T / sqrt(qk_dim)) v. q (B, H, Tq, E); k (B, H_kv, Tk, E) and v (B, H_kv, Tk, Ev), each
+        key/value head shared by H // H_kv query heads; qk_dim defaults to E."""
+        dropout = self.dropout if self.training else 0.0
+        groups = q.shape[1] // k.shape[1]
+        scale = None if qk_dim is None else 1 / math.sqrt(qk_dim)
+        if self.backend == "sdpa" and not self.record and not _slow_fused_backward(q):
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout,
+                                                  is_causal=is_causal, scale=scale, enable_gqa=groups > 1)
+        # math: softmax(q k^T / sqrt(d_k)) v, written out so the weights can be kept.
+        k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
+        scores = (q @ k.transpose(-2, -1)) / math.sqrt(qk_dim or q.shape[-1])
+        if is_causal:  # eager reuses the cached mask; under torch.compile dynamo traces the builder itself
+            build = attention_mask.__wrapped__ if torch.compiler.is_compiling() else attention_mask
+            mask = build(q.shape[2], k.shape[2], True, None, q.device)
+        if mask is not None:
+            scores = scores.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else scores + mask
+        # bf16/fp16 scores are normalised in float32 for accuracy; float32 and float64 stay as they are.
+        weights = scores.softmax(dim=-1, dtype=torch.promote_types(scores.dtype, torch.float32)).to(q.dtype)
+        if self.record:
+            self.weights = weights.detach()
+        return F.dropout(weights, dropout) @ v
+
+
+class Attention(AttentionBase):
+    """MHA, GQA and MQA: n_kv_heads key/value heads, each shared by n_heads // n_kv_heads query heads."""
+
+    def __init__(self, ctx: Context, opts: AttentionOptions, n_kv_heads: int):
+        super().__init__(ctx, opts)
         d_model, n_heads, bias = ctx.d_model, ctx.n_heads, ctx.bias
         self.n_heads, self.n_kv_heads, self.head_dim = n_heads, n_kv_heads, ctx.head_dim
-        self.backend, self.dropout = opts.backend, ctx.dropout
         q_dim, kv_dim = n_heads * self.head_dim, n_kv_heads * self.head_dim
         self.split = (q_dim, kv_dim, kv_dim)
         if ctx.cross:  # queries from the decoder, keys and values from the encoder's output
@@ -98,8 +143,6 @@ class Attention(nn.Module):
         self.out = nn.Linear(q_dim, d_model, bias=bias)
         self.out_dropout = nn.Dropout(ctx.dropout)
         self.q_norm, self.k_norm = qk_norms(ctx, opts, self.head_dim)
-        self.record = False  # when True, use the math backend and keep `weights` (B, H, Tq, Tk)
-        self.weights: torch.Tensor | None = None
 
     def forward(self, x: torch.Tensor, pos: Position, mask: torch.Tensor | None = None,
                 is_causal: bool = False, context: torch.Tensor | None = None,
@@ -133,27 +176,6 @@ class Attention(nn.Module):
 
     def _heads(self, t: torch.Tensor) -> torch.Tensor:
         return t.unflatten(-1, (-1, self.head_dim)).transpose(1, 2)
-
-    def _attend(self, q, k, v, mask, is_causal) -> torch.Tensor:
-        dropout = self.dropout if self.training else 0.0
-        if self.backend == "sdpa" and not self.record and not _slow_fused_backward(q):
-            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout,
-                                                  is_causal=is_causal,
-                                                  enable_gqa=self.n_kv_heads != self.n_heads)
-        # math: softmax(q k^T / sqrt(d_k)) v, written out so the weights can be kept.
-        groups = self.n_heads // self.n_kv_heads
-        k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
-        scores = (q @ k.transpose(-2, -1)) / math.sqrt(self.head_dim)
-        if is_causal:  # eager reuses the cached mask; under torch.compile dynamo traces the builder itself
-            build = attention_mask.__wrapped__ if torch.compiler.is_compiling() else attention_mask
-            mask = build(q.shape[2], k.shape[2], True, None, q.device)
-        if mask is not None:
-            scores = scores.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else scores + mask
-        # bf16/fp16 scores are normalised in float32 for accuracy; float32 and float64 stay as they are.
-        weights = scores.softmax(dim=-1, dtype=torch.promote_types(scores.dtype, torch.float32)).to(q.dtype)
-        if self.record:
-            self.weights = weights.detach()
-        return F.dropout(weights, dropout) @ v
 
 
 @ATTENTION.register("mha", options=AttentionOptions, examples=[{}, {"window": 3}, {"qk_norm": True}])
@@ -249,7 +271,7 @@ def cross_attention_mask(padding: torch.Tensor | None) -> torch.Tensor | None:
 def attention_maps(model: nn.Module, *inputs, **kw) -> dict[str, torch.Tensor]:
     """Run `model(*inputs, **kw)` once and return every attention layer's weights (B, H, Tq, Tk),
     keyed by module name (e.g. 'decoder.blocks.0.attn.f'), computed with the math backend."""
-    layers = {name: m for name, m in model.named_modules() if isinstance(m, Attention)}
+    layers = {name: m for name, m in model.named_modules() if isinstance(m, AttentionBase)}
     try:
         for m in layers.values():
             m.record = True

@@ -1,7 +1,8 @@
 """Position schemes behind one protocol, so every call site is the same for every scheme.
 
 - `embed(x, offset)`: an absolute scheme adds a vector per position to the token embeddings.
-- `rotate(q, k, offset)`: a rotary scheme rotates queries and keys (B, H, T, hd).
+- `rotate(q, k, offset)`: a rotary scheme rotates queries and keys (B, H, T, dim), for any even dim: the
+  head size, or a part of each head of another size (MLA's decoupled rotary part). `rotary` says it does.
 - `score_bias(t_q, t_k, offset)`: a bias scheme returns (H, t_q, t_k) added to attention scores.
 Each method is a no-op (or returns None) where the scheme does not apply. `offset` is the
 position of the first token, non-zero when decoding with a KV cache.
@@ -24,6 +25,7 @@ class Position(nn.Module):
     """No positional information: attention is permutation-equivariant (`none`)."""
 
     count_as = "position"
+    rotary = False  # True: rotate() is where this scheme puts positions (attention must give it something to rotate)
     hard_limit = False  # True: positions past model.max_seq_len do not exist (learned positions)
     max_len: int | None = None  # that limit, or None when any length works
 
@@ -118,7 +120,10 @@ class RotaryOptions(Options):
 @POSITION.register("rope", options=RotaryOptions)
 class RotaryPosition(_GrowingTable):
     """RoPE (Su et al. 2021): rotate each (i, i + hd/2) pair of q and k by angle pos * theta^(-2i/hd),
-    so q.k depends only on the offset between positions. Half-split layout, as in Llama."""
+    so q.k depends only on the offset between positions. Half-split layout, as in Llama.
+    The table is of the head size; any other even size (a rotary part of each head) is computed per call."""
+
+    rotary = True
 
     def __init__(self, ctx: Context, opts: RotaryOptions):
         need(opts.theta > 0, "position.theta", f"must be positive, got {opts.theta!r}; valid: a finite number > 0")
@@ -128,13 +133,24 @@ class RotaryPosition(_GrowingTable):
         super().__init__(ctx, opts)
 
     def _table(self, n: int) -> torch.Tensor:
-        inv_freq = self.theta ** (-torch.arange(0, self.head_dim, 2, dtype=torch.float32) / self.head_dim)
-        angles = torch.outer(torch.arange(n, dtype=torch.float32), inv_freq).repeat(1, 2)  # (n, hd)
-        return torch.stack([angles.cos(), angles.sin()], dim=1)  # (n, 2, hd)
+        return _cos_sin(torch.arange(n, dtype=torch.float32), self.head_dim, self.theta)
 
     def rotate(self, q: torch.Tensor, k: torch.Tensor, offset: int = 0):
-        cos, sin = self._rows(offset, q.shape[-2]).to(q.dtype).unbind(1)  # (T, hd) each
+        t, dim = q.shape[-2:]
+        if dim == self.head_dim:
+            rows = self._rows(offset, t)
+        else:  # a rotary part of another size: a few sin/cos per position, cheap next to the attention itself
+            rows = _cos_sin(torch.arange(offset, offset + t, dtype=torch.float32, device=self.table.device),
+                            dim, self.theta)
+        cos, sin = rows.to(q.dtype).unbind(1)  # (T, dim) each
         return _rotate(q, cos, sin), _rotate(k, cos, sin)
+
+
+def _cos_sin(positions: torch.Tensor, dim: int, theta: float) -> torch.Tensor:
+    """(n, 2, dim): cos and sin of each position's angles pos * theta^(-2i/dim), each repeated for both halves."""
+    inv_freq = theta ** (-torch.arange(0, dim, 2, dtype=torch.float32, device=positions.device) / dim)
+    angles = torch.outer(positions, inv_freq).repeat(1, 2)  # (n, dim)
+    return torch.stack([angles.cos(), angles.sin()], dim=1)
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

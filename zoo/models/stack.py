@@ -37,6 +37,7 @@ class Stack(nn.Module):
         self.embed, self.causal, self.window = embed, ctx.causal, cfg["attention"]["window"]
         self.embed_scale = math.sqrt(ctx.d_model) if cfg["scale_embeddings"] else 1.0
         self.position = build(POSITION, cfg["position"], ctx)
+        ctx = replace(ctx, rotary=self.position.rotary)  # what an attention with a rotary part of its own asks
         self.embed_norm = ctx.norm() if cfg["embed_norm"] else nn.Identity()
         self.dropout = nn.Dropout(ctx.dropout)
         residual = RESIDUAL.get(cfg["norm"]["placement"])

@@ -24,6 +24,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import MissingMandatoryValue
 
 from zoo.build import ConfigError, count_params, flatten_config, flops_per_token, resolve_config
+from zoo.component import option_fields
 from zoo.data.corpus import DataError
 from zoo.io import (
     atomic_write,
@@ -34,7 +35,7 @@ from zoo.io import (
     lock_run_dir,
     remove_temp_files,
 )
-from zoo.registry import MODEL, POSITION
+from zoo.registry import ATTENTION, MODEL, POSITION
 from zoo.schema import default_of
 from zoo.training.callbacks import (
     BestMetrics,
@@ -265,9 +266,11 @@ def match_params(model_cfg: dict, tolerance: float = 0.01, count: str = "total")
     count: "total" (budget=params) or "active" (budget=active_params: the parameters one token uses,
     fewer than total for sparse FFNs such as ffn=moe; the dense baseline's are all active).
     Used so that a sweep over FFN or attention types compares them at equal size."""
-    baseline = {**model_cfg, "attention": {**model_cfg["attention"], "name": "mha"},
+    # The baseline keeps the options every attention has (window, backend, ...), not a variant's own (n_kv_heads).
+    shared = option_fields(ATTENTION.options("mha"))
+    baseline = {**model_cfg, "attention": {"name": "mha", **{k: v for k, v in model_cfg["attention"].items()
+                                                             if k in shared}},
                 "ffn": {"name": "gelu", "d_ff": None}}
-    baseline["attention"].pop("n_kv_heads", None)
     target = count_params(baseline)[count]
     at = lambda d_ff: count_params({**model_cfg, "ffn": {**model_cfg["ffn"], "d_ff": d_ff}})[count]
     per_unit = (at(16) - at(8)) / 8  # the count is linear in d_ff
