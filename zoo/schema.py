@@ -188,17 +188,21 @@ def option_specs() -> dict:
     import json
     import sys
 
+    fresh = "zoo.layers" not in sys.modules  # the registries are not loaded yet: this call loads today's sources
     try:
         path = _cache_path()
     except OSError:
         path = None
-    if "zoo.layers" not in sys.modules and path is not None and path.is_file():
+    if fresh and path is not None and path.is_file():
         try:
             return json.loads(path.read_text())
         except (OSError, ValueError):
             pass
     specs = _live_specs()
-    if path is not None:
+    # Kept only when this call loaded the sources the name stands for: a process that imported zoo earlier (a
+    # test session, a training run) may hold components from before an edit, and must not file them under the
+    # new sources' name.
+    if fresh and path is not None and path == _cache_path():
         try:
             from zoo.io import atomic_write_text
 
