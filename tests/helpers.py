@@ -35,9 +35,9 @@ def run(model, tokens, **kw):
 
 
 def make(registry, name: str, d_model: int = 32, n_heads: int = 4, max_seq_len: int = 64, bias: bool = True,
-         **options):
+         cross: bool = False, **options):
     """One component alone, built as the stack builds it: registry.get(name)(ctx, opts)."""
     from zoo.component import Context, build
 
     return build(registry, {"name": name, **options},
-                 Context(d_model=d_model, n_heads=n_heads, max_seq_len=max_seq_len, bias=bias))
+                 Context(d_model=d_model, n_heads=n_heads, max_seq_len=max_seq_len, bias=bias, cross=cross))

@@ -42,7 +42,7 @@ DEFAULTS: dict[str, Any] = {
     "scale_embeddings": False,  # multiply token embeddings by sqrt(d_model) (Vaswani et al.)
     "embed_norm": False,  # a norm right after the embeddings (BERT, BART)
     "init_std": 0.02,
-    "final_norm": None,  # a norm after each stack's last block; None: where the placement needs one (pre, sandwich)
+    "final_norm": None,  # a norm after each stack's last block; None: where the placement needs one (not post)
     # Components: a name, then the component's own options (declared, with defaults, in its file).
     "attention": {"name": "mha"},
     "position": {"name": "learned"},
@@ -175,7 +175,7 @@ def _on_meta(cfg: dict) -> nn.Module:
 
 
 def has_final_norm(cfg: dict) -> bool:
-    """model.final_norm, or where it is null, what the placement needs (pre and sandwich: yes, post: no)."""
+    """model.final_norm, or where it is null, what the placement needs (pre, sandwich, parallel: yes; post: no)."""
     if cfg["final_norm"] is not None:
         return cfg["final_norm"]
     return RESIDUAL.get(cfg["norm"]["placement"]).final_norm
