@@ -41,3 +41,80 @@ def make(registry, name: str, d_model: int = 32, n_heads: int = 4, max_seq_len: 
 
     return build(registry, {"name": name, **options},
                  Context(d_model=d_model, n_heads=n_heads, max_seq_len=max_seq_len, bias=bias, cross=cross))
+
+
+# ---- Cases from the registries: a part registered tomorrow is under every property test with no test edited.
+
+def cases(kind: str) -> list[dict]:
+    """Every registered component of a kind with each of its example option sets, as config nodes:
+    cases("attention") -> [{"name": "gqa", "n_kv_heads": 2}, {"name": "mha"}, {"name": "mha", "window": 3}, ...].
+    kind "norm" gives norm types ({"type": ...}), "placement" norm placements ({"placement": ...})."""
+    from zoo.registry import REGISTRIES
+
+    registry = REGISTRIES["residual" if kind == "placement" else kind]
+    key = {"norm": "type", "placement": "placement"}.get(kind, "name")
+    return [{key: name, **example} for name in registry.names() for example in registry.examples(name)]
+
+
+def case_id(case) -> str:
+    """A short test id: {"name": "mha", "window": 3} -> "mha(window=3)"; a model config -> its parts joined by '-'."""
+    if "vocab_size" in case:  # a whole tiny model config
+        norm = case.get("norm", {})
+        parts = [case["name"], case.get("attention"), case.get("position"), norm.get("placement"), norm.get("type"),
+                 case.get("ffn"), None if case.get("bias", True) else "nobias"]
+        return "-".join(case_id(p) if isinstance(p, dict) else str(p) for p in parts if p)
+    head, *rest = case.items()
+    return str(head[1]) + (f"({', '.join(f'{k}={v}' for k, v in rest)})" if rest else "")
+
+
+KINDS = ("attention", "position", "placement", "norm", "ffn")
+
+
+def lineages(need: str | None = None) -> list[str]:
+    """Registered lineages, or those whose model class says `need` (e.g. "generates")."""
+    from zoo.registry import MODEL
+
+    return [n for n in MODEL.names() if need is None or getattr(MODEL.get(n), need)]
+
+
+def model_cases(names: list[str], kinds: tuple[str, ...] = KINDS, **over) -> list[dict]:
+    """Tiny model configs, for each lineage in names, varying the given kinds ("bias" too) over a pairwise
+    covering design of their registered cases (with two kinds that is their full product). So every value of
+    every kind meets every value of every other kind under every lineage; the rest keep tiny_cfg's defaults."""
+    factors = {k: [True, False] if k == "bias" else cases(k) for k in kinds}
+    out = []
+    for name in names:
+        for row in covering(factors):
+            cfg = tiny_cfg(name, **over)
+            for kind, value in row.items():
+                if kind in ("placement", "norm"):
+                    cfg["norm"] = {**cfg.get("norm", {}), **value}
+                else:
+                    cfg[kind] = value
+            out.append(cfg)
+    return out
+
+
+def covering(factors: dict[str, list]) -> list[dict]:
+    """A pairwise covering design: rows choosing one value per factor such that every value of every factor
+    appears together with every value of every other factor in at least one row (greedy, deterministic).
+    About the product of the two largest factors in rows, not the product of all; and unlike a random
+    sample it reaches every pair, so a part that breaks only next to one other part is caught."""
+    names = list(factors)
+
+    def pairs(row: dict) -> set:  # the (factor, value index, factor, value index) pairs a (partial) row covers
+        chosen = [n for n in names if n in row]
+        return {(a, row[a], b, row[b]) for x, a in enumerate(chosen) for b in chosen[x + 1:]}
+
+    uncovered = {(a, i, b, j) for x, a in enumerate(names) for b in names[x + 1:]
+                 for i in range(len(factors[a])) for j in range(len(factors[b]))}
+    rows = []
+    while uncovered:
+        a, i, b, j = min(uncovered)  # a pair no row has yet; fill the other factors to cover the most new pairs
+        row = {a: i, b: j}
+        for n in names:
+            if n not in row:
+                row[n] = max(range(len(factors[n])), key=lambda k: len(pairs({**row, n: k}) & uncovered))
+        rows.append(row)
+        uncovered -= pairs(row)
+    return [{n: factors[n][row[n]] for n in names} for row in rows]
