@@ -73,8 +73,10 @@ class ParallelNorm(nn.Module):
 
     One norm feeds every branch, as in GPT-J and PaLM. A block is one residual step, so the attention and
     FFN input projections could be fused into one matrix product (PaLM; here they run one after the
-    other), at the cost that the FFN no longer sees the same block's attention. In an encoder-decoder's decoder the
-    cross-attention is a third branch on the same norm: x + attn(norm(x)) + cross(norm(x), memory) + ffn(norm(x))."""
+    other), at the cost that the FFN no longer sees the same block's attention output.
+    In an encoder-decoder's decoder, cross-attention is a third branch on the same norm,
+    x + attn(norm(x)) + cross(norm(x), memory) + ffn(norm(x)): the block stays one residual step, and
+    no branch sees another's output (a sequential cross-attention would feed the FFN but not attn)."""
 
     final_norm, n_norms, parallel = True, 1, True
 
