@@ -1,5 +1,6 @@
 """Helpers the tests import (fixtures stay in the conftest.py files, which pytest loads by itself)."""
 
+import itertools
 from pathlib import Path
 
 from hydra import compose, initialize_config_dir
@@ -77,44 +78,45 @@ def lineages(need: str | None = None) -> list[str]:
     return [n for n in MODEL.names() if need is None or getattr(MODEL.get(n), need)]
 
 
+def model_cfg(row: dict, **over) -> dict:
+    """A tiny model config from a row of cases: {"name": lineage, "attention": {...}, "placement": {...}, ...}."""
+    cfg = tiny_cfg(row["name"], **over)
+    for kind, value in row.items():
+        if kind in ("placement", "norm"):
+            cfg["norm"] = {**cfg.get("norm", {}), **value}
+        elif kind != "name":
+            cfg[kind] = value
+    return cfg
+
+
 def model_cases(names: list[str], kinds: tuple[str, ...] = KINDS, **over) -> list[dict]:
     """Tiny model configs, for each lineage in names, varying the given kinds ("bias" too) over a pairwise
     covering design of their registered cases (with two kinds that is their full product). So every value of
     every kind meets every value of every other kind under every lineage; the rest keep tiny_cfg's defaults."""
     factors = {k: [True, False] if k == "bias" else cases(k) for k in kinds}
-    out = []
-    for name in names:
-        for row in covering(factors):
-            cfg = tiny_cfg(name, **over)
-            for kind, value in row.items():
-                if kind in ("placement", "norm"):
-                    cfg["norm"] = {**cfg.get("norm", {}), **value}
-                else:
-                    cfg[kind] = value
-            out.append(cfg)
-    return out
+    return [model_cfg({"name": name, **row}, **over) for name in names for row in covering(factors)]
 
 
-def covering(factors: dict[str, list]) -> list[dict]:
-    """A pairwise covering design: rows choosing one value per factor such that every value of every factor
-    appears together with every value of every other factor in at least one row (greedy, deterministic).
-    About the product of the two largest factors in rows, not the product of all; and unlike a random
-    sample it reaches every pair, so a part that breaks only next to one other part is caught."""
+def covering(factors: dict[str, list], strength: int = 2) -> list[dict]:
+    """A covering design: rows choosing one value per factor such that, for any `strength` factors, every
+    combination of their values appears in at least one row (strength 2: every value of every factor meets
+    every value of every other factor). Greedy and deterministic. Far fewer rows than the full product
+    (about the product of the `strength` largest factors, not of all); and unlike a random sample it
+    reaches every such combination, so a part that breaks only next to another is caught."""
     names = list(factors)
 
-    def pairs(row: dict) -> set:  # the (factor, value index, factor, value index) pairs a (partial) row covers
+    def tuples(row: dict) -> set:  # the ((factor, value index), ...) combinations a (partial) row covers
         chosen = [n for n in names if n in row]
-        return {(a, row[a], b, row[b]) for x, a in enumerate(chosen) for b in chosen[x + 1:]}
+        return {tuple((n, row[n]) for n in c) for c in itertools.combinations(chosen, strength)}
 
-    uncovered = {(a, i, b, j) for x, a in enumerate(names) for b in names[x + 1:]
-                 for i in range(len(factors[a])) for j in range(len(factors[b]))}
+    uncovered = {tuple(zip(c, idx, strict=True)) for c in itertools.combinations(names, strength)
+                 for idx in itertools.product(*(range(len(factors[n])) for n in c))}
     rows = []
     while uncovered:
-        a, i, b, j = min(uncovered)  # a pair no row has yet; fill the other factors to cover the most new pairs
-        row = {a: i, b: j}
+        row = dict(min(uncovered))  # a combination no row has yet; fill the other factors to cover the most new
         for n in names:
             if n not in row:
-                row[n] = max(range(len(factors[n])), key=lambda k: len(pairs({**row, n: k}) & uncovered))
+                row[n] = max(range(len(factors[n])), key=lambda k: len(tuples({**row, n: k}) & uncovered))
         rows.append(row)
-        uncovered -= pairs(row)
+        uncovered -= tuples(row)
     return [{n: factors[n][row[n]] for n in names} for row in rows]
