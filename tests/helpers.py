@@ -1,5 +1,6 @@
 """Helpers the tests import (fixtures stay in the conftest.py files, which pytest loads by itself)."""
 
+import itertools
 from pathlib import Path
 
 from hydra import compose, initialize_config_dir
@@ -35,9 +36,87 @@ def run(model, tokens, **kw):
 
 
 def make(registry, name: str, d_model: int = 32, n_heads: int = 4, max_seq_len: int = 64, bias: bool = True,
-         **options):
+         cross: bool = False, **options):
     """One component alone, built as the stack builds it: registry.get(name)(ctx, opts)."""
     from zoo.component import Context, build
 
     return build(registry, {"name": name, **options},
-                 Context(d_model=d_model, n_heads=n_heads, max_seq_len=max_seq_len, bias=bias))
+                 Context(d_model=d_model, n_heads=n_heads, max_seq_len=max_seq_len, bias=bias, cross=cross))
+
+
+# ---- Cases from the registries: a part registered tomorrow is under every property test with no test edited.
+
+def cases(kind: str) -> list[dict]:
+    """Every registered component of a kind with each of its example option sets, as config nodes:
+    cases("attention") -> [{"name": "gqa", "n_kv_heads": 2}, {"name": "mha"}, {"name": "mha", "window": 3}, ...].
+    kind "norm" gives norm types ({"type": ...}), "placement" norm placements ({"placement": ...})."""
+    from zoo.registry import REGISTRIES
+
+    registry = REGISTRIES["residual" if kind == "placement" else kind]
+    key = {"norm": "type", "placement": "placement"}.get(kind, "name")
+    return [{key: name, **example} for name in registry.names() for example in registry.examples(name)]
+
+
+def case_id(case) -> str:
+    """A short test id: {"name": "mha", "window": 3} -> "mha(window=3)"; a model config -> its parts joined by '-'."""
+    if "vocab_size" in case:  # a whole tiny model config
+        norm = case.get("norm", {})
+        parts = [case["name"], case.get("attention"), case.get("position"), norm.get("placement"), norm.get("type"),
+                 case.get("ffn"), None if case.get("bias", True) else "nobias"]
+        return "-".join(case_id(p) if isinstance(p, dict) else str(p) for p in parts if p)
+    head, *rest = case.items()
+    return str(head[1]) + (f"({', '.join(f'{k}={v}' for k, v in rest)})" if rest else "")
+
+
+KINDS = ("attention", "position", "placement", "norm", "ffn")
+
+
+def lineages(need: str | None = None) -> list[str]:
+    """Registered lineages, or those whose model class says `need` (e.g. "generates")."""
+    from zoo.registry import MODEL
+
+    return [n for n in MODEL.names() if need is None or getattr(MODEL.get(n), need)]
+
+
+def model_cfg(row: dict, **over) -> dict:
+    """A tiny model config from a row of cases: {"name": lineage, "attention": {...}, "placement": {...}, ...}."""
+    cfg = tiny_cfg(row["name"], **over)
+    for kind, value in row.items():
+        if kind in ("placement", "norm"):
+            cfg["norm"] = {**cfg.get("norm", {}), **value}
+        elif kind != "name":
+            cfg[kind] = value
+    return cfg
+
+
+def model_cases(names: list[str], kinds: tuple[str, ...] = KINDS, **over) -> list[dict]:
+    """Tiny model configs, for each lineage in names, varying the given kinds ("bias" too) over a pairwise
+    covering design of their registered cases (with two kinds that is their full product). So every value of
+    every kind meets every value of every other kind under every lineage; the rest keep tiny_cfg's defaults."""
+    factors = {k: [True, False] if k == "bias" else cases(k) for k in kinds}
+    return [model_cfg({"name": name, **row}, **over) for name in names for row in covering(factors)]
+
+
+def covering(factors: dict[str, list], strength: int = 2) -> list[dict]:
+    """A covering design: rows choosing one value per factor such that, for any `strength` factors, every
+    combination of their values appears in at least one row (strength 2: every value of every factor meets
+    every value of every other factor). Greedy and deterministic. Far fewer rows than the full product
+    (about the product of the `strength` largest factors, not of all); and unlike a random sample it
+    reaches every such combination, so a part that breaks only next to another is caught."""
+    names = list(factors)
+
+    def tuples(row: dict) -> set:  # the ((factor, value index), ...) combinations a (partial) row covers
+        chosen = [n for n in names if n in row]
+        return {tuple((n, row[n]) for n in c) for c in itertools.combinations(chosen, strength)}
+
+    uncovered = {tuple(zip(c, idx, strict=True)) for c in itertools.combinations(names, strength)
+                 for idx in itertools.product(*(range(len(factors[n])) for n in c))}
+    rows = []
+    while uncovered:
+        row = dict(min(uncovered))  # a combination no row has yet; fill the other factors to cover the most new
+        for n in names:
+            if n not in row:
+                row[n] = max(range(len(factors[n])), key=lambda k: len(tuples({**row, n: k}) & uncovered))
+        rows.append(row)
+        uncovered -= tuples(row)
+    return [{n: factors[n][row[n]] for n in names} for row in rows]

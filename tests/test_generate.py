@@ -3,12 +3,13 @@
 import pytest
 import torch
 
-from tests.helpers import tiny_cfg
+from tests.helpers import case_id, cases, lineages, make, model_cases, tiny_cfg
 from zoo import build_model
 from zoo.generate import generate, sample_next
 from zoo.registry import POSITION
 
-ATTENTIONS = [{"name": "mha"}, {"name": "gqa", "n_kv_heads": 2}, {"name": "mqa"}, {"name": "mha", "window": 4}]
+# Cases from the registries (tests/helpers.py); the full product of kinds is replaced by a pairwise
+# covering design per lineage: every value of each kind meets every value of every other kind.
 
 
 def _logits(model, tokens, cache=None, src=None):
@@ -17,13 +18,11 @@ def _logits(model, tokens, cache=None, src=None):
     return model.decode(tokens, model.encode(src), cache=cache)
 
 
-@pytest.mark.parametrize("attention", ATTENTIONS, ids=str)
-@pytest.mark.parametrize("position", POSITION.names())
-@pytest.mark.parametrize("lineage", ["decoder_only", "encoder_decoder"])
-def test_cached_logits_equal_full_recomputation(lineage, attention, position):
-    model = build_model(tiny_cfg(lineage, attention=attention, position={"name": position})).eval()
+@pytest.mark.parametrize("cfg", model_cases(lineages("generates")), ids=case_id)
+def test_cached_logits_equal_full_recomputation(cfg):
+    model = build_model(cfg).eval()
     seq = torch.randint(0, 37, (2, 20))
-    src = torch.randint(0, 37, (2, 9)) if lineage == "encoder_decoder" else None
+    src = torch.randint(0, 37, (2, 9)) if model.needs_source else None
     with torch.no_grad():
         full = _logits(model, seq, src=src)
         cache = model.new_cache()
@@ -32,12 +31,12 @@ def test_cached_logits_equal_full_recomputation(lineage, attention, position):
     torch.testing.assert_close(torch.cat(steps, dim=1), full, atol=1e-5, rtol=0)
 
 
-@pytest.mark.parametrize("position", POSITION.names())
-@pytest.mark.parametrize("lineage", ["decoder_only", "encoder_decoder"])
+@pytest.mark.parametrize("position", cases("position"), ids=case_id)
+@pytest.mark.parametrize("lineage", lineages("generates"))
 def test_cached_greedy_generation_equals_uncached(lineage, position):
-    model = build_model(tiny_cfg(lineage, position={"name": position}, init_std=0.3))
+    model = build_model(tiny_cfg(lineage, position=position, init_std=0.3))
     prompt = torch.randint(0, 37, (3, 4))
-    src = torch.randint(0, 37, (3, 7)) if lineage == "encoder_decoder" else None
+    src = torch.randint(0, 37, (3, 7)) if model.needs_source else None
     a = generate(model, prompt, 24, src=src)
     b = generate(model, prompt, 24, src=src, use_cache=False)
     assert a.shape == (3, 28) and torch.equal(a, b)
@@ -62,9 +61,9 @@ def test_slide_continues_learned_positions_on_the_last_max_seq_len_tokens(use_ca
         assert torch.equal(out[:, i], model(window)[:, -1].argmax(-1)), i
 
 
-@pytest.mark.parametrize("position", ["rope", "alibi", "t5", "sinusoidal", "none"])
+@pytest.mark.parametrize("position", [p for p in cases("position") if not make(POSITION, **p).hard_limit], ids=case_id)
 def test_other_positions_continue_past_max_seq_len(position):
-    model = build_model(tiny_cfg(max_seq_len=16, position={"name": position}))
+    model = build_model(tiny_cfg(max_seq_len=16, position=position))
     out = generate(model, torch.zeros(1, 10, dtype=torch.long), 40)
     assert out.shape == (1, 50)
     # and the cached tokens past max_seq_len still equal recomputation

@@ -11,6 +11,7 @@ from zoo.build import build_model, count_params
 from zoo.data.tokenizers import build_tokenizer
 from zoo.inspect import ffn_share, inspect_config, main, merge_overrides, ordered_maps
 from zoo.layers.attention import attention_maps
+from zoo.registry import RESIDUAL
 
 ROOT = Path(__file__).resolve().parents[1]
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -129,6 +130,16 @@ def test_encoder_decoder_maps_are_labelled(tmp_path):
     out = tmp_path / "ed.png"
     assert main(["--attention", str(tmp_path / "ed.ckpt"), "--text", "abc", "--out", str(out)]) == 0
     assert out.read_bytes().startswith(PNG) and out.stat().st_size > 5000
+
+
+@pytest.mark.parametrize("placement", RESIDUAL.names())
+def test_maps_are_labelled_for_every_placement(placement):
+    """A parallel block holds its attention as parallel.f.attn, a sequential one as attn.f: same labels."""
+    cfg = dict(name="encoder_decoder", vocab_size=11, d_model=16, n_layers=1, n_heads=2, max_seq_len=16,
+               norm={"placement": placement})
+    tokens = torch.tensor([[1, 2, 3]])
+    rows = ordered_maps(attention_maps(build_model(cfg).eval(), tokens, tokens))
+    assert [label for label, _ in rows] == ["encoder self L0", "decoder self L0", "decoder cross L0"]
 
 
 # -- loss by position -----------------------------------------------------------------------------

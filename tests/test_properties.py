@@ -4,31 +4,38 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tests.helpers import make, tiny_cfg
+from tests.helpers import KINDS, case_id, cases, lineages, make, model_cases, tiny_cfg
 from zoo import build_model
 from zoo.block import NO_POSITION
+from zoo.component import option_fields
 from zoo.layers.attention import attention_maps
 from zoo.registry import ATTENTION, FFN, NORM, POSITION
 
-ATTENTIONS = [{"name": "mha"}, {"name": "gqa", "n_kv_heads": 2}, {"name": "mqa"}, {"name": "mha", "window": 3}]
+# Every case below comes from the registries (tests/helpers.py): a part registered tomorrow is under
+# every property test with no edit here. Where the full product of kinds is too big, a pairwise covering
+# design per lineage (helpers.covering) stands in for it: every value of each kind meets every value of
+# every other kind under every lineage.
 
 
-@pytest.mark.parametrize("attention", ATTENTIONS, ids=lambda a: str(a))
-@pytest.mark.parametrize("position", POSITION.names())
-@pytest.mark.parametrize("lineage", ["decoder_only", "encoder_decoder"])
-def test_causality(lineage, attention, position):
+def _with_option(option: str) -> list[dict]:
+    """The attention cases whose component has `option` (e.g. backend, qk_norm)."""
+    return [a for a in cases("attention") if option in option_fields(ATTENTION.options(a["name"]))]
+
+
+@pytest.mark.parametrize("cfg", model_cases(lineages("generates")), ids=case_id)
+def test_causality(cfg):
     """Changing tokens after t changes no decoder output at positions <= t."""
-    model = build_model(tiny_cfg(lineage, attention=attention, position={"name": position})).eval()
+    model = build_model(cfg).eval()
     a = torch.randint(0, 37, (2, 12))
     b = a.clone()
     b[:, 7:] = torch.randint(0, 37, (2, 5))
     src = torch.randint(0, 37, (2, 9))
-    out_a, out_b = (model(x) if lineage == "decoder_only" else model(src, x) for x in (a, b))
+    out_a, out_b = (model(src, x) if model.needs_source else model(x) for x in (a, b))
     torch.testing.assert_close(out_a[:, :7], out_b[:, :7], atol=1e-6, rtol=0)
     assert (out_a[:, 7:] - out_b[:, 7:]).abs().max() > 1e-3  # the future did change something
 
 
-@pytest.mark.parametrize("attention", ATTENTIONS[:3], ids=lambda a: a["name"])
+@pytest.mark.parametrize("attention", [a for a in cases("attention") if a.get("window") is None], ids=case_id)
 def test_permutation_equivariance_without_positions(attention):
     """With no positions and no mask, attention is a set operation: permuting the input permutes the output."""
     model = build_model(tiny_cfg("encoder_only", attention=attention, position={"name": "none"})).eval()
@@ -117,28 +124,26 @@ def test_sliding_window_gives_zero_weight_beyond_window(lineage):
         torch.testing.assert_close(w.sum(-1), torch.ones(2, 4, 10))
 
 
-@pytest.mark.parametrize("attention", ATTENTIONS, ids=lambda a: str(a))
-@pytest.mark.parametrize("position", POSITION.names())
-@pytest.mark.parametrize("lineage", ["decoder_only", "encoder_only", "encoder_decoder"])
-def test_sdpa_and_math_backends_agree(lineage, attention, position):
-    cfg = tiny_cfg(lineage, attention=attention, position={"name": position})
+@pytest.mark.parametrize("cfg", [c for c in model_cases(lineages(), ("attention", "position"))
+                                 if c["attention"] in _with_option("backend")], ids=case_id)
+def test_sdpa_and_math_backends_agree(cfg):
     fast = build_model(cfg).eval()
     slow = build_model({**cfg, "attention": {**cfg["attention"], "backend": "math"}}).eval()
     slow.load_state_dict(fast.state_dict())
     tokens = torch.randint(0, 37, (3, 11))
     padding = torch.ones(3, 11, dtype=torch.bool)
     padding[1, 8:] = False  # a padded row, where padding applies
-    if lineage == "encoder_only":
+    if not fast.generates:  # an encoder: padded tokens
         kw = {"padding": padding}
         a, b = fast(tokens, **kw), slow(tokens, **kw)
-    elif lineage == "encoder_decoder":
+    elif fast.needs_source:
         a, b = fast(tokens, tokens[:, :6], padding), slow(tokens, tokens[:, :6], padding)
     else:
         a, b = fast(tokens), slow(tokens)
     torch.testing.assert_close(a, b, atol=1e-5, rtol=0)
 
 
-@pytest.mark.parametrize("attention", ATTENTIONS, ids=lambda a: str(a))
+@pytest.mark.parametrize("attention", _with_option("backend"), ids=case_id)
 def test_bf16_training_on_cpu_takes_the_math_path(attention):
     """Under CPU bf16 autocast with gradients, the sdpa backend routes to the math form (its fused
     backward is slow there): bit-identical to backend=math, and within bf16 error of float32."""
@@ -220,7 +225,7 @@ def test_gated_ffn_default_width_is_parameter_matched():
     assert n(plain) == n(gated)
 
 
-@pytest.mark.parametrize("lineage", ["decoder_only", "encoder_only", "encoder_decoder"])
+@pytest.mark.parametrize("lineage", lineages())
 def test_float64_backends_agree_to_float64_precision(lineage):
     """The math path keeps float64 in float64 (only bf16/fp16 scores are promoted to float32)."""
     cfg = tiny_cfg(lineage, position={"name": "alibi"})
@@ -320,3 +325,77 @@ def test_window_counts_visible_keys_per_query_in_both_directions(window):
             assert torch.equal((w > 0).sum(-1), counts.expand(2, 4, t))
     assert expected["decoder_only"].max() == window
     assert expected["encoder_only"].max() == min(2 * window - 1, t)
+
+
+def _groups(model) -> dict[str, str | None]:
+    """Each parameter's name -> the count group of the innermost component holding it (None: embeddings, head)."""
+    group = {}
+    for m in model.modules():  # outer modules first, so a norm inside an attention counts as a norm
+        if hasattr(m, "count_as"):
+            group.update({id(p): m.count_as for p in m.parameters()})
+    return {name: group.get(id(p)) for name, p in model.named_parameters()}
+
+
+@pytest.mark.parametrize("kind,case", [(k, c) for k in KINDS for c in cases(k)], ids=lambda x: case_id(x)
+                         if isinstance(x, dict) else x)
+@pytest.mark.parametrize("lineage", lineages())
+def test_swapping_one_component_leaves_every_other_initial_weight_unchanged(lineage, kind, case):
+    """Initialisation draws each parameter from a generator seeded by its name: swap one component and
+    every parameter outside it keeps its name, shape and bits. A placement moves the block's parameters
+    (other names), so there only the parameters that keep their name are compared."""
+    base = tiny_cfg(lineage)
+    node = "norm" if kind == "placement" else kind
+    swapped = {**base, node: {**base.get(node, {}), **case}}
+    a, b = build_model(base, seed=3), build_model(swapped, seed=3)
+    theirs = dict(b.named_parameters())
+    swapped_group = {"placement": None}.get(kind, kind)
+    kept = [n for n, g in _groups(a).items() if kind == "placement" or g != swapped_group]
+    assert "embed.weight" in kept
+    for name in kept:
+        if kind != "placement" or name in theirs:
+            assert name in theirs and torch.equal(dict(a.named_parameters())[name], theirs[name]), name
+
+
+@pytest.mark.parametrize("norm", NORM.names())
+@pytest.mark.parametrize("attention", _with_option("qk_norm"), ids=case_id)
+@pytest.mark.parametrize("lineage", lineages("generates"))
+def test_qk_norm_normalises_each_heads_queries_and_keys(lineage, attention, norm):
+    """attention.qk_norm=true: every q_norm and k_norm normalises each head's vector on its own (over the
+    head size, not d_model): its output is the norm formula of its input, does not change when one head's
+    vector is scaled, and cached decoding still equals recomputation."""
+    cfg = tiny_cfg(lineage, attention={**attention, "qk_norm": True}, norm={"type": norm}, position={"name": "rope"})
+    model = build_model(cfg).eval()
+    norms = {n: m for n, m in model.named_modules() if n.endswith(("q_norm", "k_norm"))}
+    norm_class = NORM.get(norm)  # the model's norm type (a factory that is not a class: not checked)
+    assert norms and all(isinstance(m, norm_class) for m in norms.values() if isinstance(norm_class, type))
+    with torch.no_grad():
+        for p in model.parameters():  # gains and biases away from 1 and 0, so the norm's own weights show
+            p.add_(torch.randn_like(p) * 0.1)
+    seen = {}
+    keep = lambda name: lambda m, args, out: seen.setdefault(name, (args[0], out)) and None  # None: output unchanged
+    hooks = [m.register_forward_hook(keep(n)) for n, m in norms.items()]
+    src, tgt = torch.randint(0, 37, (2, 9)), torch.randint(0, 37, (2, 12))
+    model(src, tgt) if model.needs_source else model(tgt)
+    for h in hooks:
+        h.remove()
+    assert seen.keys() == norms.keys()  # every one of them ran
+    reference = {"layernorm": lambda x, m: F.layer_norm(x, (x.shape[-1],), m.weight, m.bias, m.eps),
+                 "rmsnorm": lambda x, m: F.rms_norm(x, (x.shape[-1],), m.weight, m.eps)}.get(norm)
+    for name, (x, y) in seen.items():
+        m = norms[name]
+        assert x.dim() == 4 and x.shape[-1] == m.weight.shape[0] < cfg["d_model"]  # (B, heads, T, head size)
+        assert name.endswith("k_norm") or x.shape[1] == cfg["n_heads"]  # queries: every head (keys: n_kv_heads)
+        if reference is not None:  # a norm type added later is checked by the scale property alone
+            torch.testing.assert_close(y, reference(x, m), atol=1e-5, rtol=0)
+        # each head vector its own scale in [1, 10]: the output keeps within eps' effect (a norm across
+        # heads, or over d_model, would move by O(1))
+        scale = torch.rand(*x.shape[:-1], 1) * 9 + 1
+        with torch.no_grad():
+            torch.testing.assert_close(m(x * scale), y, atol=5e-3, rtol=0)
+    seq = torch.randint(0, 37, (2, 14))
+    with torch.no_grad():
+        memory = model.encode(src) if model.needs_source else None
+        step = lambda t, c: model.decode(t, memory, cache=c) if model.needs_source else model(t, cache=c)
+        cache = model.new_cache()
+        cached = torch.cat([step(seq[:, :5], cache)] + [step(seq[:, t:t + 1], cache) for t in range(5, 14)], dim=1)
+        torch.testing.assert_close(cached, step(seq, None), atol=1e-5, rtol=0)

@@ -1,7 +1,8 @@
 """One Transformer block, used by every lineage: self-attention, optional cross-attention, FFN.
 
 Which attention, norm, placement and FFN it holds was decided by the registries at build time;
-the block only wires them together.
+the block only wires them together. A sequential placement (pre, post, sandwich) wraps each sublayer
+in its own residual step, run in turn; a parallel one (`placement.parallel`) wraps them all in one step.
 """
 
 from __future__ import annotations
@@ -20,19 +21,29 @@ from zoo.registry import ATTENTION, FFN
 class TransformerBlock(nn.Module):
     def __init__(self, ctx: Context, cfg: dict, residual: type[nn.Module], cross: bool = False):
         super().__init__()
-        self.attn = residual(build(ATTENTION, cfg["attention"], ctx), ctx.norm)
-        cross_ctx = replace(ctx, cross=True)
-        self.cross = residual(build(ATTENTION, cfg["attention"], cross_ctx), ctx.norm) if cross else None
-        self.ffn = residual(build(FFN, cfg["ffn"], ctx), ctx.norm)
+        sublayers = {"attn": build(ATTENTION, cfg["attention"], ctx)}
+        if cross:
+            sublayers["cross"] = build(ATTENTION, cfg["attention"], replace(ctx, cross=True))
+        sublayers["ffn"] = build(FFN, cfg["ffn"], ctx)
+        if residual.parallel:  # one residual step around all of them, on one norm
+            self.parallel, self.attn, self.cross, self.ffn = residual(sublayers, ctx.norm), None, None, None
+        else:  # one residual step around each, in turn
+            self.parallel = None
+            self.attn, self.cross, self.ffn = (residual(sublayers[k], ctx.norm) if k in sublayers else None
+                                               for k in ("attn", "cross", "ffn"))
 
     def forward(self, x: torch.Tensor, pos: Position, mask: torch.Tensor | None, is_causal: bool,
                 memory: torch.Tensor | None = None, memory_mask: torch.Tensor | None = None,
                 cache: tuple[KVCache, KVCache] | None = None, offset: int = 0) -> torch.Tensor:
         self_cache, cross_cache = cache if cache is not None else (None, None)
-        x = self.attn(x, pos=pos, mask=mask, is_causal=is_causal, cache=self_cache, offset=offset)
+        kw = {"attn": dict(pos=pos, mask=mask, is_causal=is_causal, cache=self_cache, offset=offset),
+              "cross": dict(pos=NO_POSITION, mask=memory_mask, context=memory, cache=cross_cache), "ffn": {}}
+        if self.parallel is not None:
+            return self.parallel(x, **kw)
+        x = self.attn(x, **kw["attn"])
         if self.cross is not None:
-            x = self.cross(x, pos=NO_POSITION, mask=memory_mask, context=memory, cache=cross_cache)
-        return self.ffn(x)
+            x = self.cross(x, **kw["cross"])
+        return self.ffn(x, **kw["ffn"])
 
 
 NO_POSITION = Position(Context(d_model=1, n_heads=1, max_seq_len=0), Options())  # cross-attention: no positions

@@ -158,7 +158,7 @@ def _on_meta(cfg: dict) -> nn.Module:
 
 
 def has_final_norm(cfg: dict) -> bool:
-    """model.final_norm, or where it is null, what the placement needs (pre and sandwich: yes, post: no)."""
+    """model.final_norm, or where it is null, what the placement needs (pre, sandwich, parallel: yes; post: no)."""
     if cfg["final_norm"] is not None:
         return cfg["final_norm"]
     return RESIDUAL.get(cfg["norm"]["placement"]).final_norm

@@ -258,7 +258,8 @@ def format_vs(a: dict, b: dict, a_over: list[str], b_over: list[str]) -> str:
 # Attention maps
 # ----------------------------------------------------------------------------------------------
 
-_NAME = re.compile(r"^(encoder|decoder)\.blocks\.(\d+)\.(attn|cross)\.f$")
+# decoder.blocks.3.attn.f (a sequential placement) or decoder.blocks.3.parallel.f.attn (parallel)
+_NAME = re.compile(r"^(encoder|decoder)\.blocks\.(\d+)\.(?:(attn|cross)\.f|parallel\.f\.(attn|cross))$")
 
 
 def _token_label(s: str) -> str:
@@ -273,7 +274,7 @@ def ordered_maps(maps: dict) -> list[tuple[str, object]]:
         if m is None:
             rows.append(((9, 0, name), name, w))
             continue
-        stack, layer, kind = m.group(1), int(m.group(2)), m.group(3)
+        stack, layer, kind = m.group(1), int(m.group(2)), m.group(3) or m.group(4)
         order = {("encoder", "attn"): 0, ("decoder", "attn"): 1, ("decoder", "cross"): 2}[(stack, kind)]
         label = f"{stack} {'cross' if kind == 'cross' else 'self'} L{layer}"
         rows.append(((order, layer, name), label, w))

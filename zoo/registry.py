@@ -87,7 +87,7 @@ class Registry:
 ATTENTION = Registry("attention")
 POSITION = Registry("position")
 NORM = Registry("norm")
-RESIDUAL = Registry("residual")  # norm placement: pre, post, sandwich
+RESIDUAL = Registry("residual")  # norm placement: pre, post, sandwich, parallel
 FFN = Registry("ffn")
 MODEL = Registry("model")
 

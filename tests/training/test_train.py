@@ -11,7 +11,8 @@ from zoo.registry import ATTENTION, FFN, POSITION
 
 GROUP_OPTIONS = [("attention", n) for n in ["mha", "mqa", "gqa", "sliding_window"]] + \
     [("position", n) for n in ["learned", "sinusoidal", "rope", "alibi", "t5", "none"]] + \
-    [("norm", n) for n in ["pre_ln", "post_ln", "pre_rms", "post_rms", "sandwich_ln", "sandwich_rms"]] + \
+    [("norm", n) for n in ["pre_ln", "post_ln", "pre_rms", "post_rms", "sandwich_ln", "sandwich_rms",
+                           "parallel_ln", "parallel_rms"]] + \
     [("ffn", n) for n in ["relu", "gelu", "gelu_tanh", "swiglu", "geglu", "geglu_tanh", "reglu"]] + \
     [("model", n) for n in ["decoder_only", "encoder_only", "encoder_decoder"]]
 
@@ -53,7 +54,8 @@ def test_every_group_option_trains(train, group, option):
     assert code == 0 and s["status"] == "completed" and math.isfinite(s["final"]["val_loss"])
     key = {"model": "lineage", "norm": "placement"}.get(group, group)
     expect = {"sliding_window": "mha", "pre_ln": "pre", "post_ln": "post", "pre_rms": "pre", "post_rms": "post",
-              "sandwich_ln": "sandwich", "sandwich_rms": "sandwich"}.get(option, option)
+              "sandwich_ln": "sandwich", "sandwich_rms": "sandwich", "parallel_ln": "parallel",
+              "parallel_rms": "parallel"}.get(option, option)
     assert s["architecture"][key] == expect
 
 
