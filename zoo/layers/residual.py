@@ -2,7 +2,7 @@
 
 Each placement wraps a sublayer f (attention or FFN) and a norm factory; its forward is the
 textbook formula. `final_norm` says whether the stack needs a norm after the last block (the default
-that `model.final_norm: true|false` overrides); `n_norms` how many norms one wrapper holds.
+that `model.final_norm: true|false` overrides).
 `parallel` says how the block hands over its sublayers: False, one at a time, each in its own residual
 step (pre, post, sandwich); True, all at once, by name, in one residual step (parallel).
 """
@@ -21,7 +21,7 @@ from zoo.registry import RESIDUAL
 class PreNorm(nn.Module):
     """x + f(norm(x)): GPT-2, Llama. Gradients pass the identity path untouched (Xiong et al. 2020)."""
 
-    final_norm, n_norms, parallel = True, 1, False
+    final_norm, parallel = True, False
 
     def __init__(self, f: nn.Module, make_norm: Callable[[], nn.Module]):
         super().__init__()
@@ -35,7 +35,7 @@ class PreNorm(nn.Module):
 class PostNorm(nn.Module):
     """norm(x + f(x)): the original Transformer and BERT; needs warm-up to train deep stacks."""
 
-    final_norm, n_norms, parallel = False, 1, False
+    final_norm, parallel = False, False
 
     def __init__(self, f: nn.Module, make_norm: Callable[[], nn.Module]):
         super().__init__()
@@ -49,7 +49,7 @@ class PostNorm(nn.Module):
 class SandwichNorm(nn.Module):
     """x + norm_out(f(norm(x))): Peri-LN / sandwich-LN, bounds each sublayer's contribution."""
 
-    final_norm, n_norms, parallel = True, 2, False
+    final_norm, parallel = True, False
 
     def __init__(self, f: nn.Module, make_norm: Callable[[], nn.Module]):
         super().__init__()
@@ -78,7 +78,7 @@ class ParallelNorm(nn.Module):
     x + attn(norm(x)) + cross(norm(x), memory) + ffn(norm(x)): the block stays one residual step, and
     no branch sees another's output (a sequential cross-attention would feed the FFN but not attn)."""
 
-    final_norm, n_norms, parallel = True, 1, True
+    final_norm, parallel = True, True
 
     def __init__(self, fs: dict[str, nn.Module], make_norm: Callable[[], nn.Module]):
         super().__init__()
