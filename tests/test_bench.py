@@ -193,3 +193,37 @@ def test_norm_section_times_both_norms():
     assert [r["shape"] for r in rows] == ["tiny"]
     positive(rows[0]["LayerNorm ms"])
     positive(rows[0]["RMSNorm ms"])
+
+
+def _fake_sections(monkeypatch, load: float) -> None:
+    """Sections that return a fixed text at once, on a machine whose load average is `load`."""
+    monkeypatch.setattr(bench, "RUNNERS", {name: (lambda sess, n=name: f"## Section {n}\n\nnew {n}\n")
+                                           for name in bench.SECTIONS})
+    monkeypatch.setattr(bench, "_load_value", lambda text=None: load)
+
+
+def test_a_run_of_some_sections_replaces_only_those_in_an_existing_report(tmp_path, monkeypatch):
+    _fake_sections(monkeypatch, load=0.5)
+    out = tmp_path / "benchmarks.md"
+    bench.run_sections(list(bench.SECTIONS), Settings(), [], out, echo=False)
+    full = out.read_text()
+    out.write_text(full.replace("new kv", "old kv").replace("new norm", "old norm"))
+    bench.run_sections(["kv"], Settings(), ["--only", "kv"], out, echo=False)
+    text = out.read_text()
+    assert "new kv" in text and "old kv" not in text  # the section that ran is replaced
+    assert "old norm" in text  # the others keep their earlier run
+    assert text.count("## Section") == len(bench.SECTIONS)
+    assert "_This section alone: `python -m zoo.bench --only kv` on " in text
+
+
+def test_nothing_is_written_under_docs_from_a_busy_machine(tmp_path, monkeypatch, capsys):
+    _fake_sections(monkeypatch, load=2.0 * (bench.os.cpu_count() or 1) + 1)
+    out = tmp_path / "docs" / "benchmarks.md"
+    out.parent.mkdir()
+    out.write_text("# Benchmarks\n\n## Section kv\n\nkept\n")
+    bench.run_sections(["kv"], Settings(), ["--only", "kv"], out, echo=False)
+    assert out.read_text() == "# Benchmarks\n\n## Section kv\n\nkept\n"
+    assert "not written to" in capsys.readouterr().out
+    elsewhere = tmp_path / "busy.md"  # outside docs/ the numbers are written, with their load averages
+    bench.run_sections(["kv"], Settings(), ["--only", "kv"], elsewhere, echo=False)
+    assert "new kv" in elsewhere.read_text()

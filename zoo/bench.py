@@ -58,6 +58,7 @@ from torch import nn
 
 import zoo
 from zoo.generate import generate
+from zoo.io import atomic_write_text
 from zoo.layers.ffn import default_d_ff
 
 SECTIONS = ("train", "compile", "generate", "kv", "norm", "mfu", "memory", "overhead", "precision")
@@ -1088,21 +1089,57 @@ def settings_from_args(a: argparse.Namespace) -> Settings:
 
 def run_sections(names: Sequence[str], s: Settings, argv: Sequence[str] = (), out: Path | None = None,
                  echo: bool = True) -> str:
-    """Run the named sections in order; rewrite `out` after each one, so a crash keeps what finished."""
+    """Run the named sections in order; write `out` after each one, so a crash keeps what finished.
+
+    A run of some sections replaces just those in an existing report (the others are kept), each stamped
+    with its own command and machine. Nothing is written under docs/ by a section whose load average, at its
+    start or end, was above the core count: a busy machine's timings must not become the record."""
     sess, done, info = Session(s), {}, machine_info(s)
+    old = out.read_text() if out is not None and out.is_file() and set(names) != set(SECTIONS) else None
     for name in [n for n in SECTIONS if n in names]:
         t0 = time.perf_counter()
         if echo:
             print(f"[zoo.bench] {name} ...", flush=True)
         load = _load()
+        busy = _load_value(load)
         done[name] = RUNNERS[name](sess).rstrip() + f"\n\n_Section time {time.perf_counter() - t0:.0f} s; " \
             f"load average {load} at its start, {_load()} at its end._\n"
         if echo:
             print(done[name], f"[zoo.bench] {name}: {time.perf_counter() - t0:.0f} s", sep="\n", flush=True)
+        busy = max(busy, _load_value())
+        if out is not None and "docs" in out.resolve().parts and busy > (os.cpu_count() or 1) and not s.quick:
+            print(f"[zoo.bench] not written to {out}: the load average reached {busy:.2f} on {os.cpu_count()} "
+                  "cores during this section; rerun on a quiet machine (or pass --out elsewhere)", flush=True)
+            out = None
         if out is not None:
             out.parent.mkdir(parents=True, exist_ok=True)
-            out.write_text(report(done, s, argv, info))
+            atomic_write_text(out, splice(old, done, argv, info) if old else report(done, s, argv, info))
     return report(done, s, argv, info)
+
+
+def _load_value(text: str | None = None) -> float:
+    """The 1-minute load average as a number (0 where unknown)."""
+    try:
+        return float((text or _load(short=True)).split()[0])
+    except ValueError:
+        return 0.0
+
+
+def splice(old: str, sections: dict[str, str], argv: Sequence[str], info: list[tuple[str, str]]) -> str:
+    """An existing report with `sections` put in place of the ones of the same heading (or appended), each
+    stamped with the command and machine it was measured with: the other sections keep their own runs."""
+    cpu = dict(info).get("CPU", "unknown")
+    for text in sections.values():
+        heading = text.splitlines()[0]
+        command = shlex.join(["python", "-m", "zoo.bench", *_without_out(argv)])
+        stamped = text.rstrip() + f"\n\n_This section alone: `{command}` on {cpu}, {time.strftime('%Y-%m-%d')}._\n"
+        start = old.find(heading + "\n")
+        if start < 0:
+            old = old.rstrip() + "\n\n" + stamped
+            continue
+        end = old.find("\n## ", start + len(heading))
+        old = old[:start] + stamped + ("\n" + old[end + 1:] if end >= 0 else "")
+    return old.rstrip() + "\n"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
