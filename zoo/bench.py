@@ -973,36 +973,42 @@ def section_data(sess: Session) -> str:
     s = sess.settings
     text = load_default_corpus()[:300_000] if s.quick else load_default_corpus() * 4
     rounds = 1 if s.quick else 3
-    workers = 1 if s.quick else os.cpu_count() or 1  # quick: no process start-up, a smoke run
-    copies, procs = "" if s.quick else " four times over", "process" if workers == 1 else "processes"
+    cores = os.cpu_count() or 1
+    counts = (1,) if s.quick or cores == 1 else (1, cores)  # quick: no process start-up, a smoke run
+    copies = "" if s.quick else " four times over"
     out = ["## Data: zoo-prepare and data=tokens", "",
            f"`zoo-prepare` on the embedded corpus{copies} ({len(text.encode()) / 1e6:.1f} MB, one document per "
-           f"paragraph), {workers} worker {procs}, against the same tokenizer encoding the same documents by itself "
-           "in this process: byte-level BPE (`bpe`, Hugging Face `tokenizers`, whose batch encode uses every core) "
-           "and `char` (Python, one process). Prepare time is the encode phase: reading, splitting, encoding, "
-           "writing the shards with checksums, starting the workers; the tokenizer's fitting (BPE training on 5 MB, "
-           f"the char alphabet scan) is given apart. Median of {rounds} rounds, alternated.", ""]
+           "paragraph), in this process (`--workers 1`) and with one worker process per core, against the same "
+           "tokenizer encoding the same documents by itself in this process: byte-level BPE (`bpe`, Hugging Face "
+           "`tokenizers`, whose batch encode uses every core) and `char` (Python, one process). Prepare time is the "
+           "encode phase: reading, splitting, encoding, writing the shards with checksums, starting the workers; "
+           "the tokenizer's fitting (BPE training on 5 MB, the char alphabet scan) is given apart. Median of "
+           f"{rounds} rounds, alternated.", ""]
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         src = Path(tmp) / "corpus.txt"
         src.write_text(text)
         for spec, vocab in (("bpe", 512 if s.quick else 8192), ("char", 0)):
-            prep, base, fit = [], [], []
+            prep, base, fit = {n: [] for n in counts}, [], []
             for _ in range(rounds):
-                r = _prepare_round(src, Path(tmp) / spec, spec, vocab, workers)
-                prep.append(r["seconds"])
-                fit.append(r["fit_seconds"])
+                for n in counts:
+                    r = _prepare_round(src, Path(tmp) / spec, spec, vocab, n)
+                    prep[n].append(r["seconds"])
+                    fit.append(r["fit_seconds"])
                 m = r["manifest"]
                 tok = tokenizer_from_state(m["tokenizer"])
                 docs = list(documents(m["plan"]["source"]))
                 base.append(time_call(lambda tok=tok, docs=docs: tok.encode_batch(docs)))
             size = sum(m["splits"][k]["bytes"] for k in ("train", "val"))
             tokens = sum(m["splits"][k]["tokens"] for k in ("train", "val"))
-            p, b = statistics.median(prep), statistics.median(base)
-            rows.append([spec, m["vocab_size"], m["dtype"], num(tokens), f"{size / p / 1e6:.2f}", num(tokens / p),
-                         f"{size / b / 1e6:.2f}", num(tokens / b), ratio(p / b), f"{statistics.median(fit):.1f}"])
-        out += [table(["tokenizer", "vocab", "dtype", "tokens", "prepare MB/s", "prepare tokens/s", "tokenizer MB/s",
-                       "tokenizer tokens/s", "prepare time / tokenizer time", "fit s"], rows), ""]
+            b = statistics.median(base)
+            for n in counts:
+                p = statistics.median(prep[n])
+                rows.append([spec, m["vocab_size"], m["dtype"], num(tokens), n, f"{size / p / 1e6:.2f}",
+                             num(tokens / p), f"{size / b / 1e6:.2f}", num(tokens / b), ratio(p / b),
+                             f"{statistics.median(fit):.1f}"])
+        out += [table(["tokenizer", "vocab", "dtype", "tokens", "workers", "prepare MB/s", "prepare tokens/s",
+                       "tokenizer MB/s", "tokenizer tokens/s", "prepare time / tokenizer time", "fit s"], rows), ""]
 
         shape = GPT2_SMALL if not s.quick else replace(GPT2_SMALL, n_layers=1, n_heads=2, d_model=64, vocab=512)
         loader_rows = []
