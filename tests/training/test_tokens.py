@@ -76,7 +76,6 @@ def test_masked_and_span_corruption_batches_come_from_the_shards(corpora, lineag
     assert batch["input"].shape[0] == 4 and int(batch["target"].max()) < d.tokenizer.vocab_size
 
 
-@pytest.mark.slow  # three short runs: about 12 s on an idle 2-core machine
 def test_interrupted_run_resumes_exactly(train, corpora, monkeypatch):
     """SIGINT while batch 3 is drawn: the run saves last.ckpt and stops; resumed, it equals an uninterrupted run."""
     over = ["data=tokens", f"data.path={corpora['char']}", "trainer.max_steps=8", "model.dropout=0.1",
