@@ -120,3 +120,35 @@ def covering(factors: dict[str, list], strength: int = 2) -> list[dict]:
         rows.append(row)
         uncovered -= tuples(row)
     return [{n: factors[n][row[n]] for n in names} for row in rows]
+
+
+def save_pretrained_tokenizer(directory: Path, vocab_size: int = 400) -> Path:
+    """A small byte-level BPE saved with save_pretrained, the way a downloaded GPT-2 tokenizer sits on disk
+    (its own end-of-text token, <|endoftext|>, first); trained here, nothing downloaded."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    from zoo.data import load_default_corpus
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<|endoftext|>"], show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator([load_default_corpus()[:50_000]], trainer=trainer)
+    PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>").save_pretrained(str(directory))
+    return directory
+
+
+def write_corpus(directory: Path, n_files: int = 4, paragraphs: int = 60) -> list[Path]:
+    """Text files of Shakespeare paragraphs (blank-line separated), a few hundred documents in all."""
+    from zoo.data import load_default_corpus
+
+    paras = [p for p in load_default_corpus().split("\n\n") if p.strip()][200:200 + n_files * paragraphs]
+    directory.mkdir(parents=True, exist_ok=True)
+    files = []
+    for i in range(n_files):
+        path = directory / f"part{i}.txt"
+        path.write_text("\n\n".join(paras[i * paragraphs:(i + 1) * paragraphs]) + "\n")
+        files.append(path)
+    return files

@@ -227,3 +227,16 @@ def test_nothing_is_written_under_docs_from_a_busy_machine(tmp_path, monkeypatch
     elsewhere = tmp_path / "busy.md"  # outside docs/ the numbers are written, with their load averages
     bench.run_sections(["kv"], Settings(), ["--only", "kv"], elsewhere, echo=False)
     assert "new kv" in elsewhere.read_text()
+
+
+def test_data_section_tables():
+    md = bench.section_data(bench.Session(quick()))
+    rows = rows_of(md, "| tokenizer | vocab | dtype | tokens | workers | prepare MB/s |")
+    assert [(r["tokenizer"], r["dtype"], r["workers"]) for r in rows] == [("bpe", "uint16", "1"),
+                                                                          ("char", "uint16", "1")]
+    for r in rows:
+        for col in ("tokens", "prepare MB/s", "tokenizer MB/s", "prepare time / tokenizer time"):
+            positive(r[col])
+    loader = rows_of(md, "| objective | batch ms | batches/s |")
+    assert [r["objective"] for r in loader] == ["decoder_only", "encoder_only", "encoder_decoder"]
+    assert all(positive(r["batch ms"]) for r in loader)

@@ -87,7 +87,7 @@ def collect() -> list[Command]:
                     line, _, out = chunk.partition("\n")
                     cmd, comment = _strip_comment(line)
                     commands.append(Command(f"{rel}:{first}", cmd, "shell", out.strip(), _needs(comment)))
-        for m in re.finditer(r"`((?:python|zoo-report|mlflow|tensorboard|wandb) [^`]+)`", text):
+        for m in re.finditer(r"`((?:python|zoo-report|zoo-prepare|mlflow|tensorboard|wandb) [^`]+)`", text):
             if any(a <= m.start() < b for a, b in blocks):
                 continue
             cmd, comment = _strip_comment(m.group(1))
@@ -252,8 +252,8 @@ def test_documented_command_runs_as_written(command: Command, workdir: Path):
         while argv and re.fullmatch(r"[A-Z_]+=\S*", argv[0]):  # VAR=value python ...
             key, _, value = argv.pop(0).partition("=")
             env[key] = value
-        if argv[0] == "zoo-report":
-            argv = ["python", "-m", "zoo.report", *argv[1:]]
+        if argv[0] in ("zoo-report", "zoo-prepare"):  # console scripts: not installed in the test's checkout
+            argv = ["python", "-m", argv[0].replace("-", "."), *argv[1:]]
         argv = shrink(argv)
         if command.serves:
             _serves(argv, env, workdir, command)

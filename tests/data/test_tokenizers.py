@@ -7,6 +7,8 @@ import json
 import pytest
 
 from zoo.data import (
+    BOS_ID,
+    N_SPECIAL,
     SPECIALS,
     TOKENIZERS,
     BPETokenizer,
@@ -52,7 +54,27 @@ def test_registry_names():
 def test_unknown_tokenizer_lists_valid_names():
     with pytest.raises(DataError) as err:
         build_tokenizer("x")
-    assert str(err.value) == "tokenizer: unknown 'x'; valid: bpe, byte, char"
+    assert str(err.value) == "tokenizer: unknown 'x'; valid: bpe, byte, char, hf:<Hugging Face name or directory>"
+
+
+def test_pretrained_tokenizer_ids_follow_zoos_specials_and_its_state_rebuilds_it(tmp_path):
+    pytest.importorskip("transformers")
+    from transformers import AutoTokenizer
+
+    from tests.helpers import save_pretrained_tokenizer
+
+    path = save_pretrained_tokenizer(tmp_path / "tok")
+    tok, reference = build_tokenizer(f"hf:{path}"), AutoTokenizer.from_pretrained(str(path))
+    text = "To be, or not to be <|endoftext|> <eos>"
+    ids = tok.encode(text)
+    # shifted past zoo's 20 specials; the pretrained end-of-text token in text is text, not a control token
+    assert ids == [N_SPECIAL + i for i in reference.encode(text, split_special_tokens=True)]
+    assert tok.eot_id == N_SPECIAL + reference.eos_token_id and tok.vocab_size == N_SPECIAL + len(reference)
+    assert tok.decode([BOS_ID] + ids + [tok.eot_id]) == "<bos>" + text + "<|endoftext|>"
+    rebuilt = tokenizer_from_state(json.loads(json.dumps(tok.state_dict())))  # plain JSON, no directory needed
+    assert rebuilt.encode(text) == ids and rebuilt.state_dict() == tok.state_dict()
+    with pytest.raises(DataError, match="^tokenizer: 'hf:/no/such' is pretrained and has no option 'vocab_size'$"):
+        build_tokenizer("hf:/no/such", vocab_size=3)
 
 
 def test_unknown_option_is_one_line_error():

@@ -9,10 +9,22 @@ from __future__ import annotations
 import functools
 import gzip
 import os
+import shlex
 from pathlib import Path
 
 DEFAULT_CORPUS = Path(__file__).resolve().parent / "shakespeare.txt.gz"
 """The 37 Shakespeare plays from Project Gutenberg (public domain); see scripts/build_corpus.py."""
+
+
+MAX_TEXT_BYTES = 200 * 10**6
+"""The most text data=text_file and data=hf read into memory; past it they say to run zoo-prepare instead."""
+
+
+def too_big(what: str, size: int, prepare_args: str) -> str:
+    """The one-line refusal for a corpus past MAX_TEXT_BYTES, with the command that prepares it."""
+    return (f"{what} is {size / 1e6:,.0f} MB, more than the {MAX_TEXT_BYTES / 1e6:.0f} MB a run reads into memory; "
+            f"prepare it once with `zoo-prepare {prepare_args} --out corpus.tokens` and train with "
+            "data=tokens data.path=corpus.tokens")
 
 
 class DataError(ValueError):
@@ -42,6 +54,9 @@ def read_text_file(path: str | os.PathLike[str]) -> str:
         raise DataFileNotFoundError(f"data.path: no such file '{p}'")
     if p.is_dir():
         raise DataError(f"data.path: '{p}' is a directory; point it at a text file")
+    size = p.stat().st_size
+    if size > MAX_TEXT_BYTES:
+        raise DataError(too_big(f"data.path: '{p}'", size, shlex.quote(str(p))))
     try:
         raw = p.read_bytes()
     except OSError as e:

@@ -1,4 +1,4 @@
-"""Tokenizers: ``char``, ``byte`` and ``bpe``, all with the same interface and special-token ids.
+"""Tokenizers: ``char``, ``byte``, ``bpe`` and pretrained ``hf:<name>``, all with the same interface and special ids.
 
 Every tokenizer reserves the first ``n_special`` ids for `SPECIALS`, in that order, so padding,
 BOS/EOS, the MLM mask and the T5 sentinels have the same ids whatever the tokenizer:
@@ -104,6 +104,16 @@ class Tokenizer:
         self._require_fitted()
         return self._encode_text(text, errors)
 
+    @property
+    def eot_id(self) -> int:
+        """The id that ends a document in a prepared corpus (zoo.prepare): <eos> for zoo's tokenizers."""
+        return EOS_ID
+
+    def encode_batch(self, texts: list[str]) -> list[list[int]]:
+        """`encode` of each text (strict); tokenizers with a parallel batch encoder override it."""
+        self._require_fitted()
+        return [self._encode_text(t, "strict") for t in texts]
+
     def decode(self, ids: Iterable[int], skip_special: bool = False) -> str:
         """Ids -> text; specials come out as their names (``<eos>``) unless ``skip_special``."""
         self._require_fitted()
@@ -136,7 +146,7 @@ class Tokenizer:
     def from_state(cls, d: dict[str, Any]) -> Tokenizer:
         """Rebuild from `state_dict()` output (dispatches on ``d["name"]`` when called on the base)."""
         name = d.get("name")
-        target = TOKENIZERS.get(name) if cls is Tokenizer else cls
+        target = _FROM_STATE.get(name) if cls is Tokenizer else cls
         if target is None or name != target.name:
             raise DataError(f"tokenizer: state is for {name!r}, expected {cls.name or 'a known tokenizer'!r}")
         if d.get("specials", SPECIALS) != SPECIALS:
@@ -337,6 +347,12 @@ class BPETokenizer(Tokenizer):
             out.extend(enc.ids)
         return out
 
+    def encode_batch(self, texts: list[str]) -> list[list[int]]:
+        self._require_fitted()
+        if any(len(t) > 2 * _CHUNK_CHARS for t in texts):
+            return [self._encode_text(t, "strict") for t in texts]  # long texts: split at safe cut points
+        return [e.ids for e in self._tok.encode_batch(texts, add_special_tokens=False)]
+
     def _decode_run(self, ids: list[int]) -> str:
         return self._tok.decode(ids, skip_special_tokens=False)
 
@@ -350,17 +366,95 @@ class BPETokenizer(Tokenizer):
         self._tok = self._configure(HFTokenizer.from_str(d["tokenizer_json"]))
 
 
-TOKENIZERS: dict[str, type[Tokenizer]] = {
+class HFTokenizer(Tokenizer):
+    """A pretrained Hugging Face tokenizer (``hf:<name or local dir>``), its ids shifted past zoo's specials.
+
+    zoo id = ``n_special`` + the pretrained id, so pad, bos, eos, mask and the sentinels keep zoo's ids and
+    every objective works unchanged; the pretrained tokenizer's own special tokens are ordinary ids after
+    them. The state holds the tokenizer's whole definition (its ``tokenizer.json``): a checkpoint or a
+    prepared corpus rebuilds it without the original directory, the hub, or ``transformers``."""
+
+    name = "hf"
+
+    def __init__(self, source: str) -> None:
+        self._init_empty()
+        self.source = source
+        if source.startswith(("/", ".", "~")) and not Path(source).expanduser().is_dir():
+            raise DataError(f"tokenizer: 'hf:{source}': no such directory (a save_pretrained folder or a hub name)")
+        try:
+            from transformers import AutoTokenizer
+        except ImportError:
+            raise DataError("tokenizer: hf:<name> needs the 'transformers' package: pip install -e '.[hf]'") from None
+        try:
+            pretrained = AutoTokenizer.from_pretrained(str(Path(source).expanduser()))
+        except Exception as e:  # offline hub misses, bad directories: one line, whatever the library raised
+            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise DataError(f"tokenizer: cannot load Hugging Face tokenizer 'hf:{source}' ({first})") from None
+        if not getattr(pretrained, "is_fast", False):
+            raise DataError(f"tokenizer: 'hf:{source}' has no fast (tokenizers) version; zoo needs one")
+        self._set(pretrained.backend_tokenizer.to_str(), pretrained.eos_token_id)
+
+    def _init_empty(self) -> None:
+        self.source, self._tok, self.native_eot = "", None, None
+
+    def _set(self, tokenizer_json: str, native_eot: int | None) -> None:
+        from tokenizers import Tokenizer as Backend
+
+        self._tok = Backend.from_str(tokenizer_json)
+        if hasattr(self._tok, "encode_special_tokens"):
+            self._tok.encode_special_tokens = True  # "<|endoftext|>" in text is text, as for zoo's tokenizers
+        self.native_eot = native_eot
+
+    @property
+    def fitted(self) -> bool:
+        return self._tok is not None
+
+    @property
+    def eot_id(self) -> int:
+        """The pretrained end-of-text token where the tokenizer has one (GPT-2's <|endoftext|>), else <eos>."""
+        return EOS_ID if self.native_eot is None else N_SPECIAL + self.native_eot
+
+    def _vocab_size(self) -> int:
+        return N_SPECIAL + self._tok.get_vocab_size(with_added_tokens=True)
+
+    def fit(self, text: str) -> HFTokenizer:
+        return self  # pretrained: nothing to learn
+
+    def _encode_text(self, text: str, errors: str) -> list[int]:
+        return [N_SPECIAL + i for i in self._tok.encode(text, add_special_tokens=False).ids]
+
+    def encode_batch(self, texts: list[str]) -> list[list[int]]:
+        return [[N_SPECIAL + i for i in e.ids] for e in self._tok.encode_batch(texts, add_special_tokens=False)]
+
+    def _decode_run(self, ids: list[int]) -> str:
+        return self._tok.decode([i - N_SPECIAL for i in ids], skip_special_tokens=False)
+
+    def _state(self) -> dict[str, Any]:
+        return {"source": self.source, "eot": self.native_eot, "tokenizer_json": self._tok.to_str()}
+
+    def _load_state(self, d: dict[str, Any]) -> None:
+        self.source = d.get("source", "")
+        self._set(d["tokenizer_json"], d.get("eot"))
+
+
+TOKENIZERS: dict[str, type[Tokenizer]] = {  # built by name (and fitted); pretrained ones by hf:<name>
     "bpe": BPETokenizer,
     "byte": ByteTokenizer,
     "char": CharTokenizer,
 }
+_FROM_STATE: dict[str, type[Tokenizer]] = {**TOKENIZERS, "hf": HFTokenizer}
+HF_PREFIX = "hf:"  # build_tokenizer("hf:gpt2"), build_tokenizer("hf:path/to/saved_dir")
 
 
 def build_tokenizer(name: str, **kw: Any) -> Tokenizer:
     """Construct an (unfitted) tokenizer by name; one-line errors for unknown names or options."""
+    if isinstance(name, str) and name.startswith(HF_PREFIX) and name != HF_PREFIX:
+        if kw:
+            raise DataError(f"tokenizer: '{name}' is pretrained and has no option '{sorted(kw)[0]}'")
+        return HFTokenizer(name.removeprefix(HF_PREFIX))
     if name not in TOKENIZERS:
-        raise DataError(f"tokenizer: unknown '{name}'; valid: {', '.join(sorted(TOKENIZERS))}")
+        raise DataError(f"tokenizer: unknown '{name}'; valid: {', '.join(sorted(TOKENIZERS))}, "
+                        "hf:<Hugging Face name or directory>")
     cls = TOKENIZERS[name]
     extra = sorted(set(kw) - set(cls.options))
     if extra:

@@ -1,4 +1,5 @@
-"""Lightning DataModules: text corpora (embedded, a file, a Hugging Face dataset) and seq2seq tasks.
+"""Lightning DataModules: text corpora (embedded, a file, a Hugging Face dataset, a prepared corpus of token
+shards) and seq2seq tasks.
 
 Training batches come from a `StepLoader`: batch i is drawn from a generator seeded by the run's
 seed and i, so the data order is a function of the step alone. A resumed run continues exactly
@@ -13,12 +14,15 @@ from collections.abc import Callable
 from pathlib import Path
 
 import lightning as L
+import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
+from zoo.data import corpus
 from zoo.data.corpus import DataError, load_default_corpus, read_text_file, split_text
 from zoo.data.tasks import TASK_ALPHABET, get_task, sequence_len, task_splits
-from zoo.data.tokenizers import Tokenizer, build_tokenizer, cached_bpe
+from zoo.data.tokenizers import Tokenizer, build_tokenizer, cached_bpe, tokenizer_from_state
+from zoo.data.tokens import open_shards, read_manifest
 from zoo.registry import Registry
 from zoo.training.objectives import Objective
 
@@ -59,6 +63,32 @@ class StepLoader:
         self.start = state["next"]
 
 
+class TokenSplit:
+    """One split's token ids, in memory (a text's) or in memory-mapped shards (a prepared corpus's).
+
+    A window never crosses from one part into the next; its start is uniform over all parts' starts, so a
+    single part draws exactly what one tensor would: `randint(0, len - length - 1)`."""
+
+    def __init__(self, parts: list[np.ndarray]):
+        self.parts = parts
+        self.len = sum(len(p) for p in parts)
+
+    def __len__(self) -> int:
+        return self.len
+
+    def fits(self, length: int) -> bool:
+        """Whether one window of `length + 1` tokens fits in some part."""
+        return any(len(p) > length + 1 for p in self.parts)
+
+    def windows(self, g: torch.Generator, batch: int, length: int) -> torch.Tensor:
+        """(batch, length + 1) ids: random windows, drawn from `g` alone."""
+        starts = np.cumsum([0] + [max(0, len(p) - length - 1) for p in self.parts])
+        draws = torch.randint(0, int(starts[-1]), (batch,), generator=g).numpy()
+        which = np.searchsorted(starts, draws, side="right") - 1
+        rows = [self.parts[k][s:s + length + 1] for k, s in zip(which, draws - starts[which], strict=True)]
+        return torch.from_numpy(np.stack(rows).astype(np.int64))
+
+
 class ZooData(L.LightningDataModule):
     """Shared by every data kind: `objective` turns raw examples into a lineage's batches."""
 
@@ -95,25 +125,18 @@ class ZooData(L.LightningDataModule):
         return DataLoader(self.val_batches, batch_size=None, shuffle=False, generator=torch.Generator())
 
 
-@DATA.register("text")
-class TextData(ZooData):
-    """A text split 90/10 into train and validation; random windows of `context + 1` tokens."""
+class WindowData(ZooData):
+    """Text data of any source: random training windows of `context + 1` tokens from `train_tokens`, fixed
+    validation windows from `val_tokens`; every lineage's objective turns windows into its batches."""
 
-    def __init__(self, cfg: dict, seed: int, steps: int):
-        super().__init__(cfg, seed, steps)
+    train_tokens: TokenSplit
+    val_tokens: TokenSplit
+    tokens_per_char: float
+
+    def _make_val_windows(self, cfg: dict) -> None:
         self.context = cfg["context"]
-        text = self.read_text()
-        train, val = split_text(text, cfg.get("val_fraction", 0.1))
-        name = cfg.get("tokenizer", "char")
-        if name == "bpe":
-            self.tokenizer = cached_bpe(train, self._bpe_cache_path(), cfg.get("vocab_size", 1024))
-        else:  # char fits the whole text (as nanoGPT does), so validation has no unseen characters
-            self.tokenizer = build_tokenizer(name).fit(text)
-        self.train_tokens = torch.tensor(self.tokenizer.encode(train), dtype=torch.long)
-        self.val_tokens = torch.tensor(self.tokenizer.encode(val, errors="replace"), dtype=torch.long)
-        self.tokens_per_char = len(self.val_tokens) / len(val)
         for split, tokens in (("train", self.train_tokens), ("validation", self.val_tokens)):
-            if len(tokens) <= self.context + 1:
+            if not tokens.fits(self.context):
                 raise DataError(f"data: the {split} split has {len(tokens)} tokens, too short for one window of "
                                 f"data.context={self.context} + 1; use more text or a smaller data.context")
         g = generator(VAL_SEED, "val", 0)
@@ -121,30 +144,18 @@ class TextData(ZooData):
         self.long_context = cfg.get("long_context")  # also evaluated at this length: extrapolation
         self.long_val_windows = []
         if self.long_context is not None:
-            if len(self.val_tokens) <= self.long_context + 1:
+            if not self.val_tokens.fits(self.long_context):
                 raise DataError(f"data.long_context: {self.long_context} is not shorter than the validation split "
                                 f"({len(self.val_tokens)} tokens)")
             g = generator(VAL_SEED, "val-long", 0)
             self.long_val_windows = [self._windows(self.val_tokens, g, self.long_context)
                                      for _ in range(cfg.get("eval_batches", 20))]
 
-    def read_text(self) -> str:
-        path = self.cfg.get("path")
-        return load_default_corpus() if path is None else read_text_file(path)
-
-    def _bpe_cache_path(self) -> Path:
-        path = self.cfg.get("path")
-        if path is None:
-            return Path.home() / ".cache" / "zoo" / "shakespeare.bpe.json"
-        return Path(path).with_suffix(Path(path).suffix + ".bpe.json")  # cached next to the data
-
     def required_len(self) -> int:
         return max(self.context, self.long_context or 0)
 
-    def _windows(self, tokens: torch.Tensor, g: torch.Generator, context: int | None = None) -> torch.Tensor:
-        context = context or self.context
-        starts = torch.randint(0, len(tokens) - context - 1, (self.batch_size,), generator=g)
-        return torch.stack([tokens[s:s + context + 1] for s in starts.tolist()])
+    def _windows(self, tokens: TokenSplit, g: torch.Generator, context: int | None = None) -> torch.Tensor:
+        return tokens.windows(g, self.batch_size, context or self.context)
 
     def train_batch(self, g):
         return self.objective.text_batch(self._windows(self.train_tokens, g), g)
@@ -160,6 +171,34 @@ class TextData(ZooData):
         return [self.objective.text_batch(w, g) for w in self.long_val_windows]
 
 
+@DATA.register("text")
+class TextData(WindowData):
+    """A text split 90/10 into train and validation, tokenized in memory (data.tokenizer)."""
+
+    def __init__(self, cfg: dict, seed: int, steps: int):
+        super().__init__(cfg, seed, steps)
+        text = self.read_text()
+        train, val = split_text(text, cfg.get("val_fraction", 0.1))
+        name = cfg.get("tokenizer", "char")
+        if name == "bpe":
+            self.tokenizer = cached_bpe(train, self._bpe_cache_path(), cfg.get("vocab_size", 1024))
+        else:  # char fits the whole text (as nanoGPT does), so validation has no unseen characters
+            self.tokenizer = build_tokenizer(name).fit(text)
+        self.train_tokens = TokenSplit([np.array(self.tokenizer.encode(train), dtype=np.int64)])
+        self.val_tokens = TokenSplit([np.array(self.tokenizer.encode(val, errors="replace"), dtype=np.int64)])
+        self.tokens_per_char = len(self.val_tokens) / len(val)
+        self._make_val_windows(cfg)
+
+    def read_text(self) -> str:
+        path = self.cfg.get("path")
+        return load_default_corpus() if path is None else read_text_file(path)
+
+    def _bpe_cache_path(self) -> Path:
+        path = self.cfg.get("path")
+        if path is None:
+            return Path.home() / ".cache" / "zoo" / "shakespeare.bpe.json"
+        return Path(path).with_suffix(Path(path).suffix + ".bpe.json")  # cached next to the data
+
 @DATA.register("hf")
 class HFTextData(TextData):
     """A Hugging Face dataset by name (or a local data files builder such as 'text'), joined into one text."""
@@ -170,7 +209,11 @@ class HFTextData(TextData):
         except ImportError:
             raise DataError("data=hf needs the 'datasets' package: pip install -e '.[hf]'") from None
         kw = {k: v for k, v in (self.cfg.get("load_kwargs") or {}).items()}
-        ds = datasets.load_dataset(self.cfg["dataset"], split=self.cfg.get("split", "train"), **kw)
+        name, split = self.cfg["dataset"], self.cfg.get("split", "train")
+        info = datasets.load_dataset_builder(name, **kw).info.splits or {}  # sizes hub datasets declare
+        self._refuse_if_big(getattr(info.get(split), "num_bytes", 0) or 0)  # before downloading anything
+        ds = datasets.load_dataset(name, split=split, **kw)
+        self._refuse_if_big(ds.data.nbytes)  # local files declare no size: the table, memory-mapped, not read
         column = self.cfg.get("text_column", "text")
         if column not in ds.column_names:
             raise DataError(f"data.text_column: '{column}' not in the dataset; valid: {', '.join(ds.column_names)}")
@@ -179,8 +222,37 @@ class HFTextData(TextData):
             raise DataError(f"data.dataset: '{self.cfg['dataset']}' has no text in column '{column}'")
         return text
 
+    def _refuse_if_big(self, size: int) -> None:
+        if size > corpus.MAX_TEXT_BYTES:
+            files = (self.cfg.get("load_kwargs") or {}).get("data_files")
+            args = f"--dataset {self.cfg['dataset']}" + (f" --data-files {files}" if isinstance(files, str) else "")
+            raise DataError(corpus.too_big(f"data.dataset: '{self.cfg['dataset']}'", size, args))
+
     def _bpe_cache_path(self) -> Path:
         return Path.home() / ".cache" / "zoo" / f"{self.cfg['dataset'].replace('/', '_')}.bpe.json"
+
+
+@DATA.register("tokens")
+class TokenData(WindowData):
+    """A corpus prepared once by `zoo-prepare`: windows read from memory-mapped shards, so memory does not grow
+    with the corpus; the tokenizer is rebuilt from the manifest (for the sample and bits per character)."""
+
+    def __init__(self, cfg: dict, seed: int, steps: int):
+        super().__init__(cfg, seed, steps)
+        path = cfg.get("path")
+        if not isinstance(path, str) or not path:
+            raise DataError("data.path: the directory zoo-prepare wrote (data=tokens data.path=<dir>)")
+        manifest = read_manifest(path)
+        self.tokenizer = tokenizer_from_state(manifest["tokenizer"])
+        if self.tokenizer.vocab_size != manifest["vocab_size"]:
+            raise DataError(f"data.path: '{path}' records vocab {manifest['vocab_size']} but its tokenizer has "
+                            f"{self.tokenizer.vocab_size}; prepare it again")
+        self.train_tokens = TokenSplit(open_shards(path, manifest, "train"))
+        self.val_tokens = TokenSplit(open_shards(path, manifest, "val"))
+        val = manifest["splits"]["val"]
+        # the end-of-text id after each document counts as one character, as a newline between them would
+        self.tokens_per_char = val["tokens"] / (val["characters"] + val["documents"])
+        self._make_val_windows(cfg)
 
 
 @DATA.register("task")

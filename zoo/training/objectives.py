@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -158,7 +159,8 @@ class Denoising(Objective):
                 i += n_keep + n_drop
             srcs.append(src)
             tgts.append(tgt + [EOS_ID])
-        src, tgt = torch.tensor(srcs), torch.tensor(tgts)  # same lengths in every row: no padding
+        # same lengths in every row: no padding; through numpy, several times faster than torch.tensor(lists)
+        src, tgt = torch.from_numpy(np.array(srcs, dtype=np.int64)), torch.from_numpy(np.array(tgts, dtype=np.int64))
         return {"src": src, "input": torch.cat([torch.full_like(tgt[:, :1], BOS_ID), tgt[:, :-1]], 1),
                 "target": tgt}
 

@@ -1,0 +1,493 @@
+"""`python -m zoo.prepare` (also `zoo-prepare`): tokenize a corpus once into token shards every run reuses.
+
+    zoo-prepare 'corpus/*.txt' --out corpus.tokens --tokenizer bpe --vocab-size 8192
+    python train.py data=tokens data.path=corpus.tokens
+
+Documents. Sources give documents in a fixed order: a text file is one document (or one per paragraph or
+line: --sample-by), a JSONL line is one (its --text-field), a row of a Hugging Face dataset is one (--dataset,
+streamed). Each document is followed by the tokenizer's end-of-text id: zoo's <eos> for char, byte and bpe;
+a pretrained tokenizer's own end-of-text token (GPT-2's <|endoftext|>) where it has one, else <eos>.
+
+Split. A document is validation when a hash of its text falls below --val-fraction: deterministic, the
+same whatever the order or number of workers, and exact duplicates always land in the same split.
+
+Shards. Documents are grouped in order into chunks of about --shard-mb of text; chunk k becomes
+train_<k>.bin and val_<k>.bin (zoo.data.tokens). Chunk boundaries depend on the text alone, so the output
+does not depend on --workers.
+
+Resume. manifest.json is rewritten (atomically, like every shard) after each finished chunk, with the
+sha256 of the chunk's text and of its shards. A rerun of the same command skips the chunks whose text and
+files still match and redoes the rest: an interrupted run finished by a rerun is byte-identical to one that
+was never interrupted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import glob
+import gzip
+import hashlib
+import itertools
+import json
+import multiprocessing
+import os
+import re
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from zoo.data.corpus import DataError
+from zoo.data.tokenizers import HF_PREFIX, Tokenizer, build_tokenizer, tokenizer_from_state
+from zoo.data.tokens import FORMAT, MANIFEST, SPLITS, dtype_for, shard_name
+from zoo.io import atomic_write, atomic_write_json, remove_temp_files
+
+SAMPLE_BY = ("document", "paragraph", "line")
+LOCK = ".zoo-prepare.lock"
+
+
+# ----------------------------------------------------------------------------------------------
+# Sources -> documents
+
+
+def expand_sources(patterns: list[str]) -> list[Path]:
+    """Files named or matched by glob patterns, in sorted order per pattern; one-line errors."""
+    files: list[Path] = []
+    for pattern in patterns:
+        matches = sorted(glob.glob(os.path.expanduser(pattern), recursive=True)) if glob.has_magic(pattern) \
+            else [os.path.expanduser(pattern)]
+        if not matches:
+            raise DataError(f"sources: '{pattern}' matches no file")
+        for m in matches:
+            p = Path(m)
+            if not p.is_file():
+                raise DataError(f"sources: no such file '{p}'" if not p.exists() else f"sources: '{p}' is not a file")
+            if p.resolve() not in files:
+                files.append(p.resolve())
+    return files
+
+
+def _is_jsonl(path: Path) -> bool:
+    return path.name.removesuffix(".gz").endswith((".jsonl", ".json"))
+
+
+def _open_text(path: Path):
+    opener = gzip.open if path.suffix == ".gz" else open
+    return opener(path, "rt", encoding="utf-8", newline=None)  # newline=None: \r\n and \r read as \n
+
+
+_PARAGRAPH_BREAK = re.compile(r"\n(?:[ \t]*\n)+")  # one or more blank (or whitespace-only) lines
+_BLOCK_CHARS = 1 << 24  # files are read in blocks of this many characters, never whole
+
+
+def _pieces(f, sample_by: str) -> Iterator[str]:
+    """A text file's paragraphs (without their edge newlines) or lines, read block by block: the piece a
+    block boundary cuts is carried into the next block."""
+    rest = ""
+    while block := f.read(_BLOCK_CHARS):
+        parts = _PARAGRAPH_BREAK.split(rest + block) if sample_by == "paragraph" else (rest + block).split("\n")
+        rest = parts.pop()
+        yield from parts
+    yield rest
+
+
+def _file_documents(path: Path, sample_by: str, text_field: str) -> Iterator[str]:
+    try:
+        with _open_text(path) as f:
+            if _is_jsonl(path):
+                for n, line in enumerate(f, 1):
+                    if line.strip():
+                        yield _json_text(line, text_field, path, n)
+            elif sample_by == "document":
+                yield f.read().removeprefix("\ufeff")
+            else:
+                for i, piece in enumerate(_pieces(f, sample_by)):
+                    yield (piece.removeprefix("\ufeff") if i == 0 else piece).strip("\n")
+    except UnicodeDecodeError as e:
+        raise DataError(f"sources: '{path}' is not valid UTF-8 ({e.reason}); re-save it as UTF-8") from None
+    except (OSError, EOFError) as e:
+        raise DataError(f"sources: cannot read '{path}': {getattr(e, 'strerror', None) or e}") from None
+
+
+def _json_text(line: str, field: str, path: Path, n: int) -> str:
+    try:
+        record = json.loads(line)
+    except json.JSONDecodeError as e:
+        raise DataError(f"sources: '{path}' line {n} is not JSON ({e.msg})") from None
+    if not isinstance(record, dict) or field not in record:
+        keys = ", ".join(record) if isinstance(record, dict) else type(record).__name__
+        raise DataError(f"--text-field: '{field}' not in '{path}' line {n}; it has: {keys}")
+    if not isinstance(record[field], str):
+        raise DataError(f"--text-field: '{field}' in '{path}' line {n} is not a string")
+    return record[field]
+
+
+def _dataset_documents(source: dict) -> Iterator[str]:
+    try:
+        import datasets
+    except ImportError:
+        raise DataError("--dataset needs the 'datasets' package: pip install -e '.[hf]'") from None
+    kw = {"data_files": source["data_files"]} if source["data_files"] else {}
+    try:  # streaming: rows arrive as they are read, nothing is held whole
+        ds = datasets.load_dataset(source["dataset"], source["config"], split=source["split"], streaming=True, **kw)
+        rows = iter(ds)
+        first = next(rows, None)
+    except Exception as e:  # a missing dataset, no network, bad files: one line whatever the library raised
+        msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise DataError(f"--dataset: cannot load '{source['dataset']}' ({msg})") from None
+    field = source["text_field"]
+    if first is not None and field not in first:
+        raise DataError(f"--text-field: '{field}' not in dataset '{source['dataset']}'; it has: {', '.join(first)}")
+    for row in itertools.chain([first] if first is not None else [], rows):
+        yield row[field]
+
+
+def documents(source: dict) -> Iterator[str]:
+    """Every non-blank document of the source, in order."""
+    if "dataset" in source:
+        docs = _dataset_documents(source)
+    else:
+        docs = itertools.chain.from_iterable(
+            _file_documents(Path(f["path"]), source["sample_by"], source["text_field"]) for f in source["files"])
+    return (d for d in docs if d and not d.isspace())
+
+
+def is_validation(doc: str, val_fraction: float) -> bool:
+    """The document's split: a hash of its text, so it depends on nothing else."""
+    h = hashlib.blake2b(doc.encode("utf-8", errors="surrogatepass"), digest_size=8).digest()
+    return int.from_bytes(h, "big") < val_fraction * (1 << 64)
+
+
+def chunks(docs: Iterator[str], shard_bytes: int) -> Iterator[tuple[list[str], str]]:
+    """Consecutive documents, about `shard_bytes` of UTF-8 text each (a chunk closes once it reaches it),
+    with the sha256 of their text (which tells a rerun whether a finished shard still matches its source)."""
+    chunk, size, h = [], 0, hashlib.sha256()
+    for doc in docs:
+        chunk.append(doc)
+        raw = doc.encode("utf-8", errors="surrogatepass")
+        size += len(raw)
+        h.update(raw)
+        h.update(b"\0")  # a boundary no text holds: ["ab"] and ["a", "b"] differ
+        if size >= shard_bytes:
+            yield chunk, h.hexdigest()
+            chunk, size, h = [], 0, hashlib.sha256()
+    if chunk:
+        yield chunk, h.hexdigest()
+
+
+# ----------------------------------------------------------------------------------------------
+# The tokenizer, fixed once before any shard
+
+
+def fit_tokenizer(spec: str, source: dict, vocab_size: int, sample_mb: float, val_fraction: float) -> Tokenizer:
+    """char: the alphabet of the whole corpus (one pass); bpe: trained on the first `sample_mb` of training
+    documents; byte: nothing to learn; hf:<name or dir>: loaded."""
+    if spec == "bpe":
+        tok = build_tokenizer("bpe", vocab_size=vocab_size)
+        sample, size = [], 0
+        for doc in documents(source):
+            if not is_validation(doc, val_fraction):
+                sample.append(doc)
+                size += len(doc)
+                if size >= sample_mb * 1e6:
+                    break
+        if not sample:
+            raise DataError("sources: no training text to train the bpe tokenizer on")
+        return tok.fit("\n".join(sample))
+    tok = build_tokenizer(spec)
+    if spec == "char":
+        alphabet: set[str] = set()
+        for doc in documents(source):
+            alphabet.update(doc)
+        if not alphabet:
+            raise DataError("sources: no text to take the char alphabet from")
+        return tok.fit("".join(sorted(alphabet)))
+    return tok
+
+
+# ----------------------------------------------------------------------------------------------
+# One chunk -> its two shards (runs in a worker process, or in this one with --workers 1)
+
+_WORKER: dict[str, Any] = {}
+
+
+def _init_worker(tokenizer_state: dict, out: str, dtype: str, val_fraction: float) -> None:
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the main process's to handle: it ends the pool
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"  # one process per core already: no threads inside each
+    tok = tokenizer_from_state(tokenizer_state)
+    _WORKER.update(tok=tok, out=Path(out), dtype=np.dtype(dtype), val_fraction=val_fraction)
+
+
+def _process_chunk(index: int, chunk: list[str], text_hash: str) -> dict:
+    w = _WORKER
+    tok: Tokenizer = w["tok"]
+    record: dict[str, Any] = {"index": index, "text_sha256": text_hash}
+    split_of = [is_validation(d, w["val_fraction"]) for d in chunk]
+    for split, is_val in zip(SPLITS, (False, True), strict=True):
+        docs = [d for d, v in zip(chunk, split_of, strict=True) if v == is_val]
+        ids = tok.encode_batch(docs)
+        n = sum(len(x) for x in ids) + len(ids)  # each document, then the end-of-text id
+        eot = [tok.eot_id]
+        flat = np.fromiter(itertools.chain.from_iterable(x + eot for x in ids), dtype=w["dtype"], count=n)
+        entry = {"file": None, "tokens": n, "documents": len(docs), "characters": sum(len(d) for d in docs),
+                 "bytes": sum(len(d.encode("utf-8", errors="surrogatepass")) for d in docs), "sha256": None}
+        if n:
+            entry["file"] = shard_name(split, index)
+            data = flat.astype(flat.dtype.newbyteorder("<"), copy=False).tobytes()
+            atomic_write(w["out"] / entry["file"], lambda f, data=data: f.write(data), mode="wb")
+            entry["sha256"] = hashlib.sha256(data).hexdigest()
+        record[split] = entry
+    return record
+
+
+def _file_sha256(path: Path) -> str | None:
+    h = hashlib.sha256()
+    try:
+        with path.open("rb") as f:
+            for block in iter(lambda: f.read(1 << 22), b""):
+                h.update(block)
+    except OSError:
+        return None
+    return h.hexdigest()
+
+
+def _shards_intact(out: Path, record: dict) -> bool:
+    return all(record[s]["file"] is None or _file_sha256(out / record[s]["file"]) == record[s]["sha256"]
+               for s in SPLITS)
+
+
+# ----------------------------------------------------------------------------------------------
+# The whole run
+
+
+def describe_source(sources: list[str], dataset: str | None, dataset_config: str | None, split: str,
+                    data_files: list[str], text_field: str, sample_by: str) -> dict:
+    if sample_by not in SAMPLE_BY:
+        raise DataError(f"--sample-by: unknown '{sample_by}'; valid: {', '.join(SAMPLE_BY)}")
+    if dataset:
+        if sources:
+            raise DataError("sources: give files or --dataset, not both")
+        return {"dataset": dataset, "config": dataset_config, "split": split, "data_files": list(data_files),
+                "text_field": text_field}
+    if not sources:
+        raise DataError("sources: name text or JSONL files (globs work), or a Hugging Face --dataset")
+    files = [{"path": str(p), "bytes": p.stat().st_size} for p in expand_sources(sources)]
+    return {"files": files, "text_field": text_field, "sample_by": sample_by}
+
+
+def _claim(out: Path) -> Any:
+    """Lock the output directory (one zoo-prepare at a time) and clear an interrupted run's temp files."""
+    import fcntl
+
+    out.mkdir(parents=True, exist_ok=True)
+    lock = (out / LOCK).open("a+")
+    try:
+        fcntl.flock(lock.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        lock.close()
+        raise DataError(f"--out: '{out}' is being prepared by another running zoo-prepare") from None
+    remove_temp_files(out)
+    return lock
+
+
+def _previous(out: Path, plan: dict) -> dict | None:
+    """The manifest of an earlier run of this same plan (to resume), None for an empty directory; another
+    corpus is refused."""
+    file = out / MANIFEST
+    if not file.is_file():
+        ours = {MANIFEST, LOCK}
+        others = [p.name for p in out.iterdir() if p.name not in ours]
+        if others:
+            raise DataError(f"--out: '{out}' is not empty and holds no {MANIFEST} (e.g. '{others[0]}'); "
+                            "choose an empty or new directory")
+        return None
+    try:
+        manifest = json.loads(file.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        raise DataError(f"--out: '{file}' is damaged; delete '{out}' and prepare again") from None
+    if manifest.get("format") != FORMAT or manifest.get("plan") != plan:
+        old = manifest.get("plan", {})
+        raise DataError(f"--out: '{out}' holds another corpus (tokenizer {old.get('tokenizer')!r}, other sources or "
+                        "settings); choose another --out, or delete it to prepare this one there")
+    return manifest
+
+
+def prepare(sources: list[str], out: str | os.PathLike, tokenizer: str = "byte", *, vocab_size: int = 8192,
+            bpe_sample_mb: float = 100.0, val_fraction: float = 0.01, shard_mb: float = 64.0,
+            workers: int | None = None, text_field: str = "text", sample_by: str = "document",
+            dataset: str | None = None, dataset_config: str | None = None, split: str = "train",
+            data_files: list[str] = (), progress: bool = True) -> dict:
+    """Prepare (or finish preparing) a corpus in `out`; returns the manifest and the run's throughput."""
+    if not 0.0 < val_fraction < 1.0:
+        raise DataError(f"--val-fraction: must be between 0 and 1 (exclusive), got {val_fraction}")
+    if not shard_mb > 0:
+        raise DataError(f"--shard-mb: must be positive, got {shard_mb}")
+    workers = workers or os.cpu_count() or 1
+    if workers < 1:
+        raise DataError(f"--workers: must be a positive integer, got {workers}")
+    if tokenizer not in ("char", "byte", "bpe") and not (tokenizer.startswith(HF_PREFIX) and tokenizer != HF_PREFIX):
+        raise DataError(f"--tokenizer: unknown '{tokenizer}'; valid: char, byte, bpe, hf:<name or directory>")
+    if tokenizer.startswith(HF_PREFIX) and Path(tokenizer.removeprefix(HF_PREFIX)).expanduser().is_dir():
+        tokenizer = HF_PREFIX + str(Path(tokenizer.removeprefix(HF_PREFIX)).expanduser().resolve())  # a local dir
+    source = describe_source(list(sources), dataset, dataset_config, split, list(data_files), text_field, sample_by)
+    plan = {"source": source, "tokenizer": tokenizer, "val_fraction": val_fraction, "shard_mb": shard_mb}
+    if tokenizer == "bpe":
+        plan.update(vocab_size=vocab_size, bpe_sample_mb=bpe_sample_mb)
+    out = Path(out).expanduser().resolve()
+    lock = _claim(out)
+    try:
+        return _run(out, plan, source, workers, progress)
+    finally:
+        lock.close()
+
+
+def _run(out: Path, plan: dict, source: dict, workers: int, progress: bool) -> dict:
+    previous = _previous(out, plan)
+    t0 = time.perf_counter()
+    if previous is not None:  # the tokenizer is fixed by the first run: reuse it, never refit
+        tok = tokenizer_from_state(previous["tokenizer"])
+        if previous.get("complete") and all(_shards_intact(out, r) for r in previous["shards"]):
+            return {"manifest": previous, "seconds": 0.0, "fit_seconds": 0.0, "bytes": 0, "tokens": 0,
+                    "skipped": len(previous["shards"])}  # nothing to do: already prepared, files intact
+    else:
+        tok = fit_tokenizer(plan["tokenizer"], source, plan.get("vocab_size", 0), plan.get("bpe_sample_mb", 0),
+                            plan["val_fraction"])
+    dtype = dtype_for(tok.vocab_size)
+    manifest = {"format": FORMAT, "complete": False, "plan": plan, "tokenizer": tok.state_dict(),
+                "vocab_size": tok.vocab_size, "dtype": dtype, "eot_id": tok.eot_id, "splits": {}, "shards": []}
+    done = {r["index"]: r for r in (previous or {}).get("shards", [])}
+    atomic_write_json(out / MANIFEST, {**manifest, "shards": [done[k] for k in sorted(done)]})
+    fit_s = time.perf_counter() - t0
+
+    from tqdm import tqdm
+
+    total = None if "dataset" in source or any(f["path"].endswith(".gz") for f in source["files"]) \
+        else sum(f["bytes"] for f in source["files"])
+    bar = tqdm(total=total, unit="B", unit_scale=True, desc="zoo-prepare", file=sys.stderr, disable=not progress,
+               dynamic_ncols=True)
+    records: dict[int, dict] = {}
+    stats = {"bytes": 0, "tokens": 0, "skipped": 0}
+    t1 = time.perf_counter()
+
+    def finish(record: dict) -> None:
+        records[record["index"]] = record
+        size = sum(record[s]["bytes"] for s in SPLITS)
+        stats["bytes"] += size
+        stats["tokens"] += sum(record[s]["tokens"] for s in SPLITS)
+        atomic_write_json(out / MANIFEST, {**manifest, "shards": [records[k] for k in sorted(records)]})
+        bar.update(size)
+        bar.set_postfix_str(f"{stats['tokens'] / max(time.perf_counter() - t1, 1e-9) / 1e6:.2f}M tok/s", refresh=False)
+
+    pool = None
+    if workers > 1:  # spawn, not fork: a fork of a process whose Rust tokenizer threads ran can deadlock
+        pool = multiprocessing.get_context("spawn").Pool(
+            workers, _init_worker, (manifest["tokenizer"], str(out), dtype, plan["val_fraction"]))
+    else:
+        _WORKER.update(tok=tok, out=out, dtype=np.dtype(dtype), val_fraction=plan["val_fraction"])
+    pending: collections.deque = collections.deque()
+    try:
+        for index, (chunk, text_hash) in enumerate(chunks(documents(source), int(plan["shard_mb"] * 1e6))):
+            old = done.get(index)
+            if old is not None and old["text_sha256"] == text_hash and _shards_intact(out, old):
+                records[index] = old  # finished by an earlier run
+                stats["skipped"] += 1
+                bar.update(sum(old[s]["bytes"] for s in SPLITS))
+                continue
+            if pool is None:
+                finish(_process_chunk(index, chunk, text_hash))
+                continue
+            pending.append(pool.apply_async(_process_chunk, (index, chunk, text_hash)))
+            while len(pending) >= 2 * workers:  # bounded: memory does not grow with the corpus
+                finish(pending.popleft().get())
+        while pending:
+            finish(pending.popleft().get())
+    except BaseException:
+        if pool is not None:  # a shard half written stays a temp file, which the next run removes
+            pool.terminate()
+        raise
+    finally:
+        bar.close()
+    if pool is not None:
+        pool.close()
+        pool.join()
+    encode_s = time.perf_counter() - t1
+    shards = [records[k] for k in sorted(records)]
+    splits = {s: {k: sum(r[s][k] for r in shards) for k in ("tokens", "documents", "characters", "bytes")}
+              for s in SPLITS}
+    for s, name in (("train", "training"), ("val", "validation")):
+        if not splits[s]["tokens"]:
+            n = splits["train"]["documents"] + splits["val"]["documents"]
+            raise DataError(f"--val-fraction: no document of {n} fell into the {name} split; "
+                            + ("raise it or add documents" if s == "val" else "lower it"))
+    manifest.update(complete=True, splits=splits, shards=shards)
+    atomic_write_json(out / MANIFEST, manifest)
+    return {"manifest": manifest, "seconds": encode_s, "fit_seconds": fit_s, **stats}
+
+
+# ----------------------------------------------------------------------------------------------
+# Command line
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="zoo-prepare", description=__doc__.split("\n\n")[0].split(": ", 1)[1],
+                                epilog="Then train on it: python train.py data=tokens data.path=OUT")
+    p.add_argument("sources", nargs="*", help="text or JSONL files (.jsonl/.json, one document a line), or globs; "
+                   ".gz files are read compressed")
+    p.add_argument("--out", required=True, help="the directory to write (empty, new, or an earlier run to resume)")
+    p.add_argument("--tokenizer", default="byte", help="char, byte, bpe, or hf:<Hugging Face name or directory> "
+                   "(default byte)")
+    p.add_argument("--vocab-size", type=int, default=8192, help="bpe: the vocabulary size (default 8192)")
+    p.add_argument("--bpe-sample-mb", type=float, default=100.0,
+                   help="bpe: train on the first this many MB of training documents (default 100)")
+    p.add_argument("--text-field", default="text", help="JSONL / dataset field holding the text (default text)")
+    p.add_argument("--sample-by", default="document", help="text files: one document per document (the file), "
+                   "paragraph (blank-line separated) or line (default document)")
+    p.add_argument("--dataset", default=None, help="a Hugging Face dataset by name, streamed (offline: 'text' or "
+                   "'json' with --data-files)")
+    p.add_argument("--dataset-config", default=None, help="the dataset's configuration name")
+    p.add_argument("--split", default="train", help="the dataset's split to read (default train)")
+    p.add_argument("--data-files", action="append", default=[], help="files for --dataset text/json (repeatable)")
+    p.add_argument("--val-fraction", type=float, default=0.01, help="fraction of documents for validation "
+                   "(default 0.01)")
+    p.add_argument("--shard-mb", type=float, default=64.0, help="MB of text per shard (default 64)")
+    p.add_argument("--workers", type=int, default=None, help="processes (default: one per core)")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = parse_args(argv)
+    import signal
+
+    signal.signal(signal.SIGTERM, signal.default_int_handler)  # a polite kill ends like Ctrl-C
+    try:
+        result = prepare(a.sources, a.out, a.tokenizer, vocab_size=a.vocab_size, bpe_sample_mb=a.bpe_sample_mb,
+                         val_fraction=a.val_fraction, shard_mb=a.shard_mb, workers=a.workers, text_field=a.text_field,
+                         sample_by=a.sample_by, dataset=a.dataset, dataset_config=a.dataset_config, split=a.split,
+                         data_files=a.data_files, progress=not a.quiet)
+    except DataError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("\ninterrupted: rerun the same command to finish (finished shards are kept)", file=sys.stderr)
+        return 130
+    m, secs = result["manifest"], result["seconds"]
+    tr, va = m["splits"]["train"], m["splits"]["val"]
+    rate = f"; {result['bytes'] / max(secs, 1e-9) / 1e6:.1f} MB/s, {result['tokens'] / max(secs, 1e-9):,.0f} " \
+        "tokens/s" if result["tokens"] else ""
+    kept = f", {result['skipped']} shards kept from an earlier run" if result["skipped"] else ""
+    out = Path(a.out)
+    print(f"prepared {out}: {tr['tokens']:,} training tokens ({tr['documents']:,} documents), {va['tokens']:,} "
+          f"validation tokens ({va['documents']:,}); vocab {m['vocab_size']:,}, {m['dtype']}{rate}{kept}\n"
+          f"train on it: python train.py data=tokens data.path={out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
