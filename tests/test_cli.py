@@ -12,6 +12,14 @@ ROOT = Path(__file__).resolve().parents[1]
 CONF = ROOT / "conf"
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _options_cached():
+    """The checks answer without torch once the components' options are cached in zoo/__pycache__, which the
+    first run after an edit of zoo/ writes (it imports the components once): be that first run here."""
+    subprocess.run([sys.executable, "-c", "from zoo.schema import option_specs; option_specs()"], cwd=ROOT,
+                   check=True, timeout=600)
+
+
 def _train(*args: str) -> subprocess.CompletedProcess:
     # -X importtime lists every module imported: the checks must answer without torch
     cmd = [sys.executable, "-X", "importtime", "train.py", *args]

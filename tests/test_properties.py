@@ -365,7 +365,12 @@ def test_qk_norm_normalises_each_heads_queries_and_keys(lineage, attention, norm
     vector is scaled, and cached decoding still equals recomputation."""
     cfg = tiny_cfg(lineage, attention={**attention, "qk_norm": True}, norm={"type": norm}, position={"name": "rope"})
     model = build_model(cfg).eval()
-    norms = {n: m for n, m in model.named_modules() if n.endswith(("q_norm", "k_norm"))}
+    # Every attention normalises its queries; keys wherever they have a part of their own to normalise (mla's keys
+    # are made from a latent it always normalises, and only their rotary part, absent in cross-attention, has a k_norm).
+    norms = {n: m for n, m in model.named_modules()
+             if n.endswith(("q_norm", "k_norm")) and not isinstance(m, torch.nn.Identity)}
+    attentions = [n for n, m in model.named_modules() if hasattr(m, "q_norm")]
+    assert attentions and all(f"{n}.q_norm" in norms for n in attentions)
     norm_class = NORM.get(norm)  # the model's norm type (a factory that is not a class: not checked)
     assert norms and all(isinstance(m, norm_class) for m in norms.values() if isinstance(norm_class, type))
     with torch.no_grad():
