@@ -99,3 +99,26 @@ def test_a_model_that_is_not_a_next_token_lm_is_refused(tmp_path, capsys):
     assert main([str(tmp_path / "r" / "checkpoints" / "last.ckpt")]) == 2
     err = capsys.readouterr().err.strip()
     assert "not a next-token LM" in err and "\n" not in err
+
+
+def test_a_prepared_corpus_gives_the_runs_val_loss_and_bytes_from_its_manifest(run_dir, tmp_path, capsys):
+    from tests.helpers import write_corpus
+    from zoo.data.tokens import read_manifest
+    from zoo.prepare import prepare
+    from zoo.training import run
+
+    corpus = tmp_path / "c.tokens"
+    prepare([str(p) for p in write_corpus(tmp_path / "text", n_files=2)], corpus, "char", sample_by="paragraph",
+            val_fraction=0.1, shard_mb=0.005, workers=1, progress=False)
+    over = ["data=tokens", f"data.path={corpus}", "logger=none", "sample.max_new_tokens=0"]
+    assert run(compose_cfg(TINY + over), run_dir=tmp_path / "r") == 0
+    capsys.readouterr()  # the run's own output
+    summary = json.loads((tmp_path / "r" / "summary.json").read_text())
+    r = eval_json(capsys, [str(tmp_path / "r" / "checkpoints" / "last.ckpt")])
+    assert r["loss"] == pytest.approx(summary["final"]["val_loss"], abs=1e-4)
+    val = read_manifest(str(corpus))["splits"]["val"]  # each document's end-of-text id counts as one byte
+    assert r["bytes"] == pytest.approx(r["tokens"] * (val["bytes"] + val["documents"]) / val["tokens"])
+    assert r["bits_per_byte"] == pytest.approx(r["loss"] * r["tokens"] / (r["bytes"] * math.log(2)))
+    # a model whose tokenizer did not write these shards cannot read their ids
+    assert main([str(run_dir / "checkpoints" / "last.ckpt"), "data=tokens", f"data.path={corpus}"]) == 2
+    assert "tokenized with another tokenizer" in capsys.readouterr().err

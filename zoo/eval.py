@@ -7,10 +7,11 @@
 The windows are the ones training scores as val_loss: `data.eval_batches` batches of `data.batch_size`
 windows of `data.context + 1` tokens, drawn from the validation split with the same fixed seed, so a
 checkpoint's loss here is its run's final val_loss. A checkpoint is evaluated on its own run's data unless
-data overrides say otherwise (`data=<name>` replaces it; `data.key=value` changes one key). `hf:<name or dir>`
-converts the model with zoo.convert.from_pretrained and tokenizes with its own Hugging Face tokenizer, ids
-unshifted (zoo's hf: tokenizers shift ids past zoo's 20 special ids; a converted model never saw those), at
-the model's max_seq_len unless data.context is given. Bits per byte (and per character) use the split's
+data overrides say otherwise (`data=<name>` replaces it; `data.key=value` changes one key), at the context it
+was trained with unless data.context is given. `hf:<name or dir>` converts the model with
+zoo.convert.from_pretrained and tokenizes with its own Hugging Face tokenizer, ids unshifted (zoo's hf:
+tokenizers shift ids past zoo's 20 special ids; a converted model never saw those), at the model's
+max_seq_len unless data.context is given. Bits per byte (and per character) use the split's
 bytes (characters) per token: loss * tokens / (bytes * ln 2).
 """
 
@@ -178,9 +179,9 @@ def evaluate(source: str, overrides: list[str] | None = None, split: str = "val"
     if data is None:
         data = data_config(overrides, run_cfg)
     text_source(data, split)
-    context = data["context"]
-    if run_cfg is None and not any(o.lstrip("+~").startswith("data.context=") for o in overrides):
-        context = model.cfg["max_seq_len"]  # a pretrained model: its whole context unless told otherwise
+    context = data["context"]  # data.context=N wins; else a checkpoint's training context, an hf: model's whole one
+    if not any(o.lstrip("+~").startswith("data.context=") for o in overrides):
+        context = run_cfg["data"]["context"] if run_cfg is not None else model.cfg["max_seq_len"]
     limit = position_limit(model)
     if not isinstance(context, int) or context < 1 or (limit is not None and context > limit):
         raise EvalError(f"data.context: {context} is past this model's learned positions (max_seq_len={limit}); "
