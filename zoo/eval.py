@@ -147,12 +147,6 @@ def text_source(data: dict, split: str) -> type:
     return cls
 
 
-def position_limit(model) -> int | None:
-    """The longest context a learned-position model has positions for; None when any length works."""
-    limits = [m.max_len for m in model.modules() if getattr(m, "hard_limit", False) and m.max_len is not None]
-    return min(limits) if limits else None
-
-
 # ----------------------------------------------------------------------------------------------
 # Evaluation
 # ----------------------------------------------------------------------------------------------
@@ -164,6 +158,7 @@ def evaluate(source: str, overrides: list[str] | None = None, split: str = "val"
     import torch.nn.functional as F
     from tqdm import tqdm
 
+    from zoo.generate import position_limit
     from zoo.training.data import VAL_SEED, generator
 
     overrides = list(overrides or [])

@@ -57,9 +57,10 @@ def sample_next(logits: torch.Tensor, temperature: float = 1.0, top_k: int | Non
 
 
 def position_limit(model: nn.Module) -> int | None:
-    """The longest sequence the decoder's position scheme can place (learned positions: max_seq_len), or None."""
-    position = getattr(getattr(model, "decoder", None), "position", None)  # encoder_only has no decoder
-    return getattr(position, "max_len", None)
+    """The longest sequence the model's positions can place (learned positions: max_seq_len), or None when any
+    length works: asked of every position module with a hard limit."""
+    limits = [m.max_len for m in model.modules() if getattr(m, "hard_limit", False) and m.max_len is not None]
+    return min(limits) if limits else None
 
 
 def check_length(model: nn.Module, total: int) -> None:

@@ -367,7 +367,9 @@ def loss_by_position(checkpoint: str | Path, length: int, buckets: int = 8) -> d
     if not model.next_token_lm or data_cfg.get("kind") not in ("text", "hf"):
         raise InspectError(f"--loss-by-position: needs a decoder_only model trained on text; this checkpoint is "
                            f"{lineage} on data.kind={data_cfg.get('kind')}")
-    limit = getattr(getattr(getattr(model, "decoder", None), "position", None), "max_len", None)
+    from zoo.generate import position_limit
+
+    limit = position_limit(model)
     if limit is not None and length > limit:
         raise InspectError(f"--length: {length} is past the learned positions' max_seq_len; valid: 2..{limit}")
     try:
