@@ -14,7 +14,6 @@ naming the key, before any weight is allocated.
 from __future__ import annotations
 
 import copy
-import math
 import zlib
 from collections.abc import Mapping
 from typing import Any
@@ -25,7 +24,16 @@ from torch import nn
 import zoo.layers  # noqa: F401  (registers the components)
 import zoo.models  # noqa: F401  (registers the lineages)
 from zoo.block import TransformerBlock
-from zoo.component import ConfigError, check_options, linear_flops, need, option_fields, option_values
+from zoo.component import (
+    ConfigError,
+    check_options,
+    is_int,
+    is_number,
+    linear_flops,
+    need,
+    option_fields,
+    option_values,
+)
 from zoo.registry import ATTENTION, FFN, MODEL, NORM, POSITION, RESIDUAL, Registry
 from zoo.schema import model_defaults
 
@@ -77,16 +85,6 @@ def flatten_config(d: Mapping, prefix: str = "") -> dict:
         else:
             out[f"{prefix}{k}"] = v
     return out
-
-
-def is_int(v: Any) -> bool:
-    """An integer from a config (YAML's true/false are ints in Python, not counts)."""
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
-def is_number(v: Any) -> bool:
-    """A finite int or float from a config, not a bool."""
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
 def _positive_int(key: str, v: Any, optional: bool = False) -> None:

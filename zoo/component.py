@@ -67,6 +67,16 @@ class Options:
     """A component without options of its own."""
 
 
+def is_int(v: Any) -> bool:
+    """An integer from a config (YAML's true/false are ints in Python, not counts)."""
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def is_number(v: Any) -> bool:
+    """A finite int or float from a config, not a bool."""
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
 def _type_name(t: Any) -> str:
     if typing.get_origin(t) is typing.Literal:
         return " | ".join(repr(a) for a in typing.get_args(t))
@@ -86,9 +96,9 @@ def _fits(value: Any, t: Any) -> bool:
     if t is bool:
         return isinstance(value, bool)
     if t is int:
-        return isinstance(value, int) and not isinstance(value, bool)
+        return is_int(value)
     if t is float:
-        return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+        return is_number(value)
     if t is str:
         return isinstance(value, str)
     return True  # a type the checker does not know: the component checks it
