@@ -91,6 +91,7 @@ class ZooConfig:
     threads: int | None = None  # torch intra-op threads per run; null: torch's default (one per core)
     optimized_metric: str | None = None  # set by hparams_search presets: the final metric the sweeper optimises
     compile: bool = False  # torch.compile the model (first steps slower, then faster)
+    init_from: str | None = None  # hf:<model id or dir>: start from its weights (zoo/training/pretrained.py)
     ckpt_path: str | None = None  # a .ckpt to resume from, or `last` for <run dir>/checkpoints/last.ckpt
     overwrite: bool = False  # true: a fresh run may replace the run already in its directory (else refused)
     budget: str | None = None  # params: resize d_ff so every FFN / attention variant matches the baseline's size;

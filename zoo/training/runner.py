@@ -37,6 +37,7 @@ from zoo.io import (
 )
 from zoo.registry import ATTENTION, MODEL, POSITION
 from zoo.schema import default_of
+from zoo.training import pretrained
 from zoo.training.callbacks import (
     BestMetrics,
     DivergenceGuard,
@@ -147,6 +148,8 @@ def _run(cfg: DictConfig, run_dir: Path, start: float, state: dict) -> int:
 
     L.seed_everything(plain["seed"], workers=True, verbose=False)
     module = ZooModule(plain)
+    if ckpt is None:  # a resume takes its weights from its checkpoint
+        pretrained.init_weights(module.model, plain)
     module.tokenizer_state = data.tokenizer.state_dict()
     data.objective = module.objective
     throughput, guard, best = Throughput(start), DivergenceGuard(), BestMetrics()
@@ -223,6 +226,7 @@ def _hydra_output_dir() -> str:
 def _prepare(plain: dict):
     """Validate the architecture, load data, then size the model from it (vocab, context)."""
     check_run(plain)
+    init = pretrained.apply(plain, _overrides())  # init_from: the checkpoint's architecture and tokenizer
     model_cfg = plain["model"]
     early = resolve_config({**model_cfg, "vocab_size": model_cfg.get("vocab_size") or 1,
                             "max_seq_len": model_cfg.get("max_seq_len") or 1})  # names and shapes, before any data
@@ -245,7 +249,8 @@ def _prepare(plain: dict):
         raise ConfigError(f"model.max_seq_len: {model_cfg['max_seq_len']} learned positions cannot cover sequences "
                           f"of {need} tokens (data.context or the task's longest test example); raise it or "
                           "leave it null")
-    model_cfg["vocab_size"] = data.tokenizer.vocab_size
+    model_cfg["vocab_size"] = data.tokenizer.vocab_size if init is None else \
+        pretrained.vocab_size(init, data.tokenizer.vocab_size)
     plain["model"] = resolve_config(model_cfg)
     budget = plain.get("budget")
     if budget is not None and not (isinstance(budget, str) and budget in BUDGETS):  # a list is not hashable
