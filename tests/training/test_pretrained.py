@@ -183,6 +183,28 @@ def test_special_rows_come_from_the_tokens_of_the_same_role_else_the_mean(checkp
         0: "[PAD]", 1: "[CLS]", 2: "[SEP]", 3: "[MASK]"}
 
 
+@pytest.mark.parametrize("extra", [5, -10])
+def test_the_vocabulary_covers_the_tokenizer_and_the_checkpoints_rows(checkpoints, tmp_path, extra):
+    """A checkpoint with rows past its tokenizer's ids (padded) keeps them; a tokenizer with ids past the rows gets
+    mean rows for them."""
+    tok = transformers.AutoTokenizer.from_pretrained(checkpoints["gpt2"])
+    rows = len(tok) + extra
+    hf = transformers.GPT2LMHeadModel(transformers.GPT2Config(vocab_size=rows, n_positions=64, n_embd=D, n_layer=1,
+                                                              n_head=2)).eval()
+    hf.save_pretrained(str(tmp_path / "gpt2"))
+    tok.save_pretrained(str(tmp_path / "gpt2"))
+    model = pretrained_model({**checkpoints, "padded": str(tmp_path / "gpt2")}, "padded")
+    assert model.cfg["vocab_size"] == N_SPECIAL + max(rows, len(tok))
+    embed, theirs = model.embed.weight.detach(), hf.transformer.wte.weight.detach()
+    assert torch.equal(embed[N_SPECIAL:N_SPECIAL + rows], theirs)
+    if extra < 0:  # the tokenizer's last ids have no pretrained row: the mean
+        torch.testing.assert_close(embed[-1], theirs.mean(0))
+    ids = torch.tensor([[5, 17, 42, rows - 1]])
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids + N_SPECIAL)[..., N_SPECIAL:N_SPECIAL + rows], hf(input_ids=ids).logits,
+                                   atol=1e-4, rtol=0)
+
+
 @pytest.mark.parametrize("family", list(SPECIALS))
 def test_a_few_training_steps_from_each_checkpoint(train, checkpoints, family, capsys):
     code, run_dir = train([f"init_from=hf:{checkpoints[family]}", *data(checkpoints)], tiny=False)
