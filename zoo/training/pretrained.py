@@ -40,7 +40,7 @@ from torch import nn
 from zoo.build import COMPONENTS, ConfigError, resolve_config
 from zoo.component import option_fields
 from zoo.data.corpus import DataError
-from zoo.data.tokenizers import N_SPECIAL, SPECIALS
+from zoo.data.tokenizers import N_SPECIAL, SENTINEL_IDS, SPECIALS
 from zoo.registry import POSITION
 
 PREFIX = "hf:"
@@ -143,8 +143,9 @@ def _with_overrides(base: dict, composed: dict, overrides: list[str], source: st
     for key in given["model"] - set(COMPONENTS) - {"name"}:
         model[key] = composed.get(key)  # a key ModelConfig lacks is refused by resolve_config, naming it
     for kind in COMPONENTS:
-        model[kind] = _component(kind, base[kind], composed[kind], kind in given["groups"] or bool(given[kind]),
-                                 kind in given["groups"], given[kind])
+        chosen = kind in given["groups"]
+        model[kind] = _component(kind, base[kind], composed.get(kind) or {}, chosen or bool(given[kind]), chosen,
+                                 given[kind])
     return model
 
 
@@ -316,7 +317,10 @@ def load_weights(model: nn.Module, source: str) -> str:
         used.add(id(src))
         loaded += 1
     unused = [n for n, t in converted.named_parameters() if id(t) not in used]
-    roles = ", ".join(f"{SPECIALS[z]} = {token}" for z, (_, token) in sorted(specials.items()))
+    named = sorted(z for z in specials if z not in SENTINEL_IDS)
+    sentinels = [specials[z][1] for z in sorted(specials) if z in SENTINEL_IDS]  # T5's: one entry for all 16
+    roles = ", ".join([f"{SPECIALS[z]} = {specials[z][1]}" for z in named] +
+                      ([f"{len(sentinels)} sentinels = {sentinels[0]}..{sentinels[-1]}"] if sentinels else []))
     return (f"init_from hf:{source}: loaded {loaded} of {loaded + len(fresh)} tensors; fresh (zoo init): "
             f"{_grouped(fresh)}; unused pretrained: {_grouped(unused)}; token ids +{N_SPECIAL}, special rows from "
             f"{roles or 'no token'} ({N_SPECIAL - len(specials)} the mean row)")
