@@ -240,3 +240,55 @@ def test_data_section_tables():
     loader = rows_of(md, "| objective | batch ms | batches/s |")
     assert [r["objective"] for r in loader] == ["decoder_only", "encoder_only", "encoder_decoder"]
     assert all(positive(r["batch ms"]) for r in loader)
+
+
+def test_ttt_times_both_programs_to_the_target(tmp_path):
+    """Stand-ins for nanoGPT's train.py (evaluation lines on stdout) and zoo's (summary.json with each evaluation's
+    wall time): the times are read from each, put on the clock of the process start, and compared."""
+    nano = tmp_path / "nanoGPT"
+    (nano / "data" / "shakespeare_char").mkdir(parents=True)
+    (nano / "data" / "shakespeare_char" / "prepare.py").write_text("open('train.bin', 'w').write('x')\n")
+    (nano / "configurator.py").write_text("")
+    (nano / "train.py").write_text(textwrap.dedent("""
+        import os, sys, time
+        assert os.path.exists("configurator.py") and os.path.exists("data/shakespeare_char/train.bin")
+        assert "--device=cpu" in sys.argv and sys.argv[1].endswith("train_shakespeare_char.py"), sys.argv
+        for step, val in ((0, 4.0), (250, 1.7), (500, 1.5)):
+            print(f"step {step}: train loss {val + 0.1:.4f}, val loss {val:.4f}")
+            time.sleep(0.3)
+    """))
+    root = tmp_path / "zoo"
+    root.mkdir()
+    (root / "train.py").write_text(textwrap.dedent("""
+        import json, pathlib, sys, time
+        run = pathlib.Path(next(a.split("=", 1)[1] for a in sys.argv if a.startswith("hydra.run.dir=")))
+        assert "data=text_file" in sys.argv and "experiment=nanogpt_cpu" in sys.argv, sys.argv
+        fp32 = "trainer.precision=32-true" in sys.argv
+        time.sleep(1.0)  # as if the run took one second (so far, on its own clock, 0.8 s after its start)
+        history = [{"step": 250, "val_loss": 1.7, "wall_time_s": 0.4}, {"step": 500, "val_loss": 1.5 if fp32 else 1.65,
+                   "wall_time_s": 0.7}]
+        run.mkdir(parents=True)
+        summary = {"wall_time_s": 0.8, "eval_time_s": 0.1, "history": history}
+        (run / "summary.json").write_text(json.dumps(summary))
+    """))
+    text = tmp_path / "input.txt"
+    text.write_text("to be or not to be\n")
+    md = bench.section_ttt(bench.Session(quick(nanogpt=nano, text=text, ttt_target=1.6, ttt_pairs=2)), root=root)
+    rows = {r["contender"]: r for r in rows_of(md, "| contender | time to target s (each round) |")}
+    assert set(rows) == {"nanoGPT", "zoo, defaults", "zoo, float32"}, md
+    nano_times = [float(x) for x in rows["nanoGPT"]["time to target s (each round)"].split(", ")]
+    assert len(nano_times) == 2 and all(0.6 <= t < float(rows["nanoGPT"]["process wall s"]) for t in nano_times)
+    assert rows["nanoGPT"]["vs nanoGPT"] == "1.00x" and rows["nanoGPT"]["final val_loss"] == "1.5000"
+    # zoo, float32 reaches 1.6 at its second evaluation: 0.7 s into its run, which began ~0.2 s after the spawn
+    # plus the interpreter's start
+    fp32 = [float(x) for x in rows["zoo, float32"]["time to target s (each round)"].split(", ")]
+    assert all(0.7 < t < float(rows["zoo, float32"]["process wall s"]) for t in fp32), md
+    assert rows["zoo, float32"]["eval share"].endswith("%")
+    assert rows["zoo, defaults"]["time to target s (each round)"] == "not reached, not reached"
+    assert rows["zoo, defaults"]["median s"] == "-" and rows["zoo, defaults"]["final val_loss"] == "1.6500"
+
+
+def test_ttt_skipped_without_nanogpt_or_text(tmp_path):
+    assert "skipped: needs `--nanogpt" in bench.section_ttt(bench.Session(quick()))
+    md = bench.section_ttt(bench.Session(quick(nanogpt=tmp_path, text=tmp_path / "missing.txt")))
+    assert "no such file" in md

@@ -15,6 +15,8 @@ Sections (pick with `--only train,compile,...`; default: all):
 - memory    peak RSS growth of three training steps, one subprocess per contender;
 - overhead  `train.py` against a bare PyTorch loop (skipped while train.py does not exist);
 - precision a short train.py run at the large shape in float32 and bf16-mixed: validation loss and speed;
+- ttt       time to a target validation loss: zoo's train.py against nanoGPT's own train.py on the same text file
+            (`--text PATH`, e.g. tinyshakespeare) and the same recipe, back to back, from process start;
 - data      `zoo-prepare` throughput against the tokenizer's own batch encode (byte-level BPE and char), and
             data=tokens batches per second at the GPT-2 small shape against a training step at that shape.
 
@@ -64,7 +66,7 @@ from zoo.generate import generate
 from zoo.io import atomic_write_text
 from zoo.layers.ffn import default_d_ff
 
-SECTIONS = ("train", "compile", "generate", "kv", "norm", "mfu", "memory", "overhead", "precision", "data")
+SECTIONS = ("train", "compile", "generate", "kv", "norm", "mfu", "memory", "overhead", "precision", "ttt", "data")
 PEERS = ("zoo", "hf", "xt", "nanogpt")
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -118,6 +120,10 @@ class Settings:
     memory_steps: int = 3
     overhead_steps: int = 200
     precision_steps: int = 150
+    text: Path | None = None  # the ttt section's corpus: a text file (nanoGPT's tinyshakespeare for its figures)
+    ttt_pairs: int = 3
+    ttt_target: float = 1.886  # the val loss nanoGPT's Shakespeare-char CPU recipe ends at (its README: ~1.88)
+    ttt_steps: int | None = None  # None: the recipe's 2000; a smoke run shortens both sides
     train_args: tuple[str, ...] = ()
     nanogpt: Path | None = None
     threads: int | None = None  # torch.set_num_threads; None leaves torch's default
@@ -128,7 +134,8 @@ class Settings:
         """Few steps everywhere: a smoke run, not a measurement."""
         base = dict(warmup=1, min_rounds=3, max_rounds=3, target_s=0.0, gen_contexts=(64, 128, 256),
                     gen_new_tokens=4, gen_rounds=2, kv_context=256, matmul_n=1024, matmul_repeats=3,
-                    memory_steps=1, overhead_steps=20, precision_steps=4, quick=True)
+                    memory_steps=1, overhead_steps=20, precision_steps=4, ttt_pairs=1, ttt_steps=20,
+                    ttt_target=10.0, quick=True)  # a smoke run cannot reach a real loss target
         return cls(**{**base, **over})
 
 
@@ -960,6 +967,146 @@ def section_precision(sess: Session, root: Path = ROOT) -> str:
 
 
 # ----------------------------------------------------------------------------------------------
+# Time to target: process start until the validation loss first reaches a target, zoo against nanoGPT
+
+# nanoGPT README's Shakespeare-char recipe for a CPU, as written there (its config file plus these flags).
+NANOGPT_CPU_ARGS = ("--device=cpu", "--compile=False", "--eval_iters=20", "--log_interval=1", "--block_size=64",
+                    "--batch_size=12", "--n_layer=4", "--n_head=4", "--n_embd=128", "--max_iters=2000",
+                    "--lr_decay_iters=2000", "--dropout=0.0")
+# zoo's contenders: label -> train.py overrides (the same recipe: conf/experiment/nanogpt_cpu.yaml).
+TTT_RUNS: dict[str, tuple[str, ...]] = {
+    "zoo, defaults": ("experiment=nanogpt_cpu",),
+    "zoo, float32": ("experiment=nanogpt_cpu", "trainer.precision=32-true"),
+}
+_NANOGPT_EVAL = re.compile(r"^step (\d+): train loss [\d.]+, val loss ([\d.]+)")
+
+
+@dataclass
+class TargetRun:
+    """One process: its evaluations as (step, val_loss, seconds since spawn), its wall time, eval share."""
+    evals: list[tuple[int, float, float]]
+    wall: float
+    eval_share: float | None = None  # of the wall time; None where the program does not say
+
+    def time_to(self, target: float) -> float | None:
+        return next((t for _, v, t in self.evals if v <= target), None)
+
+
+def _nanogpt_workdir(checkout: Path, text: Path, work: Path) -> Path:
+    """A directory nanoGPT's train.py can run in: its shakespeare_char data made from `text` by its own
+    prepare.py (given input.txt, it downloads nothing), and its configurator.py, which it reads from the cwd."""
+    data = work / "data" / "shakespeare_char"
+    data.mkdir(parents=True, exist_ok=True)
+    shutil.copy(text, data / "input.txt")
+    shutil.copy(checkout / "data" / "shakespeare_char" / "prepare.py", data / "prepare.py")
+    subprocess.run([sys.executable, "prepare.py"], cwd=data, check=True, capture_output=True, timeout=600)
+    shutil.copy(checkout / "configurator.py", work / "configurator.py")
+    return work
+
+
+def run_nanogpt_to_target(checkout: Path, work: Path, steps: int | None) -> TargetRun | str:
+    """nanoGPT's train.py with the CPU recipe; each `step N: ... val loss X` line timed as it arrives."""
+    extra = () if steps is None else (f"--max_iters={steps}", f"--lr_decay_iters={steps}",
+                                      f"--eval_interval={max(1, steps // 2)}", "--warmup_iters=2")
+    cmd = [sys.executable, str(checkout / "train.py"), str(checkout / "config" / "train_shakespeare_char.py"),
+           *NANOGPT_CPU_ARGS, *extra]
+    evals, spawned = [], time.perf_counter()
+    proc = subprocess.Popen(cmd, cwd=work, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    tail = []
+    for line in proc.stdout:
+        if m := _NANOGPT_EVAL.match(line):
+            evals.append((int(m.group(1)), float(m.group(2)), time.perf_counter() - spawned))
+        tail = (tail + [line.strip()])[-3:]
+    code, wall = proc.wait(), time.perf_counter() - spawned
+    if code != 0 or not evals:
+        return f"nanoGPT's train.py exited {code} with {len(evals)} evaluations: {' | '.join(tail)[:300]}"
+    return TargetRun(evals, wall)
+
+
+def run_zoo_to_target(args: Sequence[str], text: Path, run_dir: Path, steps: int | None, root: Path = ROOT,
+                      extra: Sequence[str] = ()) -> TargetRun | str:
+    """zoo's train.py on `text`; each evaluation's time from summary.json's history, put on the spawn's clock
+    through the summary's own write time (its mtime, taken right after its wall_time_s)."""
+    short = () if steps is None else (f"trainer.max_steps={steps}", f"trainer.val_check_interval={max(1, steps // 2)}",
+                                      "optim.warmup_steps=2")
+    cmd = [sys.executable, str(root / "train.py"), *args, "data=text_file", f"data.path={text}",
+           f"hydra.run.dir={run_dir}", *short, *extra]
+    spawned_at = time.time()
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=root, timeout=3600)
+    wall = time.time() - spawned_at
+    path = run_dir / "summary.json"
+    if proc.returncode != 0 or not path.is_file():
+        err = (proc.stderr.strip().splitlines() or ["?"])[-1][:200]
+        return f"`{shlex.join(cmd[1:])}` exited {proc.returncode}: {err}"
+    summary = json.loads(path.read_text())
+    started = path.stat().st_mtime - summary["wall_time_s"] - spawned_at  # the run's clock, from the spawn
+    evals = [(h["step"], h["val_loss"], started + h["wall_time_s"]) for h in summary["history"] if "val_loss" in h]
+    return TargetRun(evals, wall, summary["eval_time_s"] / wall)
+
+
+def section_ttt(sess: Session, root: Path = ROOT) -> str:
+    """Wall time from process start to the first evaluation at or below the target, zoo against nanoGPT,
+    the contenders one after another in rotating order, `ttt_pairs` rounds."""
+    s = sess.settings
+    head = "## Time to target: zoo against nanoGPT\n\n"
+    if s.nanogpt is None or s.text is None:
+        return head + "skipped: needs `--nanogpt <karpathy/nanoGPT checkout>` and `--text <text file>`\n"
+    if not s.text.is_file():
+        return head + f"skipped: --text {s.text}: no such file\n"
+    target = s.ttt_target
+    names = ["nanoGPT", *TTT_RUNS]
+    runs: dict[str, list[TargetRun]] = {n: [] for n in names}
+    failures: list[str] = []
+    with tempfile.TemporaryDirectory(prefix="zoo-ttt-") as tmp:
+        work = _nanogpt_workdir(s.nanogpt, s.text, Path(tmp) / "nanogpt")
+        for r in range(s.ttt_pairs):
+            for name in names[r % len(names):] + names[:r % len(names)]:
+                if name == "nanoGPT":
+                    run = run_nanogpt_to_target(s.nanogpt, work, s.ttt_steps)
+                else:
+                    run = run_zoo_to_target(TTT_RUNS[name], s.text, Path(tmp) / f"zoo-{r}-{names.index(name)}",
+                                            s.ttt_steps, root, s.train_args)
+                said = run if isinstance(run, str) else f"{run.time_to(target)} s to {target}, wall {run.wall:.1f} s"
+                print(f"[zoo.bench] ttt round {r + 1}/{s.ttt_pairs} {name}: {said}", flush=True)
+                if isinstance(run, str):
+                    failures.append(f"{name}: {run}")
+                else:
+                    runs[name].append(run)
+
+    def med(values: list[float | None]) -> float | None:
+        return None if not values or None in values else statistics.median(values)
+
+    base = med([run.time_to(target) for run in runs["nanoGPT"]])
+    rows = []
+    for name in names:
+        times = [run.time_to(target) for run in runs[name]]
+        t = med(times)
+        finals = [run.evals[-1][1] for run in runs[name]]
+        shares = [run.eval_share for run in runs[name] if run.eval_share is not None]
+        rows.append([name, ", ".join("not reached" if x is None else f"{x:.1f}" for x in times) or "-",
+                     "-" if t is None else f"{t:.1f}", "-" if t is None or not base else ratio(t / base),
+                     f"{statistics.median(finals):.4f}" if finals else "-",
+                     f"{statistics.median(run.wall for run in runs[name]):.1f}" if runs[name] else "-",
+                     f"{statistics.median(shares):.1%}" if shares else "-"])
+    zoo_cmds = "; ".join(f"{name}: `python train.py {shlex.join(args)} data=text_file data.path=<text>`"
+                         for name, args in TTT_RUNS.items())
+    return head + "\n".join([
+        f"Wall time from process start until the validation loss first reaches **{target}**, for nanoGPT's own "
+        f"`train.py` with its Shakespeare-char CPU recipe (`python train.py config/train_shakespeare_char.py "
+        f"{shlex.join(NANOGPT_CPU_ARGS)}`, data made by its own prepare.py from `{s.text.name}`) and for zoo "
+        f"({zoo_cmds}), the same 4-layer model, batch, context and schedule, on the same file (the last 10% is "
+        "validation for both; nanoGPT estimates the loss on 20 random batches of it, zoo on 20 fixed windows). "
+        f"{s.ttt_pairs} rounds, the contenders one after another in rotating order, torch's default threads. Both "
+        "evaluate every 250 steps, so a time is that of the first evaluation at or below the target; `eval share` "
+        "is zoo's time in validation passes over the process wall time."
+        + (f" Steps shortened to {s.ttt_steps} for a smoke run." if s.ttt_steps else ""), "",
+        table(["contender", "time to target s (each round)", "median s", "vs nanoGPT", "final val_loss",
+               "process wall s", "eval share"], rows), "",
+        *([f"Failed: {'; '.join(failures)}", ""] if failures else [])])
+
+
+# ----------------------------------------------------------------------------------------------
 # Report and CLI
 
 GPT2_SMALL = Shape("gpt2_small", batch=12, context=1024, n_layers=12, n_heads=12, d_model=768, vocab=50257)
@@ -1058,7 +1205,7 @@ def _gpt2_step_seconds(shape: Shape, s: Settings) -> float:
 RUNNERS: dict[str, Callable[[Session], str]] = {
     "train": section_train, "compile": section_compile, "generate": section_generate, "kv": section_kv,
     "mfu": section_mfu, "memory": section_memory, "overhead": section_overhead, "precision": section_precision,
-    "norm": section_norm, "data": section_data,
+    "norm": section_norm, "ttt": section_ttt, "data": section_data,
 }
 
 
@@ -1146,6 +1293,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--train-steps", type=int, default=None, help="steps for the train.py overhead section")
     p.add_argument("--train-args", default="", help="extra overrides passed to train.py (one string)")
     p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's default)")
+    p.add_argument("--text", default=None, help="ttt: the text file both sides train on (e.g. tinyshakespeare.txt)")
+    p.add_argument("--ttt-pairs", type=int, default=None, help="ttt: rounds of every contender (default 3)")
     p.add_argument("--memory-steps", type=int, default=None, help=argparse.SUPPRESS)
     p.add_argument("--memory-probe", default=None, help=argparse.SUPPRESS)  # SHAPE:VARIANT, internal
     p.add_argument("--bare-loop", type=int, default=None, help=argparse.SUPPRESS)  # internal
@@ -1178,6 +1327,10 @@ def settings_from_args(a: argparse.Namespace) -> Settings:
         over["overhead_steps"] = a.train_steps
     if a.memory_steps:
         over["memory_steps"] = a.memory_steps
+    if a.text:
+        over["text"] = Path(a.text).expanduser().resolve()
+    if a.ttt_pairs:
+        over["ttt_pairs"] = a.ttt_pairs
     over["train_args"] = tuple(shlex.split(a.train_args))
     over["threads"] = a.threads
     return Settings.quick_run(**over) if a.quick else Settings(**over)

@@ -271,12 +271,15 @@ def test_resumed_summary_reports_the_whole_runs_time(interrupted, tmp_path, caps
     path = run_dir / "checkpoints" / "last.ckpt"
     ckpt = torch.load(path, weights_only=True)
     assert ckpt["callbacks"]["Throughput"]["wall_time"] > 0  # the interrupted process's time is saved
-    ckpt["callbacks"]["Throughput"].update(wall_time=5000.0, train_time=2000.0)  # as if it had run that long
+    assert ckpt["callbacks"]["Throughput"]["eval_time"] > 0
+    # as if it had run that long
+    ckpt["callbacks"]["Throughput"].update(wall_time=5000.0, train_time=2000.0, eval_time=1000.0)
     torch.save(ckpt, path)
     capsys.readouterr()
     assert main(compose_cfg(TINY + QUIET + LONGER + ["ckpt_path=last"]), run_dir) == 0
     s = json.loads((run_dir / "summary.json").read_text())
-    assert s["wall_time_s"] > 5000 and s["train_time_s"] > 2000
+    assert s["wall_time_s"] > 5000 and s["train_time_s"] > 2000 and s["eval_time_s"] > 1000
+    assert s["history"][-1]["wall_time_s"] > 5000  # evaluations after the resume count the whole run too
     assert s["tokens_per_second"] == pytest.approx(s["tokens_seen"] / s["train_time_s"])
     assert f"completed: 100 steps in {s['wall_time_s']:.1f}s" in capsys.readouterr().out
 

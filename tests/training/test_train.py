@@ -40,6 +40,10 @@ def test_default_run_leaves_a_complete_run_directory(train):
     assert s["architecture"] == {"lineage": "decoder_only", "attention": "mha", "position": "learned",
                                  "norm": "layernorm", "placement": "pre", "ffn": "gelu", "window": None}
     assert s["tokens_seen"] == 4 * 4 * 16 and s["tokens_per_second"] > 0 and s["wall_time_s"] > 0
+    # evaluations take time, inside the wall time; each history entry says when it ended, in order
+    assert 0 < s["eval_time_s"] < s["wall_time_s"] - s["train_time_s"]
+    ends = [h["wall_time_s"] for h in s["history"]]
+    assert ends == sorted(ends) and 0 < ends[0] and ends[-1] <= s["wall_time_s"]
     assert s["params"]["total"] > 0 and s["flops_per_token"]["train"] > 0
     assert math.isfinite(s["final"]["val_loss"]) and s["final"]["val_bpc"] > 0
     assert s["best"]["val_loss"]["value"] <= s["final"]["val_loss"]

@@ -10,6 +10,7 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import lightning as L
@@ -23,13 +24,15 @@ from zoo.training.objectives import metric_directions
 
 
 class Throughput(L.Callback):
-    """Tokens per second on the progress bar; tokens seen and time to the first step for the summary."""
+    """Tokens per second on the progress bar; tokens seen, time to the first step and time spent evaluating
+    for the summary."""
 
     def __init__(self, start_time: float):
         self.start_time = start_time
         self.tokens = 0
         self.first_step_at: float | None = None
         self.train_time = 0.0
+        self.eval_time = 0.0  # validation passes, across resumes: their share of the wall time is reported
         self.earlier_wall_time = 0.0  # wall time of the processes before a resume, up to their checkpoint
         self._t0 = 0.0
         self._window: list[tuple[float, int]] = []
@@ -40,11 +43,19 @@ class Throughput(L.Callback):
         return self.earlier_wall_time + time.perf_counter() - self.start_time
 
     def state_dict(self) -> dict:  # saved in checkpoints: a resumed run's summary counts the whole run
-        return {"tokens": self.tokens, "train_time": self.train_time, "wall_time": self.wall_time}
+        return {"tokens": self.tokens, "train_time": self.train_time, "wall_time": self.wall_time,
+                "eval_time": self.eval_time}
 
     def load_state_dict(self, state: dict) -> None:  # checked by zoo.training.checkpoint first
         self.tokens, self.train_time = state["tokens"], state["train_time"]
-        self.earlier_wall_time = state.get("wall_time", 0.0)  # absent in checkpoints of older zoo versions
+        # absent in checkpoints of older zoo versions
+        self.earlier_wall_time, self.eval_time = state.get("wall_time", 0.0), state.get("eval_time", 0.0)
+
+    def on_validation_start(self, trainer, module):
+        self._v0 = time.perf_counter()
+
+    def on_validation_end(self, trainer, module):
+        self.eval_time += time.perf_counter() - self._v0
 
     def on_train_batch_start(self, trainer, module, batch, batch_idx):
         self._t0 = time.perf_counter()
@@ -78,10 +89,11 @@ class DivergenceGuard(L.Callback):
 class BestMetrics(L.Callback):
     """The final and best value of every validation metric, with the step it was reached at."""
 
-    def __init__(self):
+    def __init__(self, clock: Callable[[], float] | None = None):
         self.final: dict[str, float] = {}
         self.best: dict[str, dict] = {}
-        self.history: list[dict] = []
+        self.history: list[dict] = []  # every evaluation's metrics, its step and (with a clock) wall_time_s
+        self.clock = clock  # the run's wall time so far (Throughput.wall_time): when each evaluation ended
         self.directions = metric_directions()  # recorded in summary.json for the report
 
     def state_dict(self) -> dict:
@@ -98,7 +110,7 @@ class BestMetrics(L.Callback):
         metrics = {k: float(v) for k, v in trainer.callback_metrics.items()
                    if k.startswith(("val_", "exact_match")) and math.isfinite(float(v))}
         self.final = {**metrics, "step": trainer.global_step}
-        self.history.append(self.final)
+        self.history.append({**self.final, **({"wall_time_s": self.clock()} if self.clock else {})})
         for k, v in metrics.items():
             # a metric no objective declares is tracked as a loss (lower is better)
             better = (lambda a, b: a > b) if self.directions.get(k) == "max" else (lambda a, b: a < b)

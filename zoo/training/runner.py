@@ -152,7 +152,8 @@ def _run(cfg: DictConfig, run_dir: Path, start: float, state: dict) -> int:
         pretrained.init_weights(module.model, plain)
     module.tokenizer_state = data.tokenizer.state_dict()
     data.objective = module.objective
-    throughput, guard, best = Throughput(start), DivergenceGuard(), BestMetrics()
+    throughput, guard = Throughput(start), DivergenceGuard()
+    best = BestMetrics(clock=lambda: throughput.wall_time)
     stop = GracefulStop(str(run_dir / "checkpoints" / "last.ckpt"))
     checkpoints = L.pytorch.callbacks.ModelCheckpoint(
         dirpath=run_dir / "checkpoints", filename="best", monitor="val_loss", mode="min", save_last=True,
@@ -409,6 +410,7 @@ def _summary(plain, data, trainer, throughput, best, status, diverged_step) -> d
         "tokens_seen": throughput.tokens,
         "wall_time_s": throughput.wall_time,  # the whole run's, across resumes
         "train_time_s": throughput.train_time,
+        "eval_time_s": throughput.eval_time,  # validation passes; history[i].wall_time_s: when each one ended
         "time_to_first_step_s": throughput.first_step_at,
         "tokens_per_second": throughput.tokens / max(throughput.train_time, 1e-9),
         "final": final,
