@@ -88,10 +88,19 @@ class ZooModule(L.LightningModule):
         optimizer = torch.optim.AdamW(
             [{"params": decay, "weight_decay": opt["weight_decay"]}, {"params": no_decay, "weight_decay": 0.0}],
             lr=opt["lr"], betas=tuple(opt["betas"]), eps=opt.get("eps", OptimConfig.eps),
+            **adamw_implementation(opt.get("fused"), next(self.model.parameters()).device),
         )
         schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(
             opt["warmup_steps"], self.cfg["trainer"]["max_steps"], opt["min_lr"] / opt["lr"]))
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}
+
+
+def adamw_implementation(fused: bool | None, device: torch.device) -> dict:
+    """AdamW's implementation for weights on `device`, as keyword arguments: optim.fused=true or false as set;
+    null: the fused kernel (one launch for all parameters) on a CUDA GPU, else torch's default (foreach)."""
+    if fused is None:
+        fused = device.type == "cuda"
+    return {"fused": True} if fused else {}
 
 
 def lr_lambda(warmup: int, total: int, min_ratio: float):
