@@ -199,3 +199,58 @@ def test_slurm_multirun_command_accepts_num_nodes():
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "num_nodes: 2" in proc.stdout
 
+
+
+@pytest.mark.parametrize("precision", ["bf16-mixed", "16-mixed"])
+def test_fused_adamw_clips_true_gradients_under_mixed_precision(precision):
+    """Lightning's mixed precision refuses to clip for a fused AdamW; zoo's hook clips the true (unscaled)
+    gradients, and the step equals a foreach AdamW's on the same clipped gradients."""
+    from types import SimpleNamespace
+
+    from lightning.pytorch.plugins.precision import MixedPrecision
+    from lightning.pytorch.utilities.enums import GradClipAlgorithmType
+
+    from zoo.training.module import ZooModule
+
+    cfg = OmegaConf.to_container(compose_cfg([]), resolve=True)
+    cfg["model"].update(vocab_size=37, max_seq_len=16, d_model=32, n_layers=1, n_heads=2)
+    module, reference = ZooModule(cfg), ZooModule(cfg)
+    scaler = torch.amp.GradScaler("cpu", init_scale=1024.0) if precision == "16-mixed" else None
+    module._trainer = SimpleNamespace(precision_plugin=MixedPrecision(precision, "cpu", scaler=scaler),
+                                      strategy=SimpleNamespace(model=module))
+    x = torch.randint(0, 37, (2, 16))
+    fused = torch.optim.AdamW(module.parameters(), lr=0.1, fused=True)
+    plain = torch.optim.AdamW(reference.parameters(), lr=0.1)
+    loss = module.model(x).float().square().mean()
+    (scaler.scale(loss) if scaler else loss).backward()
+    reference.model(x).float().square().mean().backward()
+    module.configure_gradient_clipping(fused, 0.05, GradClipAlgorithmType.NORM)
+    norm = torch.nn.utils.clip_grad_norm_(reference.parameters(), 0.05)
+    assert norm > 0.05  # clipping is active
+    clipped = torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in module.parameters() if p.grad is not None]))
+    assert clipped == pytest.approx(0.05, rel=1e-4)
+    scaler.step(fused) if scaler else fused.step()
+    plain.step()
+    for a, b in zip(module.parameters(), reference.parameters(), strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    with pytest.raises(RuntimeError, match="does not allow for gradient clipping"):  # what the hook avoids
+        MixedPrecision(precision, "cpu", scaler=scaler).clip_gradients(fused, 0.5, GradClipAlgorithmType.NORM)
+
+
+def test_fsdp_clips_by_the_root_modules_norm():
+    """Under FSDP each rank holds a shard of the gradients: the clip goes to the FSDP root's clip_grad_norm_
+    (Lightning's FSDP precision refuses norm clipping)."""
+    from types import SimpleNamespace
+
+    from lightning.pytorch.plugins.precision import FSDPPrecision
+
+    from zoo.training.module import ZooModule
+
+    cfg = OmegaConf.to_container(compose_cfg([]), resolve=True)
+    cfg["model"].update(vocab_size=37, max_seq_len=16, d_model=32, n_layers=1, n_heads=2)
+    module, calls = ZooModule(cfg), []
+    root = SimpleNamespace(clip_grad_norm_=calls.append)  # what FullyShardedDataParallel offers
+    module._trainer = SimpleNamespace(precision_plugin=FSDPPrecision("bf16-mixed"),
+                                      strategy=SimpleNamespace(model=root))
+    module.configure_gradient_clipping(torch.optim.AdamW(module.parameters()), 1.0, "norm")
+    assert calls == [1.0]

@@ -6,6 +6,7 @@ import math
 
 import lightning as L
 import torch
+from lightning.pytorch.plugins.precision import Precision
 from torch import nn
 
 from zoo.build import build_model
@@ -76,6 +77,26 @@ class ZooModule(L.LightningModule):
             n = self.cfg["data"].get("eval_examples", 256)
             for split, key in (("val", "exact_match"), ("test", "exact_match_long")):
                 self.log(key, self.objective.exact_match(self.model, data.splits[split][:n]), prog_bar=True)
+
+    def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None) -> None:
+        """trainer.gradient_clip_val where Lightning's own clipping refuses:
+        - a fused AdamW (trainer=gpu's default) under mixed precision: Lightning leaves its gradients scaled for
+          its step() to unscale. bf16 has no scaler, so they are true gradients; float16's scaler unscales them
+          here first (its step then knows). Then they are clipped as every other run clips them.
+        - FSDP (trainer=fsdp): each rank holds a shard of the gradients, so the norm is the root module's
+          clip_grad_norm_, over every shard (torch.nn.utils' would see one)."""
+        root = self.trainer.strategy.model
+        fsdp = hasattr(root, "clip_grad_norm_") and gradient_clip_algorithm in (None, "norm")
+        fused = getattr(optimizer, "_step_supports_amp_scaling", False)
+        if not gradient_clip_val or not (fsdp or fused):
+            return self.clip_gradients(optimizer, gradient_clip_val, gradient_clip_algorithm)
+        plugin = self.trainer.precision_plugin
+        if fused and getattr(plugin, "scaler", None) is not None:
+            plugin.scaler.unscale_(optimizer)
+        if fsdp:
+            root.clip_grad_norm_(gradient_clip_val)
+        else:
+            Precision.clip_gradients(plugin, optimizer, gradient_clip_val, gradient_clip_algorithm)
 
     def configure_optimizers(self):
         opt = self.cfg["optim"]
