@@ -127,9 +127,9 @@ def check_generate(device: str, tiny: bool = False) -> list[dict]:
             with torch.no_grad():
                 top2 = logits(b[:, :t])[:, -1].topk(2).values
             margin = (top2[:, 0] - top2[:, 1]).min().item() / scale
-        # bf16 keeps 8 significant bits: 3% of the largest logit covers a few layers of its rounding; a wrong
-        # position, mask or cache is off by the logits' whole range
-        ok = rel < 0.03 and (same or margin < 0.03)
+        # bf16 keeps 8 significant bits: two layers of its rounding moved logits by up to 2% of the largest on
+        # CPU; a wrong position, mask or cache moves them by 80% or more (tests/test_gpu_check.py). 10% between.
+        ok = rel < 0.1 and (same or margin < 0.05)
         name = f"{cfg['name']}/{cfg.get('attention', {'name': 'mha'})['name']}" + \
             (f"(window {cfg['attention']['window']})" if "window" in cfg.get("attention", {}) else "") + \
             f"/{cfg['position']['name']}"

@@ -49,7 +49,7 @@ def test_generation_check_passes_and_catches_a_cache_that_forgets(monkeypatch):
     monkeypatch.setattr(KVCache, "append", forgetful)
     broken = gpu_check.check_generate("cpu", tiny=True)
     assert not any(r["ok"] for r in broken)
-    assert min(r["logits_rel_diff"] for r in broken) > 0.03
+    assert min(r["logits_rel_diff"] for r in broken) > 0.5
 
 
 def test_mfu_step_reports_every_mode(tmp_path):
