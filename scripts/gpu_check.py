@@ -230,7 +230,8 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     steps = [s for s in a.steps.split(",") if s]
     if bad := [s for s in steps if s not in STEPS]:
-        p.error(f"--steps: unknown '{bad[0]}'; valid: {', '.join(STEPS)}")
+        print(f"error: --steps: unknown '{bad[0]}'; valid: {', '.join(STEPS)}", file=sys.stderr)
+        return 2
     import torch
 
     if a.threads or a.tiny:
