@@ -12,6 +12,8 @@ Sections (pick with `--only train,compile,...`; default: all):
             (2 * n_kv * hd * bytes for MHA/GQA/MQA; (kv_rank + rope_dim) * bytes for MLA's latent);
 - norm      LayerNorm against RMSNorm, one layer forward + backward;
 - mfu       achieved FLOP/s of zoo's training steps over a matrix-multiply peak measured in the same run;
+            with `--device cuda` (the only section that runs there) on a GPU, at any shape, e.g.
+            `--shapes gpt2_small`, adding bf16 + torch.compile, the way trainer=gpu compile=true trains;
 - memory    peak RSS growth of three training steps, one subprocess per contender;
 - overhead  `train.py` against a bare PyTorch loop (skipped while train.py does not exist);
 - precision a short train.py run at the large shape in float32 and bf16-mixed: validation loss and speed;
@@ -99,6 +101,8 @@ SHAPES = {
     "tiny": Shape("tiny", batch=2, context=16, n_layers=2, n_heads=4, d_model=32),  # tests only
     "small": Shape("small", batch=12, context=64, n_layers=4, n_heads=4, d_model=128),  # nanoGPT's CPU recipe
     "large": Shape("large", batch=8, context=256, n_layers=6, n_heads=6, d_model=384),
+    # experiment=gpt2_small: GPT-2 small's micro-batch (nanoGPT's batch 12) with its vocabulary
+    "gpt2_small": Shape("gpt2_small", batch=12, context=1024, n_layers=12, n_heads=12, d_model=768, vocab=50257),
 }
 
 
@@ -128,6 +132,8 @@ class Settings:
     nanogpt: Path | None = None
     threads: int | None = None  # torch.set_num_threads; None leaves torch's default
     quick: bool = False
+    device: str = "cpu"  # cuda: models, batches and the matmul peak on the GPU (the mfu section)
+    peak_tflops: float | None = None  # a datasheet's dense bf16 peak: the mfu section adds MFU against it
 
     @classmethod
     def quick_run(cls, **over) -> Settings:
@@ -156,9 +162,17 @@ class Stats:
 
 
 def time_call(fn: Callable[[], object]) -> float:
+    _sync()
     t0 = time.perf_counter()
     fn()
+    _sync()
     return time.perf_counter() - t0
+
+
+def _sync() -> None:
+    """Wait for the GPU's queued work, so a time covers it (nothing to do where CUDA was never used)."""
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.synchronize()
 
 
 def interleave(fns: dict[str, Callable[[], object]], s: Settings) -> dict[str, Stats]:
@@ -332,12 +346,14 @@ class TrainRun:
 def make_train_run(shape: Shape, v: Variant, s: Settings) -> TrainRun:
     """A model, AdamW and one fixed batch; `step()` runs forward + backward + optimizer step."""
     model, loss_of = BUILDERS[v.peer](shape, v.family, s)
-    model.train()
+    model.to(s.device).train()
     params = n_params(model)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.1)
+    cuda = torch.device(s.device).type == "cuda"  # there AdamW's fused kernel, as trainer=gpu's optim.fused=null
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.1, **({"fused": True} if cuda else {}))
     run_model = torch.compile(model) if v.compile else model
-    x, y = batch(shape)
-    amp = (lambda: torch.autocast("cpu", dtype=torch.bfloat16)) if v.bf16 else contextlib.nullcontext
+    x, y = (t.to(s.device) for t in batch(shape))
+    amp = (lambda: torch.autocast(torch.device(s.device).type, dtype=torch.bfloat16)) if v.bf16 \
+        else contextlib.nullcontext
 
     def step() -> float:
         with amp():
@@ -360,13 +376,14 @@ class Session:
     compile_s: dict[tuple[str, str], float] = field(default_factory=dict)
     missing: dict[tuple[str, str], str] = field(default_factory=dict)  # why a contender did not run
     peak: dict[bool, list[float]] = field(default_factory=lambda: {False: [], True: []})  # bf16 -> FLOP/s samples
+    mfu: list[dict] = field(default_factory=list)  # the mfu section's rows as numbers (scripts/gpu_check.py)
 
     def sample_peak(self, repeats: int = 3) -> None:
         """Matmul FLOP/s now, float32 and bf16. Taken around every timed group, so the run-wide best is
         the machine's peak even if another process was using the cores during part of the run."""
-        n = self.settings.matmul_n
-        self.peak[False].append(matmul_peak(torch.float32, n, repeats))
-        self.peak[True].append(matmul_peak(torch.bfloat16, n, repeats))
+        n, device = self.settings.matmul_n, self.settings.device
+        self.peak[False].append(matmul_peak(torch.float32, n, repeats, device))
+        self.peak[True].append(matmul_peak(torch.bfloat16, n, repeats, device))
 
 
 def measure_group(sess: Session, shape: Shape, variants: Sequence[Variant]) -> None:
@@ -703,9 +720,9 @@ def section_norm(sess: Session) -> str:
                       ""])
 
 
-def matmul_peak(dtype: torch.dtype, n: int, repeats: int) -> float:
+def matmul_peak(dtype: torch.dtype, n: int, repeats: int, device: str = "cpu") -> float:
     """Best FLOP/s of an n x n matrix product over `repeats` tries."""
-    a, b = torch.randn(n, n).to(dtype), torch.randn(n, n).to(dtype)
+    a, b = torch.randn(n, n).to(device, dtype), torch.randn(n, n).to(device, dtype)
     torch.mm(a, b)
     best = min(time_call(lambda: torch.mm(a, b)) for _ in range(repeats))
     return 2 * n**3 / best
@@ -714,11 +731,13 @@ def matmul_peak(dtype: torch.dtype, n: int, repeats: int) -> float:
 def section_mfu(sess: Session) -> str:
     s = sess.settings
     sess.sample_peak(s.matmul_repeats)
-    rows = []
+    rows, cuda = [], torch.device(s.device).type == "cuda"
     for shape_name in s.shapes:
         shape = SHAPES[shape_name]
         for family in ("gpt2", "llama"):
-            wanted = [Variant("zoo", family), Variant("zoo", family, bf16=True)]
+            # on a GPU also bf16 with torch.compile: how trainer=gpu compile=true trains
+            wanted = [Variant("zoo", family), Variant("zoo", family, bf16=True)] + \
+                [Variant("zoo", family, bf16=True, compile=True)] * cuda
             todo = [v for v in wanted if (shape.name, v.key) not in sess.train]
             if todo:
                 measure_group(sess, shape, todo)
@@ -729,19 +748,36 @@ def section_mfu(sess: Session) -> str:
             for v in sorted(measured, key=lambda v: (v.compile, v.bf16)):
                 st = sess.train[(shape.name, v.key)]
                 achieved = flops / st.median
+                sheet = achieved / (s.peak_tflops * 1e12) if s.peak_tflops and v.bf16 else None
+                sess.mfu.append({"shape": shape.name, "family": family, "mode": v.mode, "step_s": st.median,
+                                 "tokens_per_s": shape.tokens / st.median, "achieved": achieved,
+                                 "mfu": achieved / peak[v.bf16], "mfu_datasheet": sheet})
                 rows.append([shape.name, FAMILY_LABELS[family], v.mode, num(flops / 1e9), ms(st.median),
-                             num(achieved / 1e9), num(peak[v.bf16] / 1e9), f"{100 * achieved / peak[v.bf16]:.1f}%"])
+                             num(achieved / 1e9), num(peak[v.bf16] / 1e9), f"{100 * achieved / peak[v.bf16]:.1f}%"]
+                            + ([f"{100 * sheet:.1f}%" if sheet is not None else "-"] if s.peak_tflops else []))
     peak = {b: max(sess.peak[b]) for b in (False, True)}
+    where = "the cores"
+    if cuda:
+        where = "the GPU"
+        rows_note = (f"On {torch.cuda.get_device_name(torch.device(s.device))}: float32 rows use TF32 matmuls "
+                     "(trainer=gpu's tf32=true), AdamW is fused; bf16 compile is `torch.compile` of the model under "
+                     "bf16 autocast, compile time excluded. ")
+    else:
+        rows_note = ""
+    sheet_note = f"The last column is over a datasheet's dense bf16 peak, {num(s.peak_tflops)} TFLOP/s. " \
+        if s.peak_tflops else ""
     return "\n".join([
         "## Model FLOP utilisation", "",
+        rows_note + sheet_note +
         f"Achieved = `zoo.flops_per_token(cfg, context)['train']` x tokens per step / median step time. Peak = the "
         f"fastest {s.matmul_n}x{s.matmul_n} matrix product of this run (sampled before and after every timed group, "
         f"{len(sess.peak[False])} samples): **{num(peak[False] / 1e9)} GFLOP/s float32**, "
         f"**{num(peak[True] / 1e9)} GFLOP/s bf16** (median sample {num(statistics.median(sess.peak[False]) / 1e9)} "
         f"and {num(statistics.median(sess.peak[True]) / 1e9)}). bf16 rows are over the bf16 peak. The FLOP count "
-        "ignores the causal mask (it counts the full T x T scores). A step timed while other processes used the "
-        "cores has a lower MFU than the machine allows.", "",
-        table(["shape", "family", "mode", "GFLOP/step", "median ms", "achieved GFLOP/s", "peak GFLOP/s", "MFU"], rows),
+        f"ignores the causal mask (it counts the full T x T scores). A step timed while other processes used {where} "
+        "has a lower MFU than the machine allows.", "",
+        table(["shape", "family", "mode", "GFLOP/step", "median ms", "achieved GFLOP/s", "peak GFLOP/s", "MFU"]
+              + (["MFU of datasheet"] if s.peak_tflops else []), rows),
         ""])
 
 
@@ -1109,7 +1145,7 @@ def section_ttt(sess: Session, root: Path = ROOT) -> str:
 # ----------------------------------------------------------------------------------------------
 # Report and CLI
 
-GPT2_SMALL = Shape("gpt2_small", batch=12, context=1024, n_layers=12, n_heads=12, d_model=768, vocab=50257)
+GPT2_SMALL = SHAPES["gpt2_small"]
 # A GPU step of that shape for scale, computed (no GPU here): bf16 at 40% of an H100's dense peak, the issue's
 # MFU target. The loader must produce a batch in a tenth of it.
 GPU_FLOPS, GPU_LABEL = 0.4 * 989e12, "H100 bf16 at 40% MFU (989 TFLOP/s peak)"
@@ -1235,6 +1271,8 @@ def machine_info(s: Settings) -> list[tuple[str, str]]:
     return [
         ("CPU", f"{cpu}, {os.cpu_count()} logical cores, torch threads {torch.get_num_threads()}, "
                 f"capability {torch.backends.cpu.get_cpu_capability()}, bf16 flags: {', '.join(bf16) or 'none'}"),
+        *([("GPU", f"{torch.cuda.get_device_name(torch.device(s.device))}, CUDA {torch.version.cuda}")]
+          if s.device != "cpu" else []),
         ("OS", platform.platform()), ("Python", platform.python_version()), ("torch", torch.__version__),
         ("transformers", _version("transformers")), ("x-transformers", _version("x-transformers")),
         ("nanoGPT", nano), ("date", time.strftime("%Y-%m-%d %H:%M %Z")), ("load average at start", _load()),
@@ -1295,6 +1333,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's default)")
     p.add_argument("--text", default=None, help="ttt: the text file both sides train on (e.g. tinyshakespeare.txt)")
     p.add_argument("--ttt-pairs", type=int, default=None, help="ttt: rounds of every contender (default 3)")
+    p.add_argument("--device", default="cpu", help="cpu, or cuda / cuda:N for the mfu section on a GPU")
+    p.add_argument("--peak-tflops", type=float, default=None,
+                   help="a datasheet's dense bf16 peak in TFLOP/s (e.g. 989 for an H100 SXM): MFU against it too")
     p.add_argument("--memory-steps", type=int, default=None, help=argparse.SUPPRESS)
     p.add_argument("--memory-probe", default=None, help=argparse.SUPPRESS)  # SHAPE:VARIANT, internal
     p.add_argument("--bare-loop", type=int, default=None, help=argparse.SUPPRESS)  # internal
@@ -1333,6 +1374,17 @@ def settings_from_args(a: argparse.Namespace) -> Settings:
         over["ttt_pairs"] = a.ttt_pairs
     over["train_args"] = tuple(shlex.split(a.train_args))
     over["threads"] = a.threads
+    over["device"], over["peak_tflops"] = a.device, a.peak_tflops
+    if not re.fullmatch(r"cpu|cuda(:\d+)?", a.device):
+        raise SystemExit(f"--device: unknown '{a.device}'; valid: cpu, cuda, cuda:N")
+    if a.device != "cpu":
+        if not torch.cuda.is_available():
+            raise SystemExit(f"--device: '{a.device}' but this machine has no CUDA GPU; valid here: cpu")
+        bad = [x for x in a.only.split(",") if x and x != "mfu"]
+        if bad:
+            raise SystemExit(f"--only: section '{bad[0]}' runs on CPU only; valid with --device {a.device}: mfu")
+        if not a.quick:
+            over["matmul_n"] = 8192  # a GPU's peak needs a large product (2048 is launch-bound)
     return Settings.quick_run(**over) if a.quick else Settings(**over)
 
 
@@ -1397,6 +1449,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     s = settings_from_args(a)
     if a.threads:
         torch.set_num_threads(a.threads)
+    if s.device != "cpu":
+        torch.backends.cuda.matmul.allow_tf32 = True  # as trainer=gpu's tf32=true
     if a.memory_probe:
         shape_name, key = a.memory_probe.split(":", 1)
         print(json.dumps(memory_probe(shape_name, key, s)))

@@ -63,6 +63,7 @@ class OptimConfig:
     weight_decay: float = 0.1  # decoupled (AdamW), on weight matrices only
     betas: list[float] = field(default_factory=lambda: [0.9, 0.99])
     eps: float = 1.0e-8
+    fused: bool | None = None  # AdamW's fused kernel; null: fused when the weights are on a CUDA GPU
 
 
 @dataclass
@@ -92,6 +93,7 @@ class ZooConfig:
     optimized_metric: str | None = None  # set by hparams_search presets: the final metric the sweeper optimises
     compile: bool = False  # torch.compile the model (first steps slower, then faster)
     init_from: str | None = None  # hf:<model id or dir>: start from its weights (zoo/training/pretrained.py)
+    tf32: bool = True  # float32 matmuls and convolutions on a CUDA GPU use TF32 tensor cores; no effect on CPU
     ckpt_path: str | None = None  # a .ckpt to resume from, or `last` for <run dir>/checkpoints/last.ckpt
     overwrite: bool = False  # true: a fresh run may replace the run already in its directory (else refused)
     budget: str | None = None  # params: resize d_ff so every FFN / attention variant matches the baseline's size;

@@ -6,6 +6,7 @@ import math
 
 import lightning as L
 import torch
+from lightning.pytorch.plugins.precision import Precision
 from torch import nn
 
 from zoo.build import build_model
@@ -77,6 +78,26 @@ class ZooModule(L.LightningModule):
             for split, key in (("val", "exact_match"), ("test", "exact_match_long")):
                 self.log(key, self.objective.exact_match(self.model, data.splits[split][:n]), prog_bar=True)
 
+    def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None) -> None:
+        """trainer.gradient_clip_val where Lightning's own clipping refuses:
+        - a fused AdamW (trainer=gpu's default) under mixed precision: Lightning leaves its gradients scaled for
+          its step() to unscale. bf16 has no scaler, so they are true gradients; float16's scaler unscales them
+          here first (its step then knows). Then they are clipped as every other run clips them.
+        - FSDP (trainer=fsdp): each rank holds a shard of the gradients, so the norm is the root module's
+          clip_grad_norm_, over every shard (torch.nn.utils' would see one)."""
+        root = self.trainer.strategy.model
+        fsdp = hasattr(root, "clip_grad_norm_") and gradient_clip_algorithm in (None, "norm")
+        fused = getattr(optimizer, "_step_supports_amp_scaling", False)
+        if not gradient_clip_val or not (fsdp or fused):
+            return self.clip_gradients(optimizer, gradient_clip_val, gradient_clip_algorithm)
+        plugin = self.trainer.precision_plugin
+        if fused and getattr(plugin, "scaler", None) is not None:
+            plugin.scaler.unscale_(optimizer)
+        if fsdp:
+            root.clip_grad_norm_(gradient_clip_val)
+        else:
+            Precision.clip_gradients(plugin, optimizer, gradient_clip_val, gradient_clip_algorithm)
+
     def configure_optimizers(self):
         opt = self.cfg["optim"]
         # Decoupled weight decay on matrices only: norms, biases and embeddings are not decayed.
@@ -88,10 +109,19 @@ class ZooModule(L.LightningModule):
         optimizer = torch.optim.AdamW(
             [{"params": decay, "weight_decay": opt["weight_decay"]}, {"params": no_decay, "weight_decay": 0.0}],
             lr=opt["lr"], betas=tuple(opt["betas"]), eps=opt.get("eps", OptimConfig.eps),
+            **adamw_implementation(opt.get("fused"), next(self.model.parameters()).device),
         )
         schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(
             opt["warmup_steps"], self.cfg["trainer"]["max_steps"], opt["min_lr"] / opt["lr"]))
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}
+
+
+def adamw_implementation(fused: bool | None, device: torch.device) -> dict:
+    """AdamW's implementation for weights on `device`, as keyword arguments: optim.fused=true or false as set;
+    null: the fused kernel (one launch for all parameters) on a CUDA GPU, else torch's default (foreach)."""
+    if fused is None:
+        fused = device.type == "cuda"
+    return {"fused": True} if fused else {}
 
 
 def lr_lambda(warmup: int, total: int, min_ratio: float):

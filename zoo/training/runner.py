@@ -6,6 +6,7 @@ and summary.json, whatever happened: a diverged or failed run still writes its s
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import json
 import logging
@@ -177,13 +178,14 @@ def _run(cfg: DictConfig, run_dir: Path, start: float, state: dict) -> int:
         _print_banner(plain, data, trainer, run_dir, ckpt, ckpt_step)
     status = "completed"
     state["training"] = True
-    trainer.fit(module, datamodule=data, ckpt_path=ckpt, weights_only=True)
-    if trainer.interrupted or stop.signal is not None:
-        status = "interrupted"
-    if guard.step is not None:
-        status = "diverged"
-    elif status == "completed" and (not best.final or best.final["step"] != trainer.global_step):
-        trainer.validate(module, datamodule=data, verbose=False)  # the final evaluation
+    with tf32_matmuls(plain.get("tf32", True) and trainer.strategy.root_device.type == "cuda"):
+        trainer.fit(module, datamodule=data, ckpt_path=ckpt, weights_only=True)
+        if trainer.interrupted or stop.signal is not None:
+            status = "interrupted"
+        if guard.step is not None:
+            status = "diverged"
+        elif status == "completed" and (not best.final or best.final["step"] != trainer.global_step):
+            trainer.validate(module, datamodule=data, verbose=False)  # the final evaluation
 
     summary = _summary(plain, data, trainer, throughput, best, status, guard.step)
     if trainer.is_global_zero:
@@ -195,6 +197,21 @@ def _run(cfg: DictConfig, run_dir: Path, start: float, state: dict) -> int:
         if status == "completed" and plain["sample"]["max_new_tokens"] > 0:
             _print_sample(module, data, plain)
     return {"completed": EXIT_OK, "diverged": EXIT_DIVERGED}.get(status, EXIT_INTERRUPTED)
+
+
+@contextlib.contextmanager
+def tf32_matmuls(enabled: bool):
+    """tf32=true on a CUDA GPU: float32 matrix products use TF32 tensor cores (10-bit mantissa inputs, float32
+    sums), several times faster on Ampere and later. Only the CUDA flag is set: torch.set_float32_matmul_precision
+    would also switch oneDNN's CPU matmuls, and CPU runs must keep their float32 results. (cuDNN convolutions
+    use TF32 by default.) The previous setting comes back afterwards."""
+    before = torch.backends.cuda.matmul.allow_tf32
+    if enabled:
+        torch.backends.cuda.matmul.allow_tf32 = True
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = before
 
 
 def _remove_run(run_dir: Path) -> None:
@@ -445,6 +462,8 @@ def _print_banner(plain: dict, data, trainer, run_dir: Path, ckpt: str | None, c
     device = f"{trainer.num_devices}x {trainer.strategy.root_device.type}"
     n = torch.get_num_threads()
     threads = f", {n} thread{'s' * (n > 1)}" if trainer.strategy.root_device.type == "cpu" else ""
+    if trainer.strategy.root_device.type == "cuda" and plain.get("tf32", True):
+        threads = ", TF32 matmuls"
     resumed = f"; resuming from {ckpt} at step {ckpt_step}" if ckpt else ""  # step read once, when checked
     print(f"{m['name']} ({parts}): {params / 1e6:.2f}M parameters{active}, {flops / 1e6:.1f} MFLOPs per token "
           f"(training), {plain['trainer']['max_steps']} steps\nprecision "

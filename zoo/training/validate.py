@@ -53,6 +53,8 @@ def check_optim(opt: dict) -> None:
         _fail("optim.betas", betas, "two numbers in [0, 1), e.g. [0.9, 0.99]")
     if "eps" in opt and (not is_number(opt["eps"]) or opt["eps"] <= 0):
         _fail("optim.eps", opt["eps"], "a finite number > 0")
+    if not (opt.get("fused") is None or isinstance(opt["fused"], bool)):  # 1 == True: ask the type
+        _fail("optim.fused", opt["fused"], "true, false, or null (fused on a CUDA GPU)")
 
 
 def _cuda_count() -> int:
@@ -259,8 +261,9 @@ def check_run(plain: dict) -> None:
         if not isinstance(plain.get(section), dict):
             _fail(section, plain.get(section), f"a mapping of {section} settings (see zoo/schema.py)")
     check_seed(plain.get("seed"))
-    if not isinstance(plain.get("compile", False), bool):
-        _fail("compile", plain.get("compile"), "true or false")
+    for key in ("compile", "tf32"):
+        if not isinstance(plain.get(key, False), bool):
+            _fail(key, plain.get(key), "true or false")
     ckpt = plain.get("ckpt_path")
     if ckpt is not None and not isinstance(ckpt, str):
         _fail("ckpt_path", ckpt, "a .ckpt path, last, or null")
