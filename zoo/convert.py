@@ -48,8 +48,8 @@ Mapping notes
   tensor of the file's dtype (no mmap, so nothing of the file stays resident). The parts of a fused
   projection (q, k, v) are read straight into their rows of one tensor; a tensor read whole becomes the
   zoo parameter as it is (no second copy); nothing read is kept after it is written. Peak memory is
-  about the weights once: +1.0x to +1.1x RSS over the imports for a 1.1B Llama in bf16 (`python -m
-  zoo.bench --only convert`; transformers' path + convert: +2.0x). A tensor missing from the files is
+  the weights once: RSS growth over the imports 1.01x the weights for a 1.1B Llama in bf16 (`python -m
+  zoo.bench --only convert`; transformers' path + convert: 2.01x). A tensor missing from the files is
   an error naming it (transformers would initialise it randomly). Ties follow the checkpoint, as in
   transformers: two tied names stored with different values are untied.
 - Dropout: zoo has one rate for every site; it is set from the model's main (residual) dropout.
