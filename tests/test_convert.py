@@ -316,8 +316,8 @@ def test_unsupported_class_raises():
 
 def test_copier_reports_unwritten_and_double_writes():
     hf = hf_gpt2()
-    zoo_model = convert(hf)
-    copier = _Copier(zoo_model, hf)
+    copier = _Copier(hf)
+    zoo_model = copier.build(config_from_hf(hf.config))  # parameters on meta, nothing written yet
     with pytest.raises(RuntimeError, match="never written: .*decoder.blocks.0.attn.f.qkv.weight"):
         copier.finish()
     with torch.no_grad():
@@ -404,3 +404,160 @@ def test_converted_parameters_share_no_storage_with_the_hf_model(kind):
     assert not [n for n, p in zoo_model.named_parameters() if p.untyped_storage().data_ptr() in hf_storage]
     if zoo_model.cfg["tie_embeddings"]:
         assert zoo_model.head.weight is zoo_model.embed.weight
+
+
+# ------------------------------------------------------- from_pretrained: a safetensors directory, read directly
+
+SAVES = {"single": {}, "sharded": {"max_shard_size": "20KB"}, "sharded_bf16": {"max_shard_size": "20KB"}}
+
+
+def _no_hf_load(*a, **kw):
+    raise AssertionError("transformers' from_pretrained was called")
+
+
+def _state(model):
+    return {k: v for k, v in model.state_dict(keep_vars=True).items()}
+
+
+def assert_same_model(got, want):
+    """Every parameter and buffer bitwise equal, dtype included; tied parameters tied alike."""
+    g, w = _state(got), _state(want)
+    assert g.keys() == w.keys()
+    for k in g:
+        assert g[k].dtype == w[k].dtype and torch.equal(g[k], w[k]), k
+    assert got.cfg == want.cfg
+    assert (got.head.weight is got.embed.weight) == (want.head.weight is want.embed.weight)
+
+
+@pytest.mark.parametrize("save", SAVES)
+@pytest.mark.parametrize("kind", MAKERS)
+def test_from_pretrained_reads_safetensors_directly_with_the_result_of_transformers_path(kind, save, tmp_path, ids,
+                                                                                        monkeypatch):
+    """A saved checkpoint gives the same zoo model both ways: read tensor by tensor onto a meta skeleton, or loaded
+    by transformers and converted. Nothing read from the file is kept beyond the zoo parameters it became, and
+    those are the tensors read (not copies of them)."""
+    import gc
+    import weakref
+
+    import zoo.build
+    from zoo.convert import _Safetensors, from_pretrained
+
+    hf = MAKERS[kind]()
+    dtype = torch.bfloat16 if save.endswith("bf16") else torch.float32
+    hf = hf.to(dtype)
+    hf.save_pretrained(tmp_path, **SAVES[save])
+    assert (tmp_path / "model.safetensors.index.json").is_file() == save.startswith("sharded")
+    reference = convert(type(hf).from_pretrained(tmp_path).eval())  # today's path: transformers, then convert
+
+    reads = []
+    read = _Safetensors.read
+
+    def spy(self, name, out=None):
+        t = read(self, name, out)
+        reads.append((name, t.data_ptr(), weakref.ref(t)))
+        return t
+
+    prepare = _Safetensors.prepare
+
+    def prepare_spy(self, skeleton):  # the skeleton's buffers (BART's final_logits_bias) are its own to keep
+        prepare(self, skeleton)
+        reads.clear()
+
+    def no_init(*a, **kw):
+        raise AssertionError("conversion ran the zoo's random initialisation")
+
+    kept = []
+    assign = _Copier.assign
+
+    def check_then_assign(self, *a):  # all values written: a read tensor alive now is one of them, or kept
+        gc.collect()
+        written = {v.untyped_storage().data_ptr() for v in self.values.values()}
+        kept.append([name for name, _, r in reads if r() is not None and r().untyped_storage().data_ptr()
+                     not in written])
+        return assign(self, *a)
+
+    monkeypatch.setattr(_Copier, "assign", check_then_assign)
+    monkeypatch.setattr(_Safetensors, "read", spy)
+    monkeypatch.setattr(_Safetensors, "prepare", prepare_spy)
+    monkeypatch.setattr(transformers.PreTrainedModel, "from_pretrained", classmethod(_no_hf_load))
+    monkeypatch.setattr(zoo.build, "init_weights", no_init)
+    zoo_model = from_pretrained(tmp_path)
+    assert_same_model(zoo_model, reference)
+    assert {p.dtype for p in zoo_model.parameters()} == {dtype}
+    assert not zoo_model.training
+    assert kept == [[]], f"tensors read from the file and kept after their values were written: {kept}"
+    assert zoo_model.embed.weight.data_ptr() in {ptr for _, ptr, _ in reads}, "the embedding was copied"
+
+    with torch.no_grad():
+        got, want = _forward(kind, zoo_model, ids, hf), _forward(kind, None, ids, hf)
+        assert torch.equal(got, _forward(kind, reference, ids, hf))
+    if dtype == torch.float32:
+        torch.testing.assert_close(got, want, atol=ATOL, rtol=0)
+    else:
+        assert got.dtype == torch.bfloat16
+        torch.testing.assert_close(got.float(), want.float(), atol=0.1, rtol=0.05)
+
+
+def test_from_pretrained_reads_a_base_model_checkpoint_without_the_prefix(tmp_path, ids, monkeypatch):
+    """A checkpoint of GPT2Model (keys without `transformer.`) into GPT2LMHeadModel, its head tied to wte."""
+    from zoo.convert import from_pretrained
+
+    hf = hf_gpt2()
+    hf.transformer.save_pretrained(tmp_path)
+    reference = convert(transformers.GPT2LMHeadModel.from_pretrained(tmp_path).eval())
+    monkeypatch.setattr(transformers.PreTrainedModel, "from_pretrained", classmethod(_no_hf_load))
+    zoo_model = from_pretrained(tmp_path)
+    assert_same_model(zoo_model, reference)
+    with torch.no_grad():
+        torch.testing.assert_close(zoo_model(ids), hf(ids).logits, atol=ATOL, rtol=0)
+
+
+def test_from_pretrained_without_safetensors_or_with_other_arguments_uses_transformers(tmp_path, ids):
+    from zoo.convert import from_pretrained
+
+    hf = hf_bart()
+    torch.save(hf.state_dict(), tmp_path / "pytorch_model.bin")
+    hf.config.save_pretrained(tmp_path)
+    zoo_model = from_pretrained(tmp_path)
+    tgt = ids[:, :7]
+    with torch.no_grad():
+        torch.testing.assert_close(zoo_model(ids, tgt), hf(input_ids=ids, decoder_input_ids=tgt).logits,
+                                   atol=ATOL, rtol=0)
+    hf.to(torch.bfloat16).save_pretrained(tmp_path / "st")
+    as_float = from_pretrained(tmp_path / "st", dtype=torch.float32)  # transformers casts: float32 out
+    assert {p.dtype for p in as_float.parameters()} == {torch.float32}
+
+
+def test_a_tensor_missing_from_the_file_is_named_in_a_one_line_error(tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    from zoo.convert import from_pretrained
+
+    hf_llama().save_pretrained(tmp_path)
+    tensors = load_file(tmp_path / "model.safetensors")
+    del tensors["model.layers.1.mlp.up_proj.weight"]
+    save_file(tensors, tmp_path / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(ConversionError, match=r"tensor 'model.layers.1.mlp.up_proj.weight' is not in") as err:
+        from_pretrained(tmp_path)
+    assert "\n" not in str(err.value) and str(tmp_path) in str(err.value)
+
+
+def test_safetensors_reader_equals_the_safetensors_library(tmp_path):
+    """zoo's own header parsing and reads, against the safetensors library on every dtype and odd shapes."""
+    from safetensors.torch import load_file, save_file
+
+    from zoo.convert import _Safetensors
+
+    g = torch.Generator().manual_seed(0)
+    tensors = {f"{dt}".removeprefix("torch."): (torch.randn(3, 5, generator=g) * 100).to(dt)
+               for dt in (torch.float64, torch.float32, torch.float16, torch.bfloat16, torch.int64, torch.int32,
+                          torch.int16, torch.int8, torch.uint8, torch.float8_e4m3fn, torch.float8_e5m2)}
+    tensors.update(scalar=torch.tensor(2.5), empty=torch.zeros(0, 4), flags=torch.rand(7, generator=g) > 0.5,
+                   wide=torch.randn(2, 3, 4, 5, generator=g))
+    save_file(tensors, tmp_path / "model.safetensors", metadata={"format": "pt"})
+    files, want = _Safetensors(tmp_path), load_file(tmp_path / "model.safetensors")
+    assert set(files.entries) == set(want)
+    for name, t in want.items():
+        got = files.read(name)
+        assert got.dtype == t.dtype and got.shape == t.shape and torch.equal(got.view(-1).view(torch.uint8),
+                                                                              t.view(-1).view(torch.uint8)), name

@@ -21,6 +21,8 @@ Sections (pick with `--only train,compile,...`; default: all):
             (`--text PATH`, e.g. tinyshakespeare) and the same recipe, back to back, from process start;
 - data      `zoo-prepare` throughput against the tokenizer's own batch encode (byte-level BPE and char), and
             data=tokens batches per second at the GPT-2 small shape against a training step at that shape.
+- convert   peak memory and time of `zoo.convert.from_pretrained` on a random ~1B-parameter Llama saved in
+            bf16 safetensors (straight onto the meta device), against transformers' from_pretrained + convert.
 
 Timing: every contender is warmed up, then the contenders of a group run round-robin (A B C A B C ...,
 the starting contender rotating each round), so slow drifts of a shared, noisy machine hit all of them
@@ -46,6 +48,7 @@ import math
 import os
 import platform
 import re
+import resource
 import shlex
 import shutil
 import statistics
@@ -68,7 +71,8 @@ from zoo.generate import generate
 from zoo.io import atomic_write_text
 from zoo.layers.ffn import default_d_ff
 
-SECTIONS = ("train", "compile", "generate", "kv", "norm", "mfu", "memory", "overhead", "precision", "ttt", "data")
+SECTIONS = ("train", "compile", "generate", "kv", "norm", "mfu", "memory", "overhead", "precision", "ttt", "data",
+            "convert")
 PEERS = ("zoo", "hf", "xt", "nanogpt")
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -128,6 +132,7 @@ class Settings:
     ttt_pairs: int = 3
     ttt_target: float = 1.886  # the val loss nanoGPT's Shakespeare-char CPU recipe ends at (its README: ~1.88)
     ttt_steps: int | None = None  # None: the recipe's 2000; a smoke run shortens both sides
+    convert_llama: str = "1b"  # a key of CONVERT_LLAMAS
     train_args: tuple[str, ...] = ()
     nanogpt: Path | None = None
     threads: int | None = None  # torch.set_num_threads; None leaves torch's default
@@ -141,7 +146,7 @@ class Settings:
         base = dict(warmup=1, min_rounds=3, max_rounds=3, target_s=0.0, gen_contexts=(64, 128, 256),
                     gen_new_tokens=4, gen_rounds=2, kv_context=256, matmul_n=1024, matmul_repeats=3,
                     memory_steps=1, overhead_steps=20, precision_steps=4, ttt_pairs=1, ttt_steps=20,
-                    ttt_target=10.0, quick=True)  # a smoke run cannot reach a real loss target
+                    ttt_target=10.0, convert_llama="tiny", quick=True)  # a smoke run cannot reach a real loss target
         return cls(**{**base, **over})
 
 
@@ -1238,10 +1243,135 @@ def _gpt2_step_seconds(shape: Shape, s: Settings) -> float:
     return shape.batch * min(time_call(run.step) for _ in range(1 if s.quick else 2))
 
 
+# --- conversion: safetensors straight onto the meta device, one subprocess per path -------------
+
+CONVERT_LLAMAS = {  # LlamaConfig fields; "1b" is TinyLlama-1.1B's shape
+    "1b": dict(hidden_size=2048, intermediate_size=5632, num_hidden_layers=22, num_attention_heads=32,
+               num_key_value_heads=4, vocab_size=32000),
+    "small": dict(hidden_size=1024, intermediate_size=2816, num_hidden_layers=8, num_attention_heads=16,
+                  num_key_value_heads=4, vocab_size=16000),  # tests only: big enough that the ratio means something
+    "tiny": dict(hidden_size=64, intermediate_size=176, num_hidden_layers=2, num_attention_heads=4,
+                 num_key_value_heads=2, vocab_size=512),  # tests only
+}
+CONVERT_PATHS = {"direct": "zoo.convert.from_pretrained(dir): safetensors read onto a meta skeleton",
+                 "transformers": "LlamaForCausalLM.from_pretrained(dir), then zoo.convert.convert"}
+
+
+def random_llama(shape: str) -> nn.Module:
+    """A Llama of CONVERT_LLAMAS[shape] in bf16 on the meta device (no memory yet; see save_random_llama)."""
+    tf = _require("transformers")
+    config = tf.LlamaConfig(**CONVERT_LLAMAS[shape], tie_word_embeddings=False, dtype="bfloat16")
+    with torch.device("meta"):
+        return tf.LlamaForCausalLM(config).to(torch.bfloat16)
+
+
+def save_random_llama(model: nn.Module, directory: Path, shard: str = "500MB") -> None:
+    """Save a meta model with random weights, made cheaply: memory without init (`to_empty`), then one
+    normal_ fill per tensor; sharded safetensors in the model's dtype."""
+    model = model.to_empty(device="cpu")
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0.0, 0.02, generator=g)
+    model.save_pretrained(directory, max_shard_size=shard)
+
+
+def convert_probe(directory: str, path: str) -> dict:
+    """Run in a fresh process: RSS before and at the peak of one conversion of `directory` by `path`."""
+    import transformers
+
+    from zoo.convert import convert, from_pretrained
+
+    transformers.logging.set_verbosity_error()
+    transformers.LlamaForCausalLM  # noqa: B018 (imports the model code before the baseline)
+    gc.collect()
+    baseline = _status_kib("VmRSS")
+    try:  # "5" resets VmHWM to the current RSS; ru_maxrss is never reset (it holds the imports' peak too)
+        Path("/proc/self/clear_refs").write_text("5")
+    except OSError:
+        pass
+    t0 = time.perf_counter()
+    if path == "direct":
+        model = from_pretrained(directory)
+    else:
+        model = convert(transformers.LlamaForCausalLM.from_pretrained(directory).eval())
+    wall = time.perf_counter() - t0
+    return dict(baseline_mib=baseline / 1024, hwm_mib=_status_kib("VmHWM") / 1024,
+                maxrss_mib=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, wall_s=wall,
+                dtypes=sorted({str(p.dtype).removeprefix("torch.") for p in model.parameters()}),
+                params=sum(p.numel() for p in model.parameters()))
+
+
+def _available_mib() -> float:
+    text = Path("/proc/meminfo").read_text()
+    return int(re.search(r"^MemAvailable:\s+(\d+)", text, re.M).group(1)) / 1024
+
+
+def section_convert(sess: Session) -> str:
+    s = sess.settings
+    head = "## Conversion from safetensors"
+    if not Path("/proc/self/status").exists():
+        return f"{head}\n\nskipped: needs Linux /proc to read the resident set size.\n"
+    try:
+        _require("transformers")
+    except NotInstalled as e:
+        return f"{head}\n\nskipped: {e}\n"
+    shape = CONVERT_LLAMAS[s.convert_llama]
+    rows, results = [], {}
+    model = random_llama(s.convert_llama)
+    params = sum(p.numel() for p in model.parameters())
+    size = sum(p.numel() * p.element_size() for p in model.parameters())
+    size_mib = size / 2**20
+    need = 4 * size_mib + 2048  # the transformers path holds two copies, plus the interpreters
+    if _available_mib() < need:
+        return f"{head}\n\nskipped: {_available_mib():.0f} MiB available, about {need:.0f} MiB needed.\n"
+    with tempfile.TemporaryDirectory(prefix="zoo-bench-convert-") as tmp:
+        t0 = time.perf_counter()
+        save_random_llama(model, Path(tmp))
+        del model
+        gc.collect()
+        make_s = time.perf_counter() - t0
+        shards = len(list(Path(tmp).glob("*.safetensors")))
+        for path in CONVERT_PATHS:
+            cmd = [sys.executable, "-m", "zoo.bench", "--convert-probe", f"{path}:{tmp}"]
+            if s.threads:
+                cmd += ["--threads", str(s.threads)]
+            proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=1200, env=_child_env())
+            line = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
+            if proc.returncode != 0 or not line:
+                err = (proc.stderr.strip().splitlines() or ["?"])[-1][:120]
+                rows.append([path, "-", "-", "-", "-", "-", "-", "-", err])
+                continue
+            r = results[path] = json.loads(line[-1])
+            peak = max(r["maxrss_mib"], r["hwm_mib"])
+            r["ratio"] = (peak - r["baseline_mib"]) / size_mib
+            rows.append([path, num(r["baseline_mib"]), num(r["maxrss_mib"]), num(r["hwm_mib"]),
+                         f"{r['ratio']:.2f}x", f"{r['wall_s']:.1f}", ", ".join(r["dtypes"]), r["params"], ""])
+    verdict = ""
+    if s.quick:
+        verdict = " Quick run: at this size the growth is fixed overhead, and the ratio means nothing."
+    elif "direct" in results:
+        ok = results["direct"]["ratio"] <= 1.3
+        verdict = (f" The promise (peak growth at most 1.3x the weights) is {'kept' if ok else '**NOT kept**'}: "
+                   f"{results['direct']['ratio']:.2f}x.")
+    fields = ", ".join(f"{k} {v}" for k, v in shape.items())
+    return "\n".join([
+        head, "",
+        f"A random Llama ({fields}; {params} parameters) saved by transformers' `save_pretrained` in bf16, "
+        f"{shards} safetensors shard(s), {size_mib:.0f} MiB ({size / 1e9:.2f} GB) of weights (made in {make_s:.0f} s: "
+        "built on meta, `to_empty`, one normal_ fill per tensor). Each path runs in a fresh process: import torch, "
+        "transformers (with the Llama model code) and zoo.convert, read the resident set size (`baseline`), reset "
+        "the kernel's peak counter (VmHWM), convert, read `ru_maxrss` (the process's peak since it started, never "
+        "reset) and VmHWM. `growth / weights` = (the larger peak - baseline) / the weights' size." + verdict, "",
+        "\n".join(f"- {k}: {v}" for k, v in CONVERT_PATHS.items()), "",
+        table(["path", "baseline RSS MiB", "peak ru_maxrss MiB", "peak VmHWM MiB", "growth / weights", "wall s",
+               "result dtype", "params", "notes"], rows), ""])
+
+
 RUNNERS: dict[str, Callable[[Session], str]] = {
     "train": section_train, "compile": section_compile, "generate": section_generate, "kv": section_kv,
     "mfu": section_mfu, "memory": section_memory, "overhead": section_overhead, "precision": section_precision,
-    "norm": section_norm, "ttt": section_ttt, "data": section_data,
+    "norm": section_norm, "ttt": section_ttt, "data": section_data, "convert": section_convert,
 }
 
 
@@ -1338,6 +1468,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                    help="a datasheet's dense bf16 peak in TFLOP/s (e.g. 989 for an H100 SXM): MFU against it too")
     p.add_argument("--memory-steps", type=int, default=None, help=argparse.SUPPRESS)
     p.add_argument("--memory-probe", default=None, help=argparse.SUPPRESS)  # SHAPE:VARIANT, internal
+    p.add_argument("--convert-probe", default=None, help=argparse.SUPPRESS)  # PATH:DIRECTORY, internal
     p.add_argument("--bare-loop", type=int, default=None, help=argparse.SUPPRESS)  # internal
     p.add_argument("--bare-spec", default=None, help=argparse.SUPPRESS)  # internal: JSON for bare_loop
     p.add_argument("--spawned-at", type=float, default=None, help=argparse.SUPPRESS)  # internal
@@ -1454,6 +1585,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if a.memory_probe:
         shape_name, key = a.memory_probe.split(":", 1)
         print(json.dumps(memory_probe(shape_name, key, s)))
+        return 0
+    if a.convert_probe:
+        path, directory = a.convert_probe.split(":", 1)
+        print(json.dumps(convert_probe(directory, path)))
         return 0
     if a.bare_loop:
         spec = json.loads(a.bare_spec) if a.bare_spec else None

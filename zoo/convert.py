@@ -11,7 +11,8 @@ API
   name); per model: `gpt2_from_hf` (GPT2LMHeadModel), `bert_from_hf` (BertForMaskedLM),
   `llama_from_hf` (LlamaForCausalLM), `bart_from_hf` (BartForConditionalGeneration),
   `t5_from_hf` (T5ForConditionalGeneration: the original T5 and T5 v1.1).
-- `from_pretrained(name_or_path, **kw)`: load with transformers, then convert.
+- `from_pretrained(name_or_path, **kw)`: a local directory of safetensors is read directly (below);
+  anything else (a hub name, `pytorch_model.bin`, extra `kw`) is loaded with transformers, then converted.
 
 Every zoo parameter must be written exactly once and every HF parameter read (or explicitly set
 aside, see below), so a missed weight is an error, never a silent random init. A config the zoo
@@ -37,8 +38,20 @@ Mapping notes
   older transformers): folded into the decoder's final norm gain. v1.1's gated-gelu is `geglu_tanh`.
   `d_kv * num_heads` must equal d_model (zoo's head size is d_model / n_heads).
 - Memory and precision: the zoo model is built with its parameters on the meta device (no memory,
-  no random init), and the HF tensors are then assigned in their own dtype and device, so a bf16 or
-  float64 checkpoint is never staged through float32 and converting needs the HF model plus one copy.
+  no random init), and the source tensors are assigned in their own dtype and device: a bf16 or
+  float64 checkpoint is never staged through float32. `convert(hf_model)` needs the HF model plus one
+  copy. `from_pretrained(directory)` on `model.safetensors` (or shards with
+  `model.safetensors.index.json`) never makes the HF model: it builds its skeleton with parameters on
+  meta (its own init is then a no-op; persistent buffers such as BART's final_logits_bias are read
+  from the file), and each tensor is read when the converter takes it (by parameter name, or without
+  the `base_model_prefix`; tied parameters by any of their names), with plain file reads into a new
+  tensor of the file's dtype (no mmap, so nothing of the file stays resident). The parts of a fused
+  projection (q, k, v) are read straight into their rows of one tensor; a tensor read whole becomes the
+  zoo parameter as it is (no second copy); nothing read is kept after it is written. Peak memory is
+  the weights once: RSS growth over the imports 1.01x the weights for a 1.1B Llama in bf16 (`python -m
+  zoo.bench --only convert`; transformers' path + convert: 2.01x). A tensor missing from the files is
+  an error naming it (transformers would initialise it randomly). Ties follow the checkpoint, as in
+  transformers: two tied names stored with different values are untied.
 - Dropout: zoo has one rate for every site; it is set from the model's main (residual) dropout.
   This only matters for training; in eval mode the outputs match exactly.
 - `transformers` is imported lazily (it is the optional `hf` extra): `import zoo.convert` works
@@ -47,8 +60,13 @@ Mapping notes
 
 from __future__ import annotations
 
+import json
+import os
+import struct
+import sys
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -249,34 +267,189 @@ def config_from_hf(hf_config: Any) -> dict:
 # ---------------------------------------------------------------------------------- weight copying
 
 
+class _Safetensors:
+    """The tensors of a checkpoint directory's safetensors file(s) (one, or shards listed in
+    `model.safetensors.index.json`), each read on demand into a fresh tensor of the file's dtype.
+
+    The format: an 8-byte little-endian header length, a JSON header giving each tensor's dtype, shape
+    and data_offsets (counted from the end of the header), then the raw little-endian bytes. Plain file
+    reads, no mmap: once a tensor is read, nothing of the file stays in the process."""
+
+    INDEX, SINGLE = "model.safetensors.index.json", "model.safetensors"
+    DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
+              "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
+              "BOOL": torch.bool, "F8_E4M3": torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2}
+
+    @classmethod
+    def present(cls, directory: Path) -> bool:
+        return (directory / cls.INDEX).is_file() or (directory / cls.SINGLE).is_file()
+
+    def __init__(self, directory: Path):
+        self.directory = directory
+        index = directory / self.INDEX
+        files = sorted(set(json.loads(index.read_text())["weight_map"].values())) if index.is_file() else [self.SINGLE]
+        # name -> (file, byte offset, dtype, shape, byte count)
+        self.entries: dict[str, tuple[Path, int, torch.dtype, tuple[int, ...], int]] = {}
+        for file in files:
+            path = directory / file
+            with open(path, "rb") as f:
+                (n,) = struct.unpack("<Q", f.read(8))
+                header = json.loads(f.read(n))
+            for name, e in header.items():
+                if name == "__metadata__":
+                    continue
+                _need(e["dtype"] in self.DTYPES, str(path), f"tensor {name!r} has dtype {e['dtype']}; "
+                      f"supported: {', '.join(self.DTYPES)}")
+                begin, end = e["data_offsets"]
+                self.entries[name] = (path, 8 + n + begin, self.DTYPES[e["dtype"]], tuple(e["shape"]), end - begin)
+
+    def dtype(self, name: str) -> torch.dtype:
+        return self.entries[name][2]
+
+    def read(self, name: str, out: torch.Tensor | None = None) -> torch.Tensor:
+        """A new tensor holding `name`, or `out` (contiguous, of its shape and dtype) filled with it."""
+        path, offset, dtype, shape, size = self.entries[name]
+        t = torch.empty(shape, dtype=dtype) if out is None else out
+        if tuple(t.shape) != shape or t.dtype != dtype or not t.is_contiguous():
+            raise RuntimeError(f"conversion bug: reading {name} {list(shape)} {dtype} into {list(t.shape)} {t.dtype}")
+        _need(size == t.numel() * t.element_size(), str(path), f"tensor {name!r} has {size} bytes, "
+              f"its shape {list(shape)} and dtype need {t.numel() * t.element_size()}")
+        view = memoryview(t.reshape(-1).view(torch.uint8).numpy())
+        with open(path, "rb", buffering=0) as f:
+            f.seek(offset)
+            done = 0
+            while done < size:  # one read returns at most ~2 GiB on Linux
+                got = f.readinto(view[done:])
+                _need(bool(got), str(path), f"the file ends inside tensor {name!r}")
+                done += got
+        return t
+
+    def key(self, names: list[str], prefix: str) -> str | None:
+        """The file's name for a parameter known by `names` (tied parameters have several): the name
+        itself, or without the model's base prefix (a checkpoint of the base model)."""
+        for n in names:
+            for k in (n, n.removeprefix(prefix)):
+                if k in self.entries:
+                    return k
+        return None
+
+    def prepare(self, hf_model: nn.Module) -> None:
+        """Make a skeleton (parameters on meta) match the file: the persistent buffers found in it (BART's
+        final_logits_bias) are read, and a parameter tied by the config whose names the file stores with
+        different values is untied, as transformers does (the checkpoint, not the config, decides)."""
+        prefix = hf_model.base_model_prefix + "."
+        persistent = set(hf_model.state_dict(keep_vars=True))
+        for name, _ in list(hf_model.named_buffers()):
+            key = self.key([name], prefix)
+            if name in persistent and key is not None:
+                module, _, leaf = name.rpartition(".")
+                hf_model.get_submodule(module)._buffers[leaf] = self.read(key)
+        tied: dict[int, list[tuple[str, nn.Parameter]]] = {}
+        for name, p in hf_model.named_parameters(remove_duplicate=False):
+            tied.setdefault(id(p), []).append((name, p))
+        for named in tied.values():
+            stored = [(name, p) for name, p in named if name in self.entries]
+            if len(stored) < 2:
+                continue
+            first = self.read(stored[0][0])
+            for name, p in stored[1:]:
+                if not torch.equal(first, self.read(name)):
+                    module, _, leaf = name.rpartition(".")
+                    setattr(hf_model.get_submodule(module), leaf,
+                            nn.Parameter(torch.empty_like(p, device="meta"), requires_grad=p.requires_grad))
+
+
 class _Copier:
     """Copies tensors into a zoo model and keeps the books on both sides.
 
     Each zoo parameter must be written exactly once; each HF parameter must be read (`take`) or
     explicitly set aside (`drop`). `finish` raises if either side has leftovers. Writes are kept
-    and assigned as the zoo model's parameters by `assign` (the zoo model may live on the meta device)."""
+    and assigned as the zoo model's parameters by `assign` (the zoo model is built on the meta device).
 
-    def __init__(self, zoo_model: nn.Module, hf_model: nn.Module | None = None):
-        self.zoo_names = {id(p): n for n, p in zoo_model.named_parameters()}
+    An HF parameter on the meta device (a skeleton built by `from_pretrained`) is read from `files`
+    when taken, in the file's dtype; the copier keeps no taken tensor, only the written values."""
+
+    def __init__(self, hf_model: nn.Module | None = None, files: _Safetensors | None = None):
+        self.files = files
+        self.zoo_names: dict[int, str] = {}
         self.written: set[int] = set()
         self.values: dict[int, torch.Tensor] = {}
-        self.hf_names: dict[int, str] = {}
+        self.hf_names: dict[int, list[str]] = {}  # every name of a tied parameter
         self.hf_storage: set[int] = set()
+        self.prefix = ""
+        self.first: torch.Tensor | None = None  # the HF model's first parameter: it sets the zoo model's dtype
         if hf_model is not None:
+            self.prefix = getattr(hf_model, "base_model_prefix", "") + "."
             for n, p in hf_model.named_parameters(remove_duplicate=False):
-                self.hf_names.setdefault(id(p), n)
-                self.hf_storage.add(p.untyped_storage().data_ptr())
+                self.hf_names.setdefault(id(p), []).append(n)
+                if p.device.type != "meta":
+                    self.hf_storage.add(p.untyped_storage().data_ptr())
+                self.first = p if self.first is None else self.first
         self.read: set[int] = set()
 
+    def build(self, cfg: dict) -> nn.Module:
+        """The zoo model of `cfg`, its parameters on the meta device: the values come from `write`."""
+        cfg = resolve_config(cfg)
+        with _parameters_on_meta():
+            model = MODEL.get(cfg["name"])(cfg)
+        self.zoo_names = {id(p): n for n, p in model.named_parameters()}
+        return model
+
     # HF side
+    def _key(self, p: torch.Tensor) -> str:
+        names = self.hf_names.get(id(p), ["?"])
+        if self.files is None:
+            raise RuntimeError(f"conversion bug: HF parameter {names[0]} is on the meta device and there is no file")
+        key = self.files.key(names, self.prefix)
+        _need(key is not None, str(self.files.directory),
+              f"tensor {names[0]!r} is not in its safetensors file(s)")
+        return key
+
+    def peek(self, p: torch.Tensor) -> torch.Tensor:
+        """An HF parameter's value without marking it read (a meta one is read from the file, fresh)."""
+        return self.files.read(self._key(p)) if p.device.type == "meta" else p.detach()
+
     def take(self, p: torch.Tensor) -> torch.Tensor:
         self.read.add(id(p))
-        return p.detach()
+        return self.peek(p)
+
+    def take_rows(self, ps: list[torch.Tensor]) -> torch.Tensor:
+        """The row-wise concatenation of HF parameters (a fused projection's parts). Parts in the file are
+        read straight into their rows of one new tensor: no parts to free afterwards (freed parts leave
+        holes in the heap that later, larger tensors cannot reuse: about 10% more memory on a 1B Llama).
+        One part is taken as it is (no copy)."""
+        if len(ps) == 1:
+            return self.take(ps[0])
+        if self.files is None or any(p.device.type != "meta" for p in ps):
+            return torch.cat([self.take(p) for p in ps], dim=0)
+        keys = [self._key(p) for p in ps]
+        parts = [self.files.entries[k] for k in keys]  # (file, offset, dtype, shape, bytes)
+        if len({(e[2], e[3][1:]) for e in parts}) > 1:  # mixed dtypes or widths: torch.cat's rules apply
+            return torch.cat([self.take(p) for p in ps], dim=0)
+        out = torch.empty((sum(e[3][0] for e in parts), *parts[0][3][1:]), dtype=parts[0][2])
+        row = 0
+        for p, key, e in zip(ps, keys, parts, strict=True):
+            self.read.add(id(p))
+            self.files.read(key, out=out[row:row + e[3][0]])
+            row += e[3][0]
+        return out
+
+    def same(self, a: torch.Tensor, b: torch.Tensor) -> bool:
+        """Whether two HF parameters hold equal values (tied ones are the same tensor)."""
+        return a is b or torch.equal(self.peek(a), self.peek(b))
 
     def drop(self, p: torch.Tensor | None) -> None:
         """An HF parameter deliberately not used (e.g. BERT's token-type rows 1.., unused duplicates)."""
         if p is not None:
             self.read.add(id(p))
+
+    def source(self) -> tuple[torch.device, torch.dtype]:
+        """The device and dtype of the HF model's first parameter (for a meta one: the CPU, the file's dtype)."""
+        if self.first is None:
+            raise RuntimeError("conversion bug: the HF model has no parameters")
+        if self.first.device.type == "meta":
+            return torch.device("cpu"), self.files.dtype(self._key(self.first))
+        return self.first.device, self.first.dtype
 
     # zoo side
     def write(self, dst: torch.Tensor, value: torch.Tensor) -> None:
@@ -292,8 +465,11 @@ class _Copier:
 
     def linear(self, dst: nn.Linear, *srcs: nn.Module, conv1d: bool = False) -> None:
         """dst <- the row-wise concatenation of srcs (several for a fused projection)."""
-        w = [self.take(s.weight) for s in srcs]
-        self.write(dst.weight, torch.cat([t.t() for t in w] if conv1d else w, dim=0))
+        if conv1d:  # GPT-2's Conv1D: (in, out), one source; assign makes the transposition contiguous
+            (src,) = srcs
+            self.write(dst.weight, self.take(src.weight).t())
+        else:
+            self.write(dst.weight, self.take_rows([s.weight for s in srcs]))
         biases = [s.bias for s in srcs]
         if dst.bias is None:
             if any(b is not None for b in biases):
@@ -301,7 +477,7 @@ class _Copier:
             return
         if any(b is None for b in biases):
             raise RuntimeError("conversion bug: zoo layer has a bias the HF layer lacks")
-        self.write(dst.bias, torch.cat([self.take(b) for b in biases], dim=0))
+        self.write(dst.bias, self.take_rows(biases))
 
     def norm(self, dst: nn.Module, src: nn.Module) -> None:
         self.write(dst.weight, self.take(src.weight))
@@ -314,9 +490,8 @@ class _Copier:
     def head(self, zoo_model: nn.Module, cfg: dict, out: torch.Tensor, inp: torch.Tensor, m: str) -> None:
         """The output projection weight: shared with the (already written) embedding, or its own."""
         if cfg["tie_embeddings"]:
-            _need(out is inp or torch.equal(out, inp), m,
-                  "tie_word_embeddings is set but the output and input embeddings differ")
-            self.take(out)
+            _need(self.same(out, inp), m, "tie_word_embeddings is set but the output and input embeddings differ")
+            self.drop(out)
         else:
             self.write(zoo_model.head.weight, self.take(out))
 
@@ -324,23 +499,27 @@ class _Copier:
         missing = [n for i, n in self.zoo_names.items() if i not in self.written]
         if missing:
             raise RuntimeError(f"conversion bug: {len(missing)} zoo parameter(s) never written: {', '.join(missing)}")
-        unread = [n for i, n in self.hf_names.items() if i not in self.read]
+        unread = [n[0] for i, n in self.hf_names.items() if i not in self.read]
         if unread:
             raise RuntimeError(f"conversion bug: {len(unread)} HF parameter(s) never read: {', '.join(unread)}")
 
     def assign(self, zoo_model: nn.Module, device: torch.device, dtype: torch.dtype) -> None:
         """Make the written values the zoo model's parameters (tied parameters stay one tensor).
 
-        A value that is an HF parameter itself (or a view of one) is copied, so training the zoo
-        model leaves the HF model alone; concatenations and sums are fresh tensors and are used as they are."""
+        A value that is an HF parameter itself (or a view of one) is copied, so training the zoo model
+        leaves the HF model alone, and so is a view of part of a tensor (a transposition, BART's position
+        rows), so each parameter owns compact storage; concatenations, sums and tensors read from a file
+        are fresh and used as they are (never a second copy)."""
         new: dict[int, nn.Parameter] = {}
         for module in zoo_model.modules():
             for name, p in module._parameters.items():
                 if p is None:
                     continue
                 if id(p) not in new:
-                    value = self.values[id(p)].to(device=device, dtype=dtype)
-                    if value.untyped_storage().data_ptr() in self.hf_storage:
+                    value = self.values.pop(id(p)).to(device=device, dtype=dtype)
+                    compact = (value.is_contiguous() and value.storage_offset() == 0
+                               and value.untyped_storage().nbytes() == value.numel() * value.element_size())
+                    if not compact or value.untyped_storage().data_ptr() in self.hf_storage:
                         value = value.clone(memory_format=torch.contiguous_format)
                     new[id(p)] = nn.Parameter(value, requires_grad=p.requires_grad)
                 module._parameters[name] = new[id(p)]
@@ -364,18 +543,11 @@ def _parameters_on_meta() -> Iterator[None]:
         nn.Module.register_parameter = register
 
 
-def _build(hf_model: nn.Module, cfg: dict) -> tuple[nn.Module, _Copier]:
-    cfg = resolve_config(cfg)
-    with _parameters_on_meta():
-        model = MODEL.get(cfg["name"])(cfg)
-    return model, _Copier(model, hf_model)
-
-
 def _finish(model: nn.Module, copier: _Copier, hf_model: nn.Module) -> nn.Module:
     copier.finish()
-    first = next(hf_model.parameters())
-    copier.assign(model, first.device, first.dtype)
-    model.to(device=first.device, dtype=first.dtype)  # the buffers; the parameters are there already
+    device, dtype = copier.source()
+    copier.assign(model, device, dtype)
+    model.to(device=device, dtype=dtype)  # the buffers; the parameters are there already
     return model.train(hf_model.training)
 
 
@@ -384,10 +556,11 @@ def _pairs(zoo_blocks: Iterable, hf_layers: Iterable) -> Iterable:
 
 
 @torch.no_grad()
-def gpt2_from_hf(hf_model: nn.Module) -> nn.Module:
+def gpt2_from_hf(hf_model: nn.Module, files: _Safetensors | None = None) -> nn.Module:
     """GPT2LMHeadModel -> zoo decoder_only."""
     cfg = gpt2_config_from_hf(hf_model.config)
-    model, c = _build(hf_model, cfg)
+    c = _Copier(hf_model, files)
+    model = c.build(cfg)
     t, dec = hf_model.transformer, model.decoder
     c.write(model.embed.weight, c.take(t.wte.weight))
     c.write(dec.position.weight, c.take(t.wpe.weight))
@@ -404,14 +577,16 @@ def gpt2_from_hf(hf_model: nn.Module) -> nn.Module:
 
 
 @torch.no_grad()
-def bert_from_hf(hf_model: nn.Module) -> nn.Module:
+def bert_from_hf(hf_model: nn.Module, files: _Safetensors | None = None) -> nn.Module:
     """BertForMaskedLM -> zoo encoder_only (token_type_ids = 0 folded into the positions)."""
     cfg = bert_config_from_hf(hf_model.config)
-    model, c = _build(hf_model, cfg)
+    c = _Copier(hf_model, files)
+    model = c.build(cfg)
     e, enc = hf_model.bert.embeddings, model.encoder
     c.write(model.embed.weight, c.take(e.word_embeddings.weight))
     token_type = c.take(e.token_type_embeddings.weight)  # rows 1.. are dropped: zoo has no segments
     c.write(enc.position.weight, c.take(e.position_embeddings.weight) + token_type[0])
+    del token_type  # nothing read is kept past its use
     c.norm(enc.embed_norm, e.LayerNorm)
     for blk, layer in _pairs(enc.blocks, hf_model.bert.encoder.layer):
         a = layer.attention
@@ -431,10 +606,11 @@ def bert_from_hf(hf_model: nn.Module) -> nn.Module:
 
 
 @torch.no_grad()
-def llama_from_hf(hf_model: nn.Module) -> nn.Module:
+def llama_from_hf(hf_model: nn.Module, files: _Safetensors | None = None) -> nn.Module:
     """LlamaForCausalLM -> zoo decoder_only (RoPE, RMSNorm, SwiGLU, GQA)."""
     cfg = llama_config_from_hf(hf_model.config)
-    model, c = _build(hf_model, cfg)
+    c = _Copier(hf_model, files)
+    model = c.build(cfg)
     m, dec = hf_model.model, model.decoder
     c.write(model.embed.weight, c.take(m.embed_tokens.weight))
     for blk, layer in _pairs(dec.blocks, m.layers):
@@ -463,19 +639,20 @@ def _bart_attention(c: _Copier, wrapper: nn.Module, hf_attn: nn.Module, hf_norm:
 
 
 @torch.no_grad()
-def bart_from_hf(hf_model: nn.Module) -> nn.Module:
+def bart_from_hf(hf_model: nn.Module, files: _Safetensors | None = None) -> nn.Module:
     """BartForConditionalGeneration -> zoo encoder_decoder."""
     cfg = bart_config_from_hf(hf_model.config)
     bias = getattr(hf_model, "final_logits_bias", None)
     _need(bias is None or not torch.any(bias != 0), "BART",
           "final_logits_bias is non-zero; the zoo output head has no bias")
-    model, c = _build(hf_model, cfg)
+    c = _Copier(hf_model, files)
+    model = c.build(cfg)
     m = hf_model.model
     enc_embed, dec_embed = m.encoder.embed_tokens.weight, m.decoder.embed_tokens.weight
-    _need(dec_embed is enc_embed or torch.equal(dec_embed, enc_embed), "BART",
+    _need(c.same(dec_embed, enc_embed), "BART",
           "encoder and decoder token embeddings differ; zoo shares one embedding (set tie_word_embeddings)")
     c.write(model.embed.weight, c.take(enc_embed))
-    c.take(dec_embed)
+    c.drop(dec_embed)  # equal to enc_embed (checked above)
     c.drop(m.shared.weight)  # the encoder's table when tied; not used by the forward pass otherwise
     for stack, hf_stack in ((model.encoder, m.encoder), (model.decoder, m.decoder)):
         table = hf_stack.embed_positions
@@ -495,31 +672,33 @@ def bart_from_hf(hf_model: nn.Module) -> nn.Module:
 def _t5_attention(c: _Copier, wrapper: nn.Module, hf_layer: nn.Module, cross: bool) -> None:
     """One T5 attention sublayer: the query rows carry sqrt(d_kv), since T5 does not scale its scores."""
     a, f = hf_layer.EncDecAttention if cross else hf_layer.SelfAttention, wrapper.f
-    q = c.take(a.q.weight) * a.key_value_proj_dim ** 0.5
+    scale = a.key_value_proj_dim ** 0.5
     if cross:
-        c.write(f.q.weight, q)
+        c.write(f.q.weight, c.take(a.q.weight) * scale)
         c.linear(f.kv, a.k, a.v)
     else:
-        c.write(f.qkv.weight, torch.cat([q, c.take(a.k.weight), c.take(a.v.weight)]))
+        qkv = c.take_rows([a.q.weight, a.k.weight, a.v.weight])  # a new tensor: scaled in place
+        qkv[:a.q.weight.shape[0]].mul_(scale)
+        c.write(f.qkv.weight, qkv)
     c.linear(f.out, a.o)
     c.norm(wrapper.norm, hf_layer.layer_norm)
 
 
 @torch.no_grad()
-def t5_from_hf(hf_model: nn.Module) -> nn.Module:
+def t5_from_hf(hf_model: nn.Module, files: _Safetensors | None = None) -> nn.Module:
     """T5ForConditionalGeneration (T5 or T5 v1.1) -> zoo encoder_decoder."""
     m, config = "T5", hf_model.config
     cfg = t5_config_from_hf(config)
+    c = _Copier(hf_model, files)
     shared, head = hf_model.shared.weight, hf_model.lm_head.weight
-    cfg["tie_embeddings"] = head is shared or torch.equal(head, shared)
+    cfg["tie_embeddings"] = c.same(head, shared)
     for stack in (hf_model.encoder, hf_model.decoder):
-        table = stack.embed_tokens.weight
-        _need(table is shared or torch.equal(table, shared), m,
+        _need(c.same(stack.embed_tokens.weight, shared), m,
               "the encoder's or decoder's token embeddings differ from `shared`; zoo shares one embedding")
-    model, c = _build(hf_model, cfg)
+    model = c.build(cfg)
     c.write(model.embed.weight, c.take(shared))
     for stack, hf_stack in ((model.encoder, hf_model.encoder), (model.decoder, hf_model.decoder)):
-        c.take(hf_stack.embed_tokens.weight)  # `shared` itself, or checked equal to it above
+        c.drop(hf_stack.embed_tokens.weight)  # `shared` itself, or checked equal to it above
         c.write(stack.position.weight, c.take(hf_stack.block[0].layer[0].SelfAttention.relative_attention_bias.weight))
         for blk, hf_blk in _pairs(stack.blocks, hf_stack.block):
             _t5_attention(c, blk.attn, hf_blk.layer[0], cross=False)
@@ -539,13 +718,14 @@ def t5_from_hf(hf_model: nn.Module) -> nn.Module:
     scale = getattr(config, "scale_decoder_outputs", config.tie_word_embeddings)  # as t5_config_from_hf
     gain = c.take(hf_model.decoder.final_layer_norm.weight)
     c.write(model.decoder.final_norm.weight, gain * config.d_model ** -0.5 if scale else gain)
+    del gain  # nothing read is kept past its use
     c.head(model, cfg, head, shared, m)
     return _finish(model, c, hf_model)
 
 
 # --------------------------------------------------------------------------------------- dispatch
 
-_CONVERTERS: dict[str, Callable[[nn.Module], nn.Module]] = {
+_CONVERTERS: dict[str, Callable[..., nn.Module]] = {
     "GPT2LMHeadModel": gpt2_from_hf, "BertForMaskedLM": bert_from_hf,
     "LlamaForCausalLM": llama_from_hf, "BartForConditionalGeneration": bart_from_hf,
     "T5ForConditionalGeneration": t5_from_hf,
@@ -565,11 +745,17 @@ def convert(hf_model: nn.Module) -> nn.Module:
 from_hf = convert
 
 _HUB_KWARGS = ("revision", "cache_dir", "local_files_only", "token", "subfolder", "force_download", "proxies")
+_DIRECT_KWARGS = {"local_files_only", "attn_implementation"}  # nothing to do when reading local files into zoo
 
 
-def from_pretrained(name_or_path: str, **kw: Any) -> nn.Module:
-    """Load a GPT-2 / BERT / Llama / BART / T5 checkpoint with transformers (hub name or local path) and
-    convert it. `kw` goes to the model class's `from_pretrained` (e.g. revision, local_files_only)."""
+def from_pretrained(name_or_path: str | os.PathLike, **kw: Any) -> nn.Module:
+    """Load a GPT-2 / BERT / Llama / BART / T5 checkpoint (hub name or local directory) and convert it.
+
+    A local directory with `model.safetensors` (or shards and `model.safetensors.index.json`) is read
+    directly: the HF model is built as a skeleton with its parameters on the meta device, and each tensor
+    is read from the file when the converter takes it, in the file's dtype (see "Memory and precision").
+    Anything else (a hub name, only `pytorch_model.bin`, or `kw` other than local_files_only and
+    attn_implementation) is loaded by transformers' `from_pretrained(name_or_path, **kw)`, then converted."""
     try:
         import transformers
     except ImportError as err:  # the optional `hf` extra
@@ -579,5 +765,12 @@ def from_pretrained(name_or_path: str, **kw: Any) -> nn.Module:
     if cls_name is None:
         raise ConversionError(f"cannot convert model_type={config.model_type!r}; supported: "
                               f"{', '.join(_CLASS_FOR_TYPE)}")
-    hf_model = getattr(transformers, cls_name).from_pretrained(name_or_path, **kw)
-    return convert(hf_model.eval())
+    cls, directory = getattr(transformers, cls_name), Path(name_or_path)
+    if directory.is_dir() and _Safetensors.present(directory) and set(kw) <= _DIRECT_KWARGS \
+            and sys.byteorder == "little":
+        files = _Safetensors(directory)
+        with _parameters_on_meta():  # HF's own init runs on meta: a no-op
+            skeleton = cls(config)
+        files.prepare(skeleton)
+        return _CONVERTERS[cls_name](skeleton.eval(), files)
+    return convert(cls.from_pretrained(name_or_path, **kw).eval())
