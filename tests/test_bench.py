@@ -292,3 +292,15 @@ def test_ttt_skipped_without_nanogpt_or_text(tmp_path):
     assert "skipped: needs `--nanogpt" in bench.section_ttt(bench.Session(quick()))
     md = bench.section_ttt(bench.Session(quick(nanogpt=tmp_path, text=tmp_path / "missing.txt")))
     assert "no such file" in md
+
+
+def test_profile_section_shares_add_up():
+    md = bench.section_profile(bench.Session(quick()))
+    rows = rows_of(md, "| shape | family | mode | profiled ms |")
+    assert [(r["family"], r["mode"]) for r in rows] == [("GPT-2 style", "fp32 eager"), ("GPT-2 style", "bf16 eager"),
+                                                        ("Llama style", "fp32 eager"), ("Llama style", "bf16 eager")]
+    groups = [name for name, _ in bench.PROFILE_GROUPS] + ["other"]
+    for r in rows:
+        positive(r["profiled ms"])
+        assert 97 <= sum(int(r[g].rstrip("%")) for g in groups) <= 103, r  # rounded shares of one whole
+    assert any(int(r["matmul"].rstrip("%")) > 0 for r in rows), rows  # a training step multiplies matrices

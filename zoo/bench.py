@@ -14,6 +14,7 @@ Sections (pick with `--only train,compile,...`; default: all):
 - mfu       achieved FLOP/s of zoo's training steps over a matrix-multiply peak measured in the same run;
             with `--device cuda` (the only section that runs there) on a GPU, at any shape, e.g.
             `--shapes gpt2_small`, adding bf16 + torch.compile, the way trainer=gpu compile=true trains;
+- profile   where zoo's training step spends its time (torch.profiler, operators in groups), float32 and bf16;
 - memory    peak RSS growth of three training steps, one subprocess per contender;
 - overhead  `train.py` against a bare PyTorch loop (skipped while train.py does not exist);
 - precision a short train.py run at the large shape in float32 and bf16-mixed: validation loss and speed;
@@ -71,8 +72,8 @@ from zoo.generate import generate
 from zoo.io import atomic_write_text
 from zoo.layers.ffn import default_d_ff
 
-SECTIONS = ("train", "compile", "generate", "kv", "norm", "mfu", "memory", "overhead", "precision", "ttt", "data",
-            "convert")
+SECTIONS = ("train", "compile", "generate", "kv", "norm", "mfu", "profile", "memory", "overhead", "precision", "ttt",
+            "data", "convert")
 PEERS = ("zoo", "hf", "xt", "nanogpt")
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -696,6 +697,72 @@ def section_kv(sess: Session) -> str:
                       "cached latents: its scores and sums run over kv_rank + rope_dim and kv_rank numbers per head "
                       "instead of head_dim, more FLOPs per token for a smaller cache).", "",
                       table(["attention", "ms/token", "IQR", "mha / this"], lat_rows), ""])
+
+
+# Where a training step's time goes: torch.profiler's self CPU time per operator, in groups. Checked in order: the
+# first pattern that an operator's name contains decides its group.
+PROFILE_GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("attention", ("attention", "softmax", "masked_fill", "tril", "triu", "baddbmm")),
+    ("norm", ("norm", "rsqrt", "var_mean")),
+    ("optimizer", ("adam", "_foreach", "lerp", "sqrt", "addcdiv", "addcmul", "zero_")),
+    ("matmul", ("mm", "linear", "matmul", "addmm", "bmm")),
+    ("casts and copies", ("_to_copy", "copy_", "to", "clone", "contiguous", "empty_like", "cat")),
+    ("loss", ("cross_entropy", "nll_loss", "log_softmax")),
+    ("activation and elementwise", ("gelu", "silu", "relu", "mul", "add", "div", "sub", "neg", "tanh", "where",
+                                   "sum", "mean", "pow", "embedding", "dropout", "sigmoid", "exp")),
+)
+
+
+def profile_groups(step: Callable[[], object], steps: int) -> tuple[dict[str, float], list[tuple[str, float]], float]:
+    """Shares of self CPU time by group, the top operators, and the profiled step time (profiling adds overhead)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            step()
+        wall = (time.perf_counter() - t0) / steps
+    ops = [(e.key, e.self_cpu_time_total) for e in prof.key_averages() if e.self_cpu_time_total > 0]
+    total = sum(t for _, t in ops) or 1.0
+    shares: dict[str, float] = {name: 0.0 for name, _ in PROFILE_GROUPS} | {"other": 0.0}
+    for key, t in ops:
+        name = key.removeprefix("aten::").lower()
+        group = next((g for g, pats in PROFILE_GROUPS if any(p in name for p in pats)), "other")
+        shares[group] += t / total
+    top = sorted(((k, t / total) for k, t in ops), key=lambda kt: -kt[1])[:6]
+    return shares, top, wall
+
+
+def section_profile(sess: Session) -> str:
+    """Each family's training step in float32 and bf16 (eager), profiled: the share of each group of operators."""
+    s = sess.settings
+    groups = [name for name, _ in PROFILE_GROUPS] + ["other"]
+    rows, tops = [], []
+    for shape_name in s.shapes:
+        shape = SHAPES[shape_name]
+        for family in ("gpt2", "llama"):
+            for bf16 in (False, True):
+                v = Variant("zoo", family, bf16=bf16)
+                run = make_train_run(shape, v, s)
+                for _ in range(s.warmup):
+                    run.step()
+                shares, top, wall = profile_groups(run.step, 1 if s.quick else 5)
+                rows.append([shape.name, FAMILY_LABELS[family], v.mode, ms(wall),
+                             *(f"{100 * shares[g]:.0f}%" for g in groups)])
+                tops.append(f"- {shape.name}, {FAMILY_LABELS[family]}, {v.mode}: " + ", ".join(
+                    f"`{k.removeprefix('aten::')}` {100 * t:.0f}%" for k, t in top))
+                del run
+                gc.collect()
+    return "\n".join([
+        "## Where the step time goes", "",
+        "zoo's training step (forward, backward, AdamW; the train section's models and batches) under "
+        "`torch.profiler`, 5 steps after warm-up: each operator's self CPU time, summed by group, as a share of "
+        "all operators' time. Groups by the operator's name (`zoo.bench.PROFILE_GROUPS`): `attention` is the "
+        "fused sdpa kernels or the explicit path's softmax and masking, `matmul` every other matrix product "
+        "(projections, FFN, head), `casts and copies` autocast's conversions and layout copies. The profiler "
+        "adds overhead per operator, so `profiled ms` is above the train section's step time.", "",
+        table(["shape", "family", "mode", "profiled ms", *groups], rows), "",
+        "Top operators by self CPU time:", "", *tops, ""])
 
 
 def _norm_step(norm: nn.Module, x: torch.Tensor, grad: torch.Tensor) -> None:
@@ -1371,7 +1438,8 @@ def section_convert(sess: Session) -> str:
 RUNNERS: dict[str, Callable[[Session], str]] = {
     "train": section_train, "compile": section_compile, "generate": section_generate, "kv": section_kv,
     "mfu": section_mfu, "memory": section_memory, "overhead": section_overhead, "precision": section_precision,
-    "norm": section_norm, "ttt": section_ttt, "data": section_data, "convert": section_convert,
+    "norm": section_norm, "profile": section_profile, "ttt": section_ttt, "data": section_data,
+    "convert": section_convert,
 }
 
 
