@@ -7,10 +7,13 @@ from hydra import compose, initialize_config_dir
 
 CONF = str(Path(__file__).resolve().parents[1] / "conf")
 
+# Tests compare numbers across runs and against bounds: they train in float32 on every machine, whatever
+# trainer.precision=auto would pick here (a test of auto sets it again, later in its overrides).
+FLOAT32 = ["trainer.precision=32-true"]
 # Tiny and quick: a few steps of a one-layer model, evaluated twice.
 TINY = ["model.d_model=32", "model.n_layers=1", "model.n_heads=2", "trainer.max_steps=4",
         "trainer.val_check_interval=2", "trainer.log_every_n_steps=1", "data.eval_batches=2", "data.batch_size=4",
-        "data.context=16"]
+        "data.context=16", *FLOAT32]
 TINY_TASK = [o for o in TINY if not o.startswith(("data.eval_batches", "data.context"))] + [
     "data.n_train=200", "data.n_val=16", "data.n_test=16", "data.eval_examples=16"]
 

@@ -304,3 +304,28 @@ def test_profile_section_shares_add_up():
         positive(r["profiled ms"])
         assert 97 <= sum(int(r[g].rstrip("%")) for g in groups) <= 103, r  # rounded shares of one whole
     assert any(int(r["matmul"].rstrip("%")) > 0 for r in rows), rows  # a training step multiplies matrices
+
+
+def test_choices_section_tables():
+    """The rows behind zoo.hardware: both attention paths per family, by key length, and the three AdamW kernels,
+    with the for-loop equal to itself and foreach equal to it to the bit (the same arithmetic, batched)."""
+    md = bench.section_choices(bench.Session(quick()))
+    assert md.startswith("## Hardware choices: ")
+    rows = rows_of(md, "| shape | family | context | kernel ms | written-out ms |")
+    assert [r["family"] for r in rows] == ["GPT-2 style", "Llama style"]
+    for r in rows:
+        positive(r["kernel ms"]), positive(r["written-out ms"])
+        assert r["rule picks"].split()[0] in ("kernel", "written-out")
+    assert [r["key length"] for r in rows_of(md, "| key length |")] == ["8", "16"]
+    adamw = {r["kernel"]: r for r in rows_of(md, "| shape | params | kernel |")}
+    assert set(adamw) == set(bench.ADAMW_KERNELS)
+    assert [adamw[k]["equal to for-loop"] for k in ("for-loop (torch's CPU default)", "foreach")] == ["yes", "yes"]
+    assert "at every length." in md or "revisit zoo.hardware.FUSED_FROM" in md
+
+
+@pytest.mark.parametrize("rule,t,kernel,written,verdict", [
+    (None, 64, 2.0, 1.0, "written-out (faster)"), (256, 64, 2.0, 1.0, "written-out (faster)"),
+    (256, 256, 1.0, 2.0, "kernel (faster)"), (256, 256, 1.04, 1.0, "kernel (within 5%)"),
+    (256, 512, 2.0, 1.0, "kernel (**slower**)"), (None, 512, 1.0, 2.0, "written-out (**slower**)")])
+def test_choices_verdict(rule, t, kernel, written, verdict):
+    assert bench._verdict(rule, t, kernel, written) == verdict

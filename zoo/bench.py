@@ -20,6 +20,9 @@ Sections (pick with `--only train,compile,...`; default: all):
 - precision a short train.py run at the large shape in float32 and bf16-mixed: validation loss and speed;
 - ttt       time to a target validation loss: zoo's train.py against nanoGPT's own train.py on the same text file
             (`--text PATH`, e.g. tinyshakespeare) and the same recipe, back to back, from process start;
+- choices   the rows behind zoo.hardware's rules on this CPU kind: low-precision attention on the fused kernel
+            against the written-out form (whole models and attention alone by key length), and AdamW's
+            for-loop, foreach and fused kernels (fp32 parameters), each against what the rule picks here;
 - data      `zoo-prepare` throughput against the tokenizer's own batch encode (byte-level BPE and char), and
             data=tokens batches per second at the GPT-2 small shape against a training step at that shape.
 - convert   peak memory and time of `zoo.convert.from_pretrained` on a random ~1B-parameter Llama saved in
@@ -73,7 +76,7 @@ from zoo.io import atomic_write_text
 from zoo.layers.ffn import default_d_ff
 
 SECTIONS = ("train", "compile", "generate", "kv", "norm", "mfu", "profile", "memory", "overhead", "precision", "ttt",
-            "data", "convert")
+            "choices", "data", "convert")
 PEERS = ("zoo", "hf", "xt", "nanogpt")
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -134,6 +137,7 @@ class Settings:
     ttt_target: float = 1.886  # the val loss nanoGPT's Shakespeare-char CPU recipe ends at (its README: ~1.88)
     ttt_steps: int | None = None  # None: the recipe's 2000; a smoke run shortens both sides
     convert_llama: str = "1b"  # a key of CONVERT_LLAMAS
+    attention_lengths: tuple[int, ...] = (64, 128, 192, 256, 512)  # key lengths of the choices section
     train_args: tuple[str, ...] = ()
     nanogpt: Path | None = None
     threads: int | None = None  # torch.set_num_threads; None leaves torch's default
@@ -147,7 +151,8 @@ class Settings:
         base = dict(warmup=1, min_rounds=3, max_rounds=3, target_s=0.0, gen_contexts=(64, 128, 256),
                     gen_new_tokens=4, gen_rounds=2, kv_context=256, matmul_n=1024, matmul_repeats=3,
                     memory_steps=1, overhead_steps=20, precision_steps=4, ttt_pairs=1, ttt_steps=20,
-                    ttt_target=10.0, convert_llama="tiny", quick=True)  # a smoke run cannot reach a real loss target
+                    ttt_target=10.0, convert_llama="tiny", attention_lengths=(8, 16),
+                    quick=True)  # a smoke run cannot reach a real loss target
         return cls(**{**base, **over})
 
 
@@ -1002,7 +1007,9 @@ def bench_train_overhead(s: Settings, root: Path = ROOT) -> str:
         print(msg)
         return head + msg + "\n"
     n = s.overhead_steps
-    cmd = [sys.executable, str(train_py), "experiment=nanogpt_cpu", f"trainer.max_steps={n}", *s.train_args]
+    # float32, as the bare loop: this section measures train.py's overhead, not precision (auto may pick bf16)
+    cmd = [sys.executable, str(train_py), "experiment=nanogpt_cpu", f"trainer.max_steps={n}",
+           "trainer.precision=32-true", *s.train_args]
     run = run_train_py(cmd, root)
     if isinstance(run, str):
         return head + run
@@ -1072,6 +1079,153 @@ def section_precision(sess: Session, root: Path = ROOT) -> str:
         table(["precision", "final val_loss", "tokens/s", "wall s (process)", "load average"], rows), "",
         f"bf16-mixed val_loss relative to float32: **{rel:+.2%}**; throughput "
         f"**{ratio(tps['bf16-mixed'] / tps['32-true'])}**", ""])
+
+
+# --- the rows behind zoo.hardware's rules ------------------------------------------------------
+
+
+@contextlib.contextmanager
+def attention_path(fused_from: int | None):
+    """Low-precision attention training on the fused kernel from key length `fused_from` (0: always, None:
+    never), whatever zoo.hardware chose for this CPU."""
+    import zoo.layers.attention as attention
+
+    old, attention.FUSED_BACKWARD_FROM = attention.FUSED_BACKWARD_FROM, fused_from
+    try:
+        yield
+    finally:
+        attention.FUSED_BACKWARD_FROM = old
+
+
+def _bf16_forward_backward(model: nn.Module, x: torch.Tensor, y: torch.Tensor, fused_from: int | None) -> None:
+    with attention_path(fused_from), torch.autocast("cpu", dtype=torch.bfloat16):
+        loss = lm_loss(model(x), y)
+    with attention_path(fused_from):
+        loss.backward()
+    model.zero_grad(set_to_none=True)
+
+
+def _written_out(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """zoo's written-out causal attention (AttentionBase._attend's math path), standing alone."""
+    import zoo.layers.attention as attention
+
+    scores = (q @ k.transpose(-2, -1)) / math.sqrt(q.shape[-1])
+    scores = scores.masked_fill(~attention.attention_mask(q.shape[2], k.shape[2], True, None, q.device), float("-inf"))
+    return scores.softmax(dim=-1, dtype=torch.float32).to(q.dtype) @ v
+
+
+def _attention_step(fn: Callable, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grad: torch.Tensor) -> None:
+    fn(q, k, v).backward(grad)
+
+
+def _kernel(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+
+def _adamw_step(opt: torch.optim.Optimizer) -> None:
+    opt.step()
+
+
+ADAMW_KERNELS = {"for-loop (torch's CPU default)": {"foreach": False}, "foreach": {"foreach": True},
+                 "fused": {"fused": True}}
+
+
+def _adamw_runs(shape: Shape, steps: int) -> tuple[dict[str, torch.optim.Optimizer], dict[str, bool]]:
+    """One GPT-2-style model's fp32 parameters with fixed random gradients per kernel; whether each kernel's
+    parameters after `steps` steps equal the default for-loop's to the bit."""
+    opts, params = {}, {}
+    for name, kw in ADAMW_KERNELS.items():
+        model = zoo.build_model(zoo_config(shape, "gpt2"))
+        g = torch.Generator().manual_seed(0)
+        for p in model.parameters():
+            p.grad = torch.randn(p.shape, generator=g) * 1e-2
+        opts[name] = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.1, **kw)
+        for _ in range(steps):
+            opts[name].step()
+        params[name] = [p.detach().clone() for p in model.parameters()]
+    default = params[next(iter(ADAMW_KERNELS))]
+    same = {n: all(torch.equal(a, b) for a, b in zip(default, ps, strict=True)) for n, ps in params.items()}
+    return opts, same
+
+
+def _verdict(rule: int | None, t: int, kernel: float, written: float) -> str:
+    """What the rule picks at key length t and how it fares: within 5% of the faster path counts as a tie."""
+    picked, other = ("kernel", written) if rule is not None and t >= rule else ("written-out", kernel)
+    mine = kernel if picked == "kernel" else written
+    return picked + (" (faster)" if mine <= other else " (within 5%)" if mine <= 1.05 * other else " (**slower**)")
+
+
+def section_choices(sess: Session) -> str:
+    from zoo import hardware
+
+    s, kind = sess.settings, hardware.cpu_kind()
+    label = hardware.CPU_BF16.get(kind, "no native bf16")
+    rule = hardware.fused_attention_backward_from()
+    said = "never" if rule is None else f"from key length {rule}"
+    auto = hardware.precision_choice({"accelerator": "cpu", "precision": "auto"})
+    out = [f"## Hardware choices: {label}", "",
+           f"The rows behind `zoo.hardware`'s rules on this CPU kind (`cpu_kind()` = `{kind}`). Each CPU kind keeps "
+           "its own section (the heading names it), so the kinds stand side by side. `trainer.precision=auto` "
+           f"picks **{auto['used']}** here ({auto['reason']}); its speed against float32 is in the compile and "
+           "precision sections.", "",
+           "**Attention in bf16 training.** zoo's models under `torch.autocast('cpu', dtype=torch.bfloat16)`, "
+           "forward + backward (no optimizer step), with attention on the fused kernel "
+           "(`F.scaled_dot_product_attention`) and on the written-out form (`attention.backend=math`'s), "
+           f"interleaved; `kernel / written-out` above 1: the written-out form is faster. The rule here: the kernel "
+           f"{said}.", ""]
+    rows = []
+    for shape_name in s.shapes:
+        shape = SHAPES[shape_name]
+        x, y = batch(shape)
+        for family in ("gpt2", "llama"):
+            model = zoo.build_model(zoo_config(shape, family)).train()
+            fns = {path: partial(_bf16_forward_backward, model, x, y, start)
+                   for path, start in (("kernel", 0), ("written-out", None))}
+            st = interleave(fns, s)
+            k, w = st["kernel"].median, st["written-out"].median
+            rows.append([shape_name, FAMILY_LABELS[family], shape.context, ms(k), ms(w), ratio(k / w),
+                         _verdict(rule, shape.context, k, w)])
+    out += [table(["shape", "family", "context", "kernel ms", "written-out ms", "kernel / written-out",
+                   "rule picks"], rows), ""]
+    heads, head_dim = 48, 64
+    rows, faster_from, wrong = [], None, 0
+    for t in s.attention_lengths:
+        q, k, v = (torch.randn(1, heads, t, head_dim, dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+        grad = torch.randn(1, heads, t, head_dim, dtype=torch.bfloat16)
+        st = interleave({"kernel": partial(_attention_step, _kernel, q, k, v, grad),
+                         "written-out": partial(_attention_step, _written_out, q, k, v, grad)}, s)
+        kt, wt = st["kernel"].median, st["written-out"].median
+        faster_from = (faster_from or t) if kt < wt else None  # the shortest length from which the kernel wins
+        verdict = _verdict(rule, t, kt, wt)
+        wrong += "slower" in verdict
+        rows.append([t, ms(kt), ms(wt), ratio(kt / wt), verdict])
+    out += [f"Causal attention alone, bf16, {heads} heads (batch x heads) of size {head_dim}, forward + backward by "
+            "key length (the rule's variable):", "",
+            table(["key length", "kernel ms", "written-out ms", "kernel / written-out", "rule picks"], rows), "",
+            f"The kernel is faster {'from key length ' + str(faster_from) if faster_from else 'at no length'} "
+            f"measured here; the rule ({said}) picks "
+            + ("the faster path, or one within 5% of it, at every length." if not wrong else
+               f"**a path more than 5% slower at {wrong} length(s)**: revisit zoo.hardware.FUSED_FROM."), ""]
+    rows = []
+    steps = 3
+    for shape_name in s.shapes:
+        shape = SHAPES[shape_name]
+        opts, same = _adamw_runs(shape, steps)
+        st = interleave({n: partial(_adamw_step, o) for n, o in opts.items()}, replace(s, target_s=s.target_s / 2))
+        base = st[next(iter(ADAMW_KERNELS))].median
+        n_params = sum(p.numel() for g in next(iter(opts.values())).param_groups for p in g["params"])
+        for name in ADAMW_KERNELS:
+            rows.append([shape_name, n_params, name, ms(st[name].median), ms(st[name].iqr),
+                         ratio(base / st[name].median), "yes" if same[name] else "no"])
+    picks = ", ".join(f"{p}: {'fused' if hardware.fused_adamw_on_cpu(p) else 'for-loop'}"
+                      for p in ("32-true", "bf16-mixed"))
+    out += ["**AdamW's step** on a GPT-2-style model's float32 parameters (weight decay 0.1, fixed random "
+            f"gradients), interleaved; `equal to for-loop` compares the parameters after {steps} steps bit for bit. "
+            f"The rule (`zoo.hardware.fused_adamw_on_cpu`, with optim.fused=null): {picks}: float32 runs keep "
+            "torch's default so their results do not change.", "",
+            table(["shape", "params", "kernel", "median ms", "IQR ms", "speedup vs for-loop", "equal to for-loop"],
+                  rows), ""]
+    return "\n".join(out)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -1438,7 +1592,8 @@ def section_convert(sess: Session) -> str:
 RUNNERS: dict[str, Callable[[Session], str]] = {
     "train": section_train, "compile": section_compile, "generate": section_generate, "kv": section_kv,
     "mfu": section_mfu, "memory": section_memory, "overhead": section_overhead, "precision": section_precision,
-    "norm": section_norm, "profile": section_profile, "ttt": section_ttt, "data": section_data,
+    "norm": section_norm, "profile": section_profile, "ttt": section_ttt, "choices": section_choices,
+    "data": section_data,
     "convert": section_convert,
 }
 

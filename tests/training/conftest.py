@@ -1,6 +1,6 @@
 import pytest
 
-from tests.helpers import TINY, TINY_TASK, compose_cfg
+from tests.helpers import FLOAT32, TINY, TINY_TASK, compose_cfg
 
 
 @pytest.fixture
@@ -11,7 +11,7 @@ def train(tmp_path):
     def _train(overrides: list[str], tiny: bool = True, name: str = "run"):
         task = any(o.split("=")[0] == "data" and o.split("=")[1] in ("copy", "reverse", "sort", "addition")
                    for o in overrides)
-        cfg = compose_cfg(((TINY_TASK if task else TINY) if tiny else []) + overrides)
+        cfg = compose_cfg(((TINY_TASK if task else TINY) if tiny else FLOAT32) + overrides)
         run_dir = tmp_path / name
         return run(cfg, run_dir=run_dir), run_dir
 

@@ -29,7 +29,7 @@ BAD = [  # (overrides, the start of the one-line error after "error: ")
     (["seed=-1"], "seed: got -1"),
     (["seed=1.5"], "seed: got 1.5"),
     (["seed=abc"], "seed: got 'abc'"),
-    (["trainer.precision=8-bit"], "trainer.precision: got '8-bit'; valid: 32-true"),
+    (["trainer.precision=8-bit"], "trainer.precision: got '8-bit'; valid: auto, 32-true"),
     (["trainer.precision=16-mixed"], "trainer.precision: '16-mixed' (float16) needs a GPU"),
     pytest.param(["trainer=gpu"], "trainer.accelerator: 'gpu' but this machine has no CUDA GPU",
                  marks=pytest.mark.skipif(not NO_GPU, reason="this machine has a GPU")),

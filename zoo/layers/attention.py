@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from zoo.component import Context, Options, linear_flops, need
+from zoo.hardware import fused_attention_backward_from
 from zoo.layers.position import Position
 from zoo.registry import ATTENTION
 
@@ -109,7 +110,7 @@ class AttentionBase(nn.Module):
         dropout = self.dropout if self.training else 0.0
         groups = q.shape[1] // k.shape[1]
         scale = None if qk_dim is None else 1 / math.sqrt(qk_dim)
-        if self.backend == "sdpa" and not self.record and not _slow_fused_backward(q):
+        if self.backend == "sdpa" and not self.record and not _slow_fused_backward(q, k.shape[2]):
             return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout,
                                                   is_causal=is_causal, scale=scale, enable_gqa=groups > 1)
         # math: softmax(q k^T / sqrt(d_k)) v, written out so the weights can be kept.
@@ -204,11 +205,18 @@ def gqa(ctx: Context, opts: GQAOptions) -> Attention:
     return Attention(ctx, opts, kv)
 
 
-def _slow_fused_backward(q: torch.Tensor) -> bool:
-    """On CPU, the fused attention kernel's backward in bf16/fp16 is several times slower than the
-    written-out product form (zoo.bench: 1.09x vs 1.36x over float32 at the nanoGPT shape), so
-    low-precision training on CPU takes the math path. Inference and float32 keep the kernel."""
-    return q.device.type == "cpu" and q.dtype in (torch.bfloat16, torch.float16) and q.requires_grad
+# Low-precision training on CPU: the key length from which the fused kernel's backward is faster than the
+# written-out form on this CPU (None: never). Read once, here, so torch.compile sees a constant.
+FUSED_BACKWARD_FROM = fused_attention_backward_from()
+
+
+def _slow_fused_backward(q: torch.Tensor, t_k: int) -> bool:
+    """Whether low-precision training takes the written-out form instead of the fused kernel: on CPU, where the
+    kernel's bf16/fp16 backward is slower than the product form, at every length on CPUs without AMX and at
+    short contexts on CPUs with AMX (zoo.hardware: the benchmark rows). Inference and float32 keep the kernel."""
+    if q.device.type != "cpu" or q.dtype not in (torch.bfloat16, torch.float16) or not q.requires_grad:
+        return False
+    return FUSED_BACKWARD_FROM is None or t_k < FUSED_BACKWARD_FROM
 
 
 @lru_cache(maxsize=32)

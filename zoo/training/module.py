@@ -11,6 +11,7 @@ from torch import nn
 
 from zoo.build import build_model
 from zoo.component import aux_losses, clear_aux_losses
+from zoo.hardware import fused_adamw_on_cpu
 from zoo.schema import OptimConfig
 from zoo.training.objectives import OBJECTIVE
 
@@ -31,6 +32,7 @@ class ZooModule(L.LightningModule):
         # the random state too, so a resumed run draws the same dropout masks as an uninterrupted one.
         checkpoint["tokenizer"] = self.tokenizer_state
         checkpoint["rng_state"] = torch.get_rng_state()
+        checkpoint["precision"] = self.trainer.precision  # as run (auto resolved): a resume keeps it
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         self._resumed_rng_state = checkpoint.get("rng_state")
@@ -109,18 +111,19 @@ class ZooModule(L.LightningModule):
         optimizer = torch.optim.AdamW(
             [{"params": decay, "weight_decay": opt["weight_decay"]}, {"params": no_decay, "weight_decay": 0.0}],
             lr=opt["lr"], betas=tuple(opt["betas"]), eps=opt.get("eps", OptimConfig.eps),
-            **adamw_implementation(opt.get("fused"), next(self.model.parameters()).device),
+            **adamw_implementation(opt.get("fused"), next(self.model.parameters()).device, self.trainer.precision),
         )
         schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(
             opt["warmup_steps"], self.cfg["trainer"]["max_steps"], opt["min_lr"] / opt["lr"]))
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}
 
 
-def adamw_implementation(fused: bool | None, device: torch.device) -> dict:
+def adamw_implementation(fused: bool | None, device: torch.device, precision: str | int = "32-true") -> dict:
     """AdamW's implementation for weights on `device`, as keyword arguments: optim.fused=true or false as set;
-    null: the fused kernel (one launch for all parameters) on a CUDA GPU, else torch's default (foreach)."""
+    null: the fused kernel (one launch for all parameters) on a CUDA GPU, on CPU where zoo.hardware's rows say
+    (bf16 only: float32 keeps torch's default and its results), else torch's default."""
     if fused is None:
-        fused = device.type == "cuda"
+        fused = device.type == "cuda" or (device.type == "cpu" and fused_adamw_on_cpu(precision))
     return {"fused": True} if fused else {}
 
 

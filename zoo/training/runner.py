@@ -27,6 +27,7 @@ from omegaconf.errors import MissingMandatoryValue
 from zoo.build import ConfigError, count_params, flatten_config, flops_per_token, resolve_config
 from zoo.component import option_fields
 from zoo.data.corpus import DataError
+from zoo.hardware import precision_choice
 from zoo.io import (
     atomic_write,
     atomic_write_json,
@@ -74,7 +75,8 @@ class _QuietLightning(logging.Filter):
     # Resuming and stopping are said by zoo's own lines (the start banner, the result line).
     NOISE = ("GPU available", "TPU available", "Tip:", "HPU available", "LOCAL_RANK", "`Trainer.fit` stopped",
              "Restoring states from the checkpoint", "Restored all states from the checkpoint",
-             "Initializing distributed", "distributed_backend=")  # the banner says how many devices
+             "Initializing distributed", "distributed_backend=",  # the banner says how many devices
+             "Automatic Mixed Precision")  # and the precision
 
     def filter(self, record: logging.LogRecord) -> bool:
         return not any(n in record.getMessage() for n in self.NOISE)
@@ -137,7 +139,8 @@ def _run(cfg: DictConfig, run_dir: Path, start: float, state: dict) -> int:
     data = _prepare(plain)  # raises ConfigError / DataError before any training
     if plain.get("threads"):  # e.g. 1 per run when a parallel sweep runs one run per core
         torch.set_num_threads(plain["threads"])
-    ckpt, ckpt_step = _checkpoint_path(plain, run_dir, data)
+    ckpt, ckpt_step, ckpt_precision = _checkpoint_path(plain, run_dir, data)
+    precision = precision_choice(plain["trainer"], ckpt_precision)  # trainer.precision=auto, resolved once
     if state["owner"]:
         for directory in (run_dir, run_dir / "checkpoints"):  # temp files of writes cut short by a kill
             remove_temp_files(directory)
@@ -161,7 +164,7 @@ def _run(cfg: DictConfig, run_dir: Path, start: float, state: dict) -> int:
         save_top_k=1, auto_insert_metric_name=False, enable_version_counter=False)
     loggers = build_loggers(plain, run_dir)
     history = _keep_history(loggers)
-    trainer_cfg = dict(plain["trainer"])
+    trainer_cfg = {**plain["trainer"], "precision": precision["used"]}
     trusted = {throughput.state_key: check_throughput_state, best.state_key: check_best_metrics_state,
                checkpoints.state_key: lambda saved: model_checkpoint_state(saved, checkpoints)}
     trainer = L.Trainer(
@@ -175,7 +178,7 @@ def _run(cfg: DictConfig, run_dir: Path, start: float, state: dict) -> int:
     )
     log_config(loggers, plain)
     if trainer.is_global_zero:
-        _print_banner(plain, data, trainer, run_dir, ckpt, ckpt_step)
+        _print_banner(plain, data, trainer, run_dir, ckpt, ckpt_step, precision)
     status = "completed"
     state["training"] = True
     with tf32_matmuls(plain.get("tf32", True) and trainer.strategy.root_device.type == "cuda"):
@@ -187,7 +190,7 @@ def _run(cfg: DictConfig, run_dir: Path, start: float, state: dict) -> int:
         elif status == "completed" and (not best.final or best.final["step"] != trainer.global_step):
             trainer.validate(module, datamodule=data, verbose=False)  # the final evaluation
 
-    summary = _summary(plain, data, trainer, throughput, best, status, guard.step)
+    summary = _summary(plain, data, trainer, throughput, best, status, guard.step, precision)
     if trainer.is_global_zero:
         atomic_write_json(run_dir / "summary.json", summary)
         finish_loggers(loggers, summary, run_dir)  # final metrics, artifacts; closes the runs
@@ -316,12 +319,13 @@ RESUME_MAY_CHANGE = ("ckpt_path", "overwrite", "threads", "logger", "sample", "o
                      "trainer.enable_progress_bar")
 
 
-def _checkpoint_path(plain: dict, run_dir: Path, data) -> tuple[str | None, int]:
-    """The checkpoint to resume from and its step, checked: it loads safely, holds this run's architecture
-    and was trained with this run's settings (all but RESUME_MAY_CHANGE)."""
+def _checkpoint_path(plain: dict, run_dir: Path, data) -> tuple[str | None, int, str | None]:
+    """The checkpoint to resume from, its step and the precision it trained in, checked: it loads safely, holds
+    this run's architecture and was trained with this run's settings (all but RESUME_MAY_CHANGE; precision
+    auto takes the checkpoint's)."""
     ckpt = plain.get("ckpt_path")
     if ckpt is None:
-        return None, 0
+        return None, 0, None
     path = run_dir / "checkpoints" / "last.ckpt" if ckpt == "last" else Path(ckpt)
     if not path.is_file():
         hint = " (ckpt_path=last looks in <run dir>/checkpoints; pass hydra.run.dir=<the run's dir>)" \
@@ -330,7 +334,11 @@ def _checkpoint_path(plain: dict, run_dir: Path, data) -> tuple[str | None, int]
     saved_ckpt = read_checkpoint(path)
     saved_cfg = (saved_ckpt.get("hyper_parameters") or {}).get("cfg") or {}
     ours, theirs = _result_settings(plain), _result_settings(saved_cfg)
+    # what it trained in: recorded by ZooModule since precision auto, else the config's (then always explicit)
+    used = saved_ckpt.get("precision") or theirs.get("trainer.precision", "32-true")
     for key in sorted(set(ours) | set(theirs)):
+        if key == "trainer.precision" and ours.get(key) in ("auto", used):
+            continue  # auto resumes in the checkpoint's precision; an explicit one must be the same
         # a key the schema gained after the checkpoint was written (optim.eps) counts as its default there
         if ours.get(key, _MISSING) != theirs.get(key, default_of(key, _MISSING)):
             key = key if key in ours and key in theirs else _first_difference(key, plain, saved_cfg)
@@ -348,7 +356,7 @@ def _checkpoint_path(plain: dict, run_dir: Path, data) -> tuple[str | None, int]
         raise ConfigError(f"ckpt_path: '{path}' was trained with another tokenizer (data: the text or its "
                           "tokenizer changed since the checkpoint)")
     step = saved_ckpt.get("global_step", 0)
-    return str(path), step if isinstance(step, int) else 0
+    return str(path), step if isinstance(step, int) else 0, used
 
 
 class _Missing:
@@ -404,7 +412,7 @@ def _trim_history(path: Path, step: int) -> None:
     atomic_write(path, write)
 
 
-def _summary(plain, data, trainer, throughput, best, status, diverged_step) -> dict:
+def _summary(plain, data, trainer, throughput, best, status, diverged_step, precision) -> dict:
     m = plain["model"]
     final = {k: v for k, v in best.final.items() if k != "step"}
     if "val_loss" in final and not data.is_task and MODEL.get(m["name"]).next_token_lm:  # per-token LM loss only
@@ -421,6 +429,7 @@ def _summary(plain, data, trainer, throughput, best, status, diverged_step) -> d
         "model": m,
         "data": {k: v for k, v in plain["data"].items()},
         "seed": plain["seed"],
+        "precision": precision,  # trainer.precision as asked (auto) and as run
         "params": count_params(m),
         "flops_per_token": flops_per_token(m, plain["data"].get("context") or data.required_len()),
         "steps": trainer.global_step,
@@ -450,7 +459,8 @@ def _overrides() -> list[str]:
         return []
 
 
-def _print_banner(plain: dict, data, trainer, run_dir: Path, ckpt: str | None, ckpt_step: int) -> None:
+def _print_banner(plain: dict, data, trainer, run_dir: Path, ckpt: str | None, ckpt_step: int,
+                  precision: dict) -> None:
     """What is about to run, in two lines: the model, its cost per token, and where it runs and writes."""
     m = plain["model"]
     counts = count_params(m)
@@ -465,9 +475,10 @@ def _print_banner(plain: dict, data, trainer, run_dir: Path, ckpt: str | None, c
     if trainer.strategy.root_device.type == "cuda" and plain.get("tf32", True):
         threads = ", TF32 matmuls"
     resumed = f"; resuming from {ckpt} at step {ckpt_step}" if ckpt else ""  # step read once, when checked
+    how = f" ({precision['requested']}: {precision['reason']})" if precision["requested"] != precision["used"] else ""
     print(f"{m['name']} ({parts}): {params / 1e6:.2f}M parameters{active}, {flops / 1e6:.1f} MFLOPs per token "
-          f"(training), {plain['trainer']['max_steps']} steps\nprecision "
-          f"{plain['trainer'].get('precision', '32-true')} on {device}{threads}; run directory: {run_dir}{resumed}",
+          f"(training), {plain['trainer']['max_steps']} steps\nprecision {precision['used']}{how} on "
+          f"{device}{threads}; run directory: {run_dir}{resumed}",
           flush=True)
 
 

@@ -9,8 +9,11 @@ from __future__ import annotations
 from typing import Any
 
 from zoo.build import ConfigError, is_int, is_number
+from zoo.hardware import AUTO, resolve_precision
+from zoo.hardware import on_gpu as _on_gpu
 
-PRECISIONS = (None, "32-true", "32", 32, "bf16-mixed", "bf16", "16-mixed", "16", 16, "bf16-true", "16-true",
+# auto: bf16-mixed where the hardware computes bf16 natively, else 32-true (zoo.hardware.resolve_precision)
+PRECISIONS = (AUTO, None, "32-true", "32", 32, "bf16-mixed", "bf16", "16-mixed", "16", 16, "bf16-true", "16-true",
               "64-true", "64", 64)
 ACCELERATORS = ("auto", "cpu", "gpu", "cuda", "mps")
 BYTES_PER_PARAM = {"64-true": 8, "64": 8, 64: 8, "bf16-true": 2, "16-true": 2}  # else float32 weights (4)
@@ -63,11 +66,6 @@ def _cuda_count() -> int:
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
-def _on_gpu(trainer: dict) -> bool:
-    acc = trainer.get("accelerator", "auto")
-    return acc in ("gpu", "cuda") or (acc == "auto" and _cuda_count() > 0)
-
-
 # Trainer arguments the run sets itself (zoo.training.runner.run): a config cannot set them too.
 RUN_SETS = ("logger", "callbacks", "plugins", "num_sanity_val_steps", "enable_model_summary", "default_root_dir",
             "check_val_every_n_epoch", "use_distributed_sampler")
@@ -115,7 +113,7 @@ def check_trainer(trainer: dict) -> None:
             raise ConfigError("trainer.accelerator: 'mps' but this machine has no Apple GPU; valid here: cpu, auto")
     on_gpu = _on_gpu(trainer)
     if not on_gpu and precision in ("16-mixed", "16", 16, "16-true"):
-        raise ConfigError(f"trainer.precision: {precision!r} (float16) needs a GPU; valid on CPU: 32-true, "
+        raise ConfigError(f"trainer.precision: {precision!r} (float16) needs a GPU; valid on CPU: auto, 32-true, "
                           "bf16-mixed, bf16-true, 64-true")
     _check_devices(trainer.get("devices", "auto"), gpus if on_gpu else None, on_gpu)
     interval = trainer.get("val_check_interval")
@@ -140,7 +138,8 @@ def check_trainer_accepts(trainer: dict) -> None:
         quiet = {"logger": False, "enable_checkpointing": False, "enable_progress_bar": False,
                  "enable_model_summary": False, "num_sanity_val_steps": 0, "check_val_every_n_epoch": None,
                  "use_distributed_sampler": False}
-        L.Trainer(**{**trainer, **quiet})  # the user's keys, with what this probe must not do
+        # the user's keys (auto's precision resolved, as the run will), with what this probe must not do
+        L.Trainer(**{**trainer, "precision": resolve_precision(trainer), **quiet})
     except (MisconfigurationException, ValueError, TypeError) as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise ConfigError(f"trainer: {first}") from None

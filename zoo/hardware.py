@@ -1,0 +1,119 @@
+"""What this machine computes fast, and the choices that follow from it, each backed by benchmark rows.
+
+- `trainer.precision=auto` (the default): bf16-mixed where the hardware computes bf16 natively (AMX or
+  AVX-512 BF16 on CPU, a GPU with native bf16), float32 otherwise (`resolve_precision`).
+- Low-precision attention on CPU: the fused kernel or the written-out form (`fused_attention_backward_from`,
+  used by zoo/layers/attention.py).
+- AdamW's kernel on CPU (`fused_adamw_on_cpu`, used by zoo/training/module.py's adamw_implementation).
+
+The rows are in docs/benchmarks.md (`python -m zoo.bench --only choices`, one section per CPU kind); a rule
+changes with them, not with one machine's impression. The CPU is read once per process.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from functools import lru_cache
+from pathlib import Path
+
+AUTO = "auto"
+
+
+@lru_cache(maxsize=1)
+def cpu_flags() -> frozenset[str]:
+    """The CPU's feature flags from /proc/cpuinfo (Linux); empty where there is none."""
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                return frozenset(line.split(":", 1)[1].split())
+    return frozenset()
+
+
+@lru_cache(maxsize=1)
+def cpu_kind() -> str:
+    """'amx' (AMX bf16 tiles: Intel Sapphire Rapids and later), 'avx512_bf16' (bf16 dot products without AMX:
+    AMD Zen 4 and later, Intel Cooper Lake) or 'none' (bf16 is emulated: slower than float32)."""
+    flags = cpu_flags()
+    if flags:
+        amx, avx = "amx_bf16" in flags, "avx512_bf16" in flags
+    else:  # no /proc/cpuinfo (macOS, Windows): torch's own probe of the CPU
+        import torch
+
+        amx, avx = torch.cpu._is_amx_tile_supported(), torch.cpu._is_avx512_bf16_supported()
+    return "amx" if amx else "avx512_bf16" if avx else "none"
+
+
+CPU_BF16 = {"amx": "AMX", "avx512_bf16": "AVX-512 BF16"}  # cpu_kind -> the unit that computes bf16, in words
+
+
+def on_gpu(trainer: dict) -> bool:
+    import torch
+
+    acc = trainer.get("accelerator", "auto")
+    return acc in ("gpu", "cuda") or (acc == "auto" and torch.cuda.is_available())
+
+
+def native_bf16(trainer: dict) -> str | None:
+    """What computes bf16 natively where this run trains, in words ('AMX', 'NVIDIA A100 ...'), or None."""
+    if on_gpu(trainer):
+        import torch
+
+        native = torch.cuda.is_available() and torch.cuda.is_bf16_supported(including_emulation=False)
+        return torch.cuda.get_device_name() if native else None
+    if trainer.get("accelerator") == "mps":  # no rows for Apple GPUs: float32
+        return None
+    return CPU_BF16.get(cpu_kind())
+
+
+def resolve_precision(trainer: dict, resumed: str | None = None) -> str:
+    """The precision Lightning gets: the config's, or for `auto` bf16-mixed where the hardware computes bf16
+    natively and 32-true elsewhere. A resumed run keeps the precision its checkpoint trained in (`resumed`),
+    so a run never changes precision halfway, whichever machine resumes it."""
+    requested = trainer.get("precision", "32-true")
+    if requested != AUTO:
+        return requested
+    if resumed is not None:
+        return resumed
+    return "bf16-mixed" if native_bf16(trainer) else "32-true"
+
+
+def precision_choice(trainer: dict, resumed: str | None = None) -> dict:
+    """What was asked, what runs and why, for the banner and summary.json:
+    {"requested": "auto", "used": "bf16-mixed", "reason": "AMX computes bf16"}."""
+    requested, used = trainer.get("precision", "32-true"), resolve_precision(trainer, resumed)
+    if requested != AUTO:
+        reason = "set in the config"
+    elif resumed is not None:
+        reason = "the checkpoint's: a resumed run keeps its precision"
+    else:
+        unit = native_bf16(trainer)
+        reason = f"{unit} computes bf16" if unit else "no native bf16 here"
+    return {"requested": requested, "used": used, "reason": reason}
+
+
+# --- low-precision attention on CPU ------------------------------------------------------------------------
+# The fused kernel's backward (F.scaled_dot_product_attention) against the written-out product form under bf16
+# autocast, forward + backward (docs/benchmarks.md, "Hardware choices"):
+# - AMX: the written-out form is 2-3x faster at context 64, the kernel about 1.5x faster from context 256 on.
+# - AVX-512 BF16 without AMX: the written-out form wins at 64 and at 256 (whole steps: nanoGPT, which takes the
+#   kernel, against zoo on the written-out form, 1.40x and 1.06x slower), and no row says where that turns.
+FUSED_FROM = {"amx": 256}  # cpu_kind -> the shortest key length where the kernel's backward is faster
+
+
+def fused_attention_backward_from() -> int | None:
+    """The shortest key length from which low-precision attention training on this CPU takes the fused kernel;
+    None: never (the written-out form at every length)."""
+    return FUSED_FROM.get(cpu_kind())
+
+
+# --- AdamW -------------------------------------------------------------------------------------------------
+
+
+def fused_adamw_on_cpu(precision: str | int) -> bool:
+    """Whether AdamW takes torch's fused kernel on CPU when optim.fused is null (zoo.training.module).
+
+    The fused kernel is 3x faster than torch's default per-tensor loop on an AMX CPU at both benchmark shapes
+    (foreach: no faster; docs/benchmarks.md, "Hardware choices"), but rounds differently in the last bit: float32
+    runs keep torch's default, so their results stay what they were and equal on every machine; bf16 runs (whose
+    numbers are new with auto anyway) take the fused kernel."""
+    return str(precision).startswith("bf16")
