@@ -143,3 +143,16 @@ def test_studies_pin_their_precision(study):
 
 def test_auto_is_the_default():
     assert compose_cfg([]).trainer.precision == "auto"
+
+
+@pytest.mark.parametrize("recorded,error", [("8-bit", "trainer.precision: got '8-bit'"),
+                                            ("16-mixed", "trainer.precision: '16-mixed' (float16) needs a GPU")])
+def test_a_checkpoints_recorded_precision_is_checked_before_it_runs(train, tmp_path, capsys, recorded, error):
+    from zoo.training.runner import main
+
+    code, run_dir = train(AUTO)
+    ckpt = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)
+    torch.save({**ckpt, "precision": recorded}, tmp_path / "crafted.ckpt")
+    capsys.readouterr()
+    assert main(compose_cfg(TINY + [*AUTO, f"ckpt_path={tmp_path / 'crafted.ckpt'}"]), tmp_path / "again") == 2
+    assert capsys.readouterr().err.startswith(f"error: {error}")

@@ -66,7 +66,7 @@ from zoo.training.data import bits_per_char, build_data
 from zoo.training.loggers import build_loggers, finish_loggers, log_config
 from zoo.training.module import ZooModule
 from zoo.training.objectives import higher_is_better
-from zoo.training.validate import check_memory, check_run
+from zoo.training.validate import check_memory, check_run, check_trainer
 
 
 class _QuietLightning(logging.Filter):
@@ -355,6 +355,8 @@ def _checkpoint_path(plain: dict, run_dir: Path, data) -> tuple[str | None, int,
     if saved_ckpt.get("tokenizer") not in (None, data.tokenizer.state_dict()):
         raise ConfigError(f"ckpt_path: '{path}' was trained with another tokenizer (data: the text or its "
                           "tokenizer changed since the checkpoint)")
+    if ours.get("trainer.precision") == "auto":  # the checkpoint's precision runs: judged as a config's would be
+        check_trainer({**plain["trainer"], "precision": used})  # a known one; float16 only on a GPU
     step = saved_ckpt.get("global_step", 0)
     return str(path), step if isinstance(step, int) else 0, used
 
