@@ -92,11 +92,14 @@ def precision_choice(trainer: dict, resumed: str | None = None) -> dict:
 
 
 # --- low-precision attention on CPU ------------------------------------------------------------------------
-# The fused kernel's backward (F.scaled_dot_product_attention) against the written-out product form under bf16
-# autocast, forward + backward (docs/benchmarks.md, "Hardware choices"):
-# - AMX: the written-out form is 2-3x faster at context 64, the kernel about 1.5x faster from context 256 on.
-# - AVX-512 BF16 without AMX: the written-out form wins at 64 and at 256 (whole steps: nanoGPT, which takes the
-#   kernel, against zoo on the written-out form, 1.40x and 1.06x slower), and no row says where that turns.
+# The fused kernel (F.scaled_dot_product_attention) against the written-out product form, bf16 autocast, forward +
+# backward (docs/benchmarks.md, "Hardware choices: <CPU kind>"):
+# - AMX: attention alone, the written-out form is 2.9x faster at key length 64, 2.3x at 128, 1.1x at 192; the
+#   kernel 1.05x faster at 256 and 1.75x at 512. Whole models: written-out 1.3-1.6x faster at context 64, the
+#   kernel 1.05-1.2x faster at 256 (under torch.compile the two are within 1% there).
+# - AVX-512 BF16 without AMX (AMD EPYC): the written-out form is faster at 64 and at 256 (the compile section:
+#   nanoGPT's bf16 step, on the kernel, 1.40x and 1.06x slower than zoo's on the written-out form); no row yet
+#   says where the kernel takes over, so it never does (`--only choices` on such a CPU would say).
 FUSED_FROM = {"amx": 256}  # cpu_kind -> the shortest key length where the kernel's backward is faster
 
 
