@@ -63,7 +63,7 @@ class OptimConfig:
     weight_decay: float = 0.1  # decoupled (AdamW), on weight matrices only
     betas: list[float] = field(default_factory=lambda: [0.9, 0.99])
     eps: float = 1.0e-8
-    fused: bool | None = None  # AdamW's fused kernel; null: fused when the weights are on a CUDA GPU
+    fused: bool | None = None  # AdamW's fused kernel; null: on a CUDA GPU, and on CPU in bf16 (zoo.hardware)
 
 
 @dataclass

@@ -57,7 +57,7 @@ def check_optim(opt: dict) -> None:
     if "eps" in opt and (not is_number(opt["eps"]) or opt["eps"] <= 0):
         _fail("optim.eps", opt["eps"], "a finite number > 0")
     if not (opt.get("fused") is None or isinstance(opt["fused"], bool)):  # 1 == True: ask the type
-        _fail("optim.fused", opt["fused"], "true, false, or null (fused on a CUDA GPU)")
+        _fail("optim.fused", opt["fused"], "true, false, or null (fused on a CUDA GPU, and on CPU in bf16)")
 
 
 def _cuda_count() -> int:
