@@ -7,6 +7,7 @@ import math
 import lightning as L
 import torch
 from lightning.pytorch.plugins.precision import Precision
+from lightning.pytorch.utilities import GradClipAlgorithmType
 from torch import nn
 
 from zoo.build import build_model
@@ -98,7 +99,9 @@ class ZooModule(L.LightningModule):
         if fsdp:
             root.clip_grad_norm_(gradient_clip_val)
         else:
-            Precision.clip_gradients(plugin, optimizer, gradient_clip_val, gradient_clip_algorithm)
+            # Lightning passes the Trainer's algorithm, None unless set: the base class would then clip nothing
+            algorithm = GradClipAlgorithmType(gradient_clip_algorithm or "norm")
+            Precision.clip_gradients(plugin, optimizer, gradient_clip_val, algorithm)
 
     def configure_optimizers(self):
         opt = self.cfg["optim"]
