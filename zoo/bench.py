@@ -1769,6 +1769,7 @@ def run_sections(names: Sequence[str], s: Settings, argv: Sequence[str] = (), ou
         if out is not None:
             out.parent.mkdir(parents=True, exist_ok=True)
             atomic_write_text(out, splice(old, done, argv, info) if old else report(done, s, argv, info))
+            print(f"[zoo.bench] wrote {name} to {out}", flush=True)
     return report(done, s, argv, info)
 
 
@@ -1823,8 +1824,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         raise SystemExit(f"--only: unknown section '{bad[0]}'; valid: {', '.join(SECTIONS)}")
     out = None if a.out == "-" else Path(a.out)
     run_sections(names, s, argv, out)
-    if out is not None:
-        print(f"[zoo.bench] wrote {out}")
     return 0
 
 

@@ -16,6 +16,7 @@ from omegaconf import OmegaConf
 from tests.helpers import compose_cfg, save_pretrained_tokenizer, write_corpus
 from zoo import count_params
 from zoo.build import ConfigError
+from zoo.hardware import resolve_precision
 from zoo.prepare import prepare
 from zoo.schema import CONF
 from zoo.training.data import StepLoader, build_data
@@ -38,9 +39,15 @@ def corpus(tmp_path_factory) -> str:
     return str(root / "tokens")
 
 
-def test_trainer_gpu_defaults():
+def test_trainer_gpu_defaults(monkeypatch):
     cfg = compose_cfg(["trainer=gpu"])
-    assert cfg.trainer.accelerator == "gpu" and cfg.trainer.precision == "bf16-mixed"
+    assert cfg.trainer.accelerator == "gpu" and cfg.trainer.precision == "auto"
+    # auto: bf16-mixed on a GPU that computes bf16 natively, float32 on one that does not (V100, T4)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "NVIDIA H100")
+    for native, expected in ((True, "bf16-mixed"), (False, "32-true")):
+        monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True, n=native: n)
+        assert resolve_precision(dict(cfg.trainer)) == expected
     assert cfg.tf32 is True and cfg.optim.fused is None and cfg.model.attention.backend == "sdpa"
     for name in ("ddp", "fsdp"):
         assert compose_cfg([f"trainer={name}"]).trainer.num_nodes == 1  # trainer.num_nodes=N: a known key
@@ -163,7 +170,7 @@ def test_ddp_ranks_draw_different_batches_from_token_files(corpus, tmp_path):
 def test_fsdp_composes_and_is_refused_on_cpu_in_one_line(corpus):
     """Lightning's FSDP needs CUDA GPUs: on this machine the run stops before any data or weight."""
     cfg = compose_cfg(["trainer=fsdp", "trainer.num_nodes=2", f"data.path={corpus}", "data=tokens"])
-    assert (cfg.trainer.strategy, cfg.trainer.num_nodes, cfg.trainer.precision) == ("fsdp", 2, "bf16-mixed")
+    assert (cfg.trainer.strategy, cfg.trainer.num_nodes, cfg.trainer.precision) == ("fsdp", 2, "auto")
     if torch.cuda.is_available():
         pytest.skip("this machine has a GPU")
     plain = OmegaConf.to_container(cfg, resolve=True)
