@@ -1239,6 +1239,7 @@ NANOGPT_CPU_ARGS = ("--device=cpu", "--compile=False", "--eval_iters=20", "--log
 TTT_RUNS: dict[str, tuple[str, ...]] = {
     "zoo, defaults": ("experiment=nanogpt_cpu",),
     "zoo, float32": ("experiment=nanogpt_cpu", "trainer.precision=32-true"),
+    "zoo, fast preset": ("experiment=nanogpt_cpu_fast",),  # RoPE, SwiGLU, lr 2e-3, 800 steps
 }
 _NANOGPT_EVAL = re.compile(r"^step (\d+): train loss [\d.]+, val loss ([\d.]+)")
 
