@@ -1341,6 +1341,12 @@ def section_ttt(sess: Session, root: Path = ROOT) -> str:
         return None if not values or None in values else statistics.median(values)
 
     base = med([run.time_to(target) for run in runs["nanoGPT"]])
+    base_wall = med([run.wall for run in runs["nanoGPT"]])
+
+    def walls(name: str) -> list[str]:
+        wall = med([run.wall for run in runs[name]])
+        return ["-", "-"] if wall is None else [f"{wall:.1f}", ratio(wall / base_wall) if base_wall else "-"]
+
     rows = []
     for name in names:
         times = [run.time_to(target) for run in runs[name]]
@@ -1349,23 +1355,23 @@ def section_ttt(sess: Session, root: Path = ROOT) -> str:
         shares = [run.eval_share for run in runs[name] if run.eval_share is not None]
         rows.append([name, ", ".join("not reached" if x is None else f"{x:.1f}" for x in times) or "-",
                      "-" if t is None else f"{t:.1f}", "-" if t is None or not base else ratio(t / base),
-                     f"{statistics.median(finals):.4f}" if finals else "-",
-                     f"{statistics.median(run.wall for run in runs[name]):.1f}" if runs[name] else "-",
+                     f"{statistics.median(finals):.4f}" if finals else "-", *walls(name),
                      f"{statistics.median(shares):.1%}" if shares else "-"])
-    zoo_cmds = "; ".join(f"{name}: `python train.py {shlex.join(args)} data=text_file data.path=<text>`"
-                         for name, args in TTT_RUNS.items())
+    zoo_cmds = "; ".join(f"{name}: `{shlex.join(args)}`" for name, args in TTT_RUNS.items())
     return head + "\n".join([
         f"Wall time from process start until the validation loss first reaches **{target}**, for nanoGPT's own "
-        f"`train.py` with its Shakespeare-char CPU recipe (`python train.py config/train_shakespeare_char.py "
-        f"{shlex.join(NANOGPT_CPU_ARGS)}`, data made by its own prepare.py from `{s.text.name}`) and for zoo "
-        f"({zoo_cmds}), the same 4-layer model, batch, context and schedule, on the same file (the last 10% is "
-        "validation for both; nanoGPT estimates the loss on 20 random batches of it, zoo on 20 fixed windows). "
-        f"{s.ttt_pairs} rounds, the contenders one after another in rotating order, torch's default threads. Both "
-        "evaluate every 250 steps, so a time is that of the first evaluation at or below the target; `eval share` "
-        "is zoo's time in validation passes over the process wall time."
+        f"`train.py` with its Shakespeare-char CPU recipe (`train.py config/train_shakespeare_char.py "
+        f"{shlex.join(NANOGPT_CPU_ARGS)}`, data made by its own prepare.py from `{s.text.name}`) and for zoo's "
+        f"`train.py` with `data=text_file data.path=<the file>` and ({zoo_cmds}): the same 4-layer model, batch "
+        "and context on the same file (the last 10% is validation for both; nanoGPT estimates the loss on 20 "
+        "random batches of it, zoo on 20 fixed windows), nanoGPT's schedule "
+        "(2000 steps, evaluating every 250) but for the fast preset's own (800 steps, evaluating every 200). "
+        f"{s.ttt_pairs} rounds, the contenders one after another in rotating order, torch's default threads. A time "
+        "is that of the first evaluation at or below the target; `wall vs nanoGPT` compares whole processes, "
+        "target reached or not; `eval share` is zoo's time in validation passes over its process wall time."
         + (f" Steps shortened to {s.ttt_steps} for a smoke run." if s.ttt_steps else ""), "",
         table(["contender", "time to target s (each round)", "median s", "vs nanoGPT", "final val_loss",
-               "process wall s", "eval share"], rows), "",
+               "process wall s", "wall vs nanoGPT", "eval share"], rows), "",
         *([f"Failed: {'; '.join(failures)}", ""] if failures else [])])
 
 
@@ -1648,11 +1654,16 @@ def report(sections: dict[str, str], s: Settings, argv: Sequence[str],
              "ends with the load average at its start and end: a load well above the core count means other "
              "processes were competing for the cores and the timings of that section are disturbed.", "",
              "Command: `" + shlex.join(["python", "-m", "zoo.bench", *_without_out(argv)])
-             + ("   # needs: a karpathy/nanoGPT checkout" if "--nanogpt" in argv else "") + "`", "",
+             + _needs(argv) + "`", "",
              table(["", ""], info or machine_info(s)), ""]
     if s.quick:
         lines += ["**Quick smoke run (`--quick`): too few steps to be a measurement.**", ""]
     return "\n".join(lines + [sections[k] for k in SECTIONS if k in sections]).rstrip() + "\n"
+
+
+def _needs(argv: Sequence[str]) -> str:
+    """The docs' marker on a command that needs what a test machine lacks (tests/test_docs.py skips it)."""
+    return "   # needs: a karpathy/nanoGPT checkout" if "--nanogpt" in argv else ""
 
 
 def _without_out(argv: Sequence[str]) -> list[str]:
@@ -1789,7 +1800,8 @@ def splice(old: str, sections: dict[str, str], argv: Sequence[str], info: list[t
     for text in sections.values():
         heading = text.splitlines()[0]
         command = shlex.join(["python", "-m", "zoo.bench", *_without_out(argv)])
-        stamped = text.rstrip() + f"\n\n_This section alone: `{command}` on {cpu}, {time.strftime('%Y-%m-%d')}._\n"
+        stamped = text.rstrip() + f"\n\n_This section alone: `{command}{_needs(argv)}` on {cpu}, " \
+            f"{time.strftime('%Y-%m-%d')}._\n"
         start = old.find(heading + "\n")
         if start < 0:
             old = old.rstrip() + "\n\n" + stamped
