@@ -1,6 +1,8 @@
 """Helpers the tests import (fixtures stay in the conftest.py files, which pytest loads by itself)."""
 
 import itertools
+import os
+import signal
 from pathlib import Path
 
 from hydra import compose, initialize_config_dir
@@ -155,3 +157,17 @@ def write_corpus(directory: Path, n_files: int = 4, paragraphs: int = 60) -> lis
         path.write_text("\n\n".join(paras[i * paragraphs:(i + 1) * paragraphs]) + "\n")
         files.append(path)
     return files
+
+
+def interrupt_at_batch(monkeypatch, data_class: type, n: int = 4) -> None:
+    """Send the run SIGINT as it draws its n-th training batch from `data_class` (which it handles: it finishes
+    the step, writes last.ckpt and stops); `monkeypatch.undo()` restores the data class."""
+    real, drawn = data_class.train_batch, []
+
+    def interrupting(self, g):
+        drawn.append(1)
+        if len(drawn) == n:
+            os.kill(os.getpid(), signal.SIGINT)
+        return real(self, g)
+
+    monkeypatch.setattr(data_class, "train_batch", interrupting)

@@ -5,8 +5,6 @@ written with save_pretrained: nothing is downloaded. The references are the Hugg
 
 import csv
 import json
-import os
-import signal
 
 import pytest
 import torch
@@ -14,7 +12,7 @@ from hydra import compose, initialize_config_dir
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import OmegaConf, open_dict
 
-from tests.helpers import CONF, compose_cfg, save_pretrained_tokenizer
+from tests.helpers import CONF, compose_cfg, interrupt_at_batch, save_pretrained_tokenizer
 from zoo.build import ConfigError, build_model
 from zoo.data import N_SPECIAL, load_default_corpus
 
@@ -342,15 +340,7 @@ def test_interrupted_init_from_run_resumes_exactly_without_converting_again(trai
     from zoo.training import data as data_module
     from zoo.training import pretrained
 
-    real, drawn = data_module.TextData.train_batch, []
-
-    def interrupting(self, g):
-        drawn.append(1)
-        if len(drawn) == 4:
-            os.kill(os.getpid(), signal.SIGINT)  # handled by the run: finish the step, checkpoint, stop
-        return real(self, g)
-
-    monkeypatch.setattr(data_module.TextData, "train_batch", interrupting)
+    interrupt_at_batch(monkeypatch, data_module.TextData)
     code, part = train(over, tiny=False, name="part")
     assert code == 130
     monkeypatch.undo()

@@ -3,14 +3,12 @@ distinct batches per DDP rank; text_file and hf refuse corpora past the in-memor
 
 import csv
 import json
-import os
-import signal
 from pathlib import Path
 
 import pytest
 import torch
 
-from tests.helpers import save_pretrained_tokenizer, write_corpus
+from tests.helpers import interrupt_at_batch, save_pretrained_tokenizer, write_corpus
 from zoo.data import DataError
 from zoo.prepare import prepare
 from zoo.training.data import StepLoader, build_data
@@ -84,16 +82,7 @@ def test_interrupted_run_resumes_exactly(train, corpora, monkeypatch):
     assert code == 0
     from zoo.training import data as data_module
 
-    real = data_module.TokenData.train_batch
-    drawn = []
-
-    def interrupting(self, g):
-        drawn.append(1)
-        if len(drawn) == 4:
-            os.kill(os.getpid(), signal.SIGINT)  # handled by the run: finish the step, checkpoint, stop
-        return real(self, g)
-
-    monkeypatch.setattr(data_module.TokenData, "train_batch", interrupting)
+    interrupt_at_batch(monkeypatch, data_module.TokenData)
     code, part = train(over, name="part")
     assert code == 130 and json.loads((part / "summary.json").read_text())["status"] == "interrupted"
     monkeypatch.undo()
