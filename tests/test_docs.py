@@ -228,8 +228,9 @@ def _env(cwd: Path) -> dict:
 
 
 def _param(c: Command):
-    """The full benchmark compiles models for minutes even with --quick: it runs with the slow tests."""
-    slow = c.text.startswith("python -m zoo.bench") and "--only" not in c.text and "--help" not in c.text
+    """Benchmark commands run with the slow tests: the full benchmark compiles models for minutes even with --quick,
+    and each section's --quick run (5-15 s each) repeats what tests/test_bench.py checks section by section."""
+    slow = c.text.startswith("python -m zoo.bench") and "--help" not in c.text
     return pytest.param(c, id=f"{c.where} {c.text[:60]}", marks=[pytest.mark.slow] if slow else [])
 
 
