@@ -1,9 +1,6 @@
 """zoo.convert.from_pretrained's memory on a safetensors directory, measured in fresh processes (zoo.bench's probe),
 and the bench section that reports it."""
 
-import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -12,15 +9,13 @@ transformers = pytest.importorskip("transformers")
 
 from zoo import bench  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="needs Linux /proc for the RSS")
 
 
 def probe(directory: Path, path: str) -> dict:
-    cmd = [sys.executable, "-m", "zoo.bench", "--convert-probe", f"{path}:{directory}", "--threads", "1"]
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=ROOT, env=bench._child_env())
-    assert out.returncode == 0, out.stderr[-2000:]
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    r = bench.run_probe(["--convert-probe", f"{path}:{directory}"], bench.Settings(threads=1), timeout=600)
+    assert isinstance(r, dict), r  # else the child's last error line
+    return r
 
 
 @pytest.mark.slow

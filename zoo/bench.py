@@ -868,6 +868,17 @@ def _child_env() -> dict[str, str]:
     return env
 
 
+def run_probe(args: Sequence[str], s: Settings, timeout: int) -> dict | str:
+    """`python -m zoo.bench <args>` in a fresh process (its memory is its own): the JSON it prints last, or why
+    it failed, in one line."""
+    cmd = [sys.executable, "-m", "zoo.bench", *args, *(["--threads", str(s.threads)] if s.threads else [])]
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=timeout, env=_child_env())
+    line = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
+    if proc.returncode != 0 or not line:
+        return (proc.stderr.strip().splitlines() or ["?"])[-1][:120]
+    return json.loads(line[-1])
+
+
 def _status_kib(field_name: str) -> int:
     text = Path("/proc/self/status").read_text()
     return int(re.search(rf"^{field_name}:\s+(\d+)", text, re.M).group(1))
@@ -902,19 +913,11 @@ def section_memory(sess: Session) -> str:
         for v in variants:
             if v.peer not in s.peers or (v.peer == "nanogpt" and s.nanogpt is None):
                 continue
-            cmd = [sys.executable, "-m", "zoo.bench", "--memory-probe", f"{shape_name}:{v.key}",
-                   "--memory-steps", str(s.memory_steps)]
-            if s.nanogpt is not None:
-                cmd += ["--nanogpt", str(s.nanogpt)]
-            if s.threads:
-                cmd += ["--threads", str(s.threads)]
-            proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=600, env=_child_env())
-            line = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
-            if proc.returncode != 0 or not line:
-                err = (proc.stderr.strip().splitlines() or ["?"])[-1][:120]
-                rows.append([shape_name, FAMILY_LABELS[v.family], LABELS[v.peer], v.mode, "-", "-", "-", err])
+            r = run_probe(["--memory-probe", f"{shape_name}:{v.key}", "--memory-steps", str(s.memory_steps),
+                           *(["--nanogpt", str(s.nanogpt)] if s.nanogpt is not None else [])], s, timeout=600)
+            if isinstance(r, str):
+                rows.append([shape_name, FAMILY_LABELS[v.family], LABELS[v.peer], v.mode, "-", "-", "-", r])
                 continue
-            r = json.loads(line[-1])
             methods.add(r["method"])
             rows.append([shape_name, FAMILY_LABELS[v.family], LABELS[v.peer], v.mode, r["params"],
                          num(r["before_mib"]), num(r["delta_mib"]), ""])
@@ -1565,16 +1568,11 @@ def section_convert(sess: Session) -> str:
         make_s = time.perf_counter() - t0
         shards = len(list(Path(tmp).glob("*.safetensors")))
         for path in CONVERT_PATHS:
-            cmd = [sys.executable, "-m", "zoo.bench", "--convert-probe", f"{path}:{tmp}"]
-            if s.threads:
-                cmd += ["--threads", str(s.threads)]
-            proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=1200, env=_child_env())
-            line = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
-            if proc.returncode != 0 or not line:
-                err = (proc.stderr.strip().splitlines() or ["?"])[-1][:120]
-                rows.append([path, "-", "-", "-", "-", "-", "-", "-", err])
+            r = run_probe(["--convert-probe", f"{path}:{tmp}"], s, timeout=1200)
+            if isinstance(r, str):
+                rows.append([path, "-", "-", "-", "-", "-", "-", "-", r])
                 continue
-            r = results[path] = json.loads(line[-1])
+            results[path] = r
             r["ratio"] = (r["peak_mib"] - r["baseline_mib"]) / size_mib
             rows.append([path, num(r["baseline_mib"]), num(r["maxrss_mib"]), num(r["hwm_mib"]),
                          f"{r['ratio']:.2f}x", f"{r['wall_s']:.1f}", ", ".join(r["dtypes"]), r["params"], ""])
