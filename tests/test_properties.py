@@ -204,6 +204,30 @@ def test_norms_match_formulas():
     assert rms(x).pow(2).mean(-1).sub(1).abs().max() < 1e-3  # unit root-mean-square
 
 
+def test_rmsnorm_cpu_function_matches_autograd_of_the_formula():
+    """zoo's float32 CPU RMSNorm (own forward, LayerNorm's backward kernel plus a correction): its gradients
+    against torch's numerical ones, and the module's against autograd of F.rms_norm."""
+    from zoo.layers.norm import _CpuRMSNorm
+
+    x = (torch.randn(2, 3, 8, dtype=torch.float64) * 3 + 1).requires_grad_()
+    w = torch.randn(8, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda x, w: _CpuRMSNorm.apply(x, w, 1e-5), (x, w))
+    assert torch.autograd.gradcheck(lambda x: _CpuRMSNorm.apply(x, w.detach(), 1e-5), (x,))  # weight frozen
+    rms = make(NORM, "rmsnorm", 16, eps=1e-6)
+    with torch.no_grad():
+        rms.weight.add_(torch.randn(16))
+    x = (torch.randn(5, 16, 7) * 4 - 2).transpose(1, 2).requires_grad_()  # not contiguous
+    grad = torch.randn(5, 7, 16)
+    ref_x = x.detach().clone().requires_grad_()
+    ref_w = rms.weight.detach().clone().requires_grad_()
+    rms(x).backward(grad)
+    F.rms_norm(ref_x, (16,), ref_w, 1e-6).backward(grad)
+    torch.testing.assert_close(x.grad, ref_x.grad)
+    torch.testing.assert_close(rms.weight.grad, ref_w.grad)
+    with torch.autocast("cpu", dtype=torch.bfloat16):  # normalises in float32 under autocast too
+        assert rms(x).dtype == torch.float32
+
+
 @pytest.mark.parametrize("name,act", [("relu", F.relu), ("gelu", F.gelu), ("reglu", F.relu),
                                       ("geglu", F.gelu), ("swiglu", F.silu)])
 def test_ffns_match_formulas(name, act):
