@@ -261,7 +261,8 @@ def test_ttt_times_both_programs_to_the_target(tmp_path):
     root = tmp_path / "zoo"
     root.mkdir()
     (root / "train.py").write_text(textwrap.dedent("""
-        import json, pathlib, sys, time
+        import json, os, pathlib, sys, time
+        assert os.environ["TORCHINDUCTOR_CACHE_DIR"].endswith("inductor")  # the section's own, empty at its start
         run = pathlib.Path(next(a.split("=", 1)[1] for a in sys.argv if a.startswith("hydra.run.dir=")))
         assert "data=text_file" in sys.argv and any(a.startswith("experiment=nanogpt_cpu") for a in sys.argv), sys.argv
         fp32 = "trainer.precision=32-true" in sys.argv
