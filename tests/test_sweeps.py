@@ -265,7 +265,9 @@ def test_parallel_launcher_survives_a_killed_job(tmp_path, start):
     done = {p.parent.name: p.read_text() for p in sweep.glob("*/done")}
     assert sorted(done) == ["0", "2", "3", "4"] and len(set(done.values())) == 4  # one process per job
     assert (sweep / "1" / ".hydra" / "overrides.yaml").is_file()
-    how = "was killed by SIGKILL" if "killed" not in start else "ended with exit code 255"  # 255: server gone
+    # With the server killed, job 1 (started beside job 0) races it: its SIGKILL is reported if the server saw
+    # it first; once the server is gone multiprocessing can only give 255, the status lost with it.
+    how = "was killed by SIGKILL" if "killed" not in start else "(was killed by SIGKILL|ended with exit code 255)"
     assert re.search(rf"#1 : [^\n]* : its process {how} before the job finished", out), out[-3000:]
     assert "1 of 5 jobs died before finishing: #1" in out
 
