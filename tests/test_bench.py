@@ -216,6 +216,27 @@ def test_a_run_of_some_sections_replaces_only_those_in_an_existing_report(tmp_pa
     assert "_This section alone: `python -m zoo.bench --only kv` on " in text
 
 
+def test_each_processor_kind_keeps_its_own_timing_sections_side_by_side(tmp_path, monkeypatch):
+    """A timing section run on another kind of CPU goes next to the first kind's copy, not over it; a rerun on a
+    kind replaces that kind's copy only. Sections of bytes (kv) have one copy whatever the kind."""
+    _fake_sections(monkeypatch, load=0.5)
+    out = tmp_path / "benchmarks.md"
+    monkeypatch.setattr(bench, "kind_label", lambda s: "AVX-512 BF16")
+    bench.run_sections(list(bench.SECTIONS), Settings(), [], out, echo=False)
+    monkeypatch.setattr(bench, "kind_label", lambda s: "AMX")
+    bench.run_sections(["train", "kv"], Settings(), ["--only", "train,kv"], out, echo=False)
+    text = out.read_text()
+    headings = [line for line in text.splitlines() if line.startswith("## ")]
+    assert headings[:3] == ["## Section train (AVX-512 BF16)", "## Section train (AMX)",
+                            "## Section compile (AVX-512 BF16)"]
+    assert headings.count("## Section kv") == 1 and len(headings) == len(bench.SECTIONS) + 1
+    out.write_text(text.replace("new train", "old train"))
+    bench.run_sections(["train"], Settings(), ["--only", "train"], out, echo=False)
+    amd, amx = out.read_text().split("## Section train (AMX)")
+    assert "old train" in amd.split("## Section train (AVX-512 BF16)")[1]  # the other kind's run is kept
+    assert "new train" in amx.split("## Section compile")[0] and "old train" not in amx
+
+
 def test_nothing_is_written_under_docs_from_a_busy_machine(tmp_path, monkeypatch, capsys):
     _fake_sections(monkeypatch, load=2.0 * (bench.os.cpu_count() or 1) + 1)
     out = tmp_path / "docs" / "benchmarks.md"
@@ -312,7 +333,7 @@ def test_choices_section_tables():
     """The rows behind zoo.hardware: both attention paths per family, by key length, and the three AdamW kernels,
     with the for-loop equal to itself and foreach equal to it to the bit (the same arithmetic, batched)."""
     md = bench.section_choices(bench.Session(quick()))
-    assert md.startswith("## Hardware choices: ")
+    assert md.startswith("## Hardware choices\n")  # run_sections adds the CPU kind to the heading
     rows = rows_of(md, "| shape | family | context | kernel ms | written-out ms |")
     assert [r["family"] for r in rows] == ["GPT-2 style", "Llama style"]
     for r in rows:

@@ -78,6 +78,10 @@ from zoo.layers.ffn import default_d_ff
 
 SECTIONS = ("train", "compile", "generate", "kv", "norm", "mfu", "profile", "memory", "overhead", "precision", "ttt",
             "choices", "data", "convert")
+# Sections of timings: their figures belong to the kind of processor they ran on, so each kind keeps its own copy,
+# the heading naming it ("## Training step (AMX)"), and a run on one kind replaces only that kind's copy. The others
+# count bytes (kv, memory, convert), which do not depend on it.
+PER_KIND = frozenset(SECTIONS) - {"kv", "memory", "convert"}
 PEERS = ("zoo", "hf", "xt", "nanogpt")
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -1175,11 +1179,10 @@ def section_choices(sess: Session) -> str:
     from zoo import hardware
 
     s, kind = sess.settings, hardware.cpu_kind()
-    label = hardware.CPU_BF16.get(kind, "no native bf16")
     rule = hardware.fused_attention_backward_from()
     said = "never" if rule is None else f"from key length {rule}"
     auto = hardware.precision_choice({"accelerator": "cpu", "precision": "auto"})
-    out = [f"## Hardware choices: {label}", "",
+    out = ["## Hardware choices", "",
            f"The rows behind `zoo.hardware`'s rules on this CPU kind (`cpu_kind()` = `{kind}`). Each CPU kind keeps "
            "its own section (the heading names it), so the kinds stand side by side. `trainer.precision=auto` "
            f"picks **{auto['used']}** here ({auto['reason']}); its speed against float32 is in the compile and "
@@ -1636,6 +1639,22 @@ def _version(dist: str) -> str:
         return "not installed"
 
 
+def kind_label(s: Settings) -> str:
+    """The kind of processor a timing section's heading names: the GPU with --device cuda, else what computes
+    bf16 on this CPU (zoo.hardware.cpu_kind: 'AMX', 'AVX-512 BF16', or 'no native bf16')."""
+    if s.device != "cpu":
+        return torch.cuda.get_device_name(torch.device(s.device))
+    from zoo import hardware
+
+    return hardware.CPU_BF16.get(hardware.cpu_kind(), "no native bf16")
+
+
+def _with_kind(text: str, label: str) -> str:
+    """A section's text with its heading naming the processor kind: '## Training step' -> '## Training step (AMX)'."""
+    heading, _, rest = text.partition("\n")
+    return f"{heading} ({label})\n{rest}"
+
+
 def machine_info(s: Settings) -> list[tuple[str, str]]:
     cpu, flags = platform.processor() or "unknown", ""
     with contextlib.suppress(OSError):
@@ -1785,7 +1804,7 @@ def run_sections(names: Sequence[str], s: Settings, argv: Sequence[str] = (), ou
     A run of some sections replaces just those in an existing report (the others are kept), each stamped
     with its own command and machine. Nothing is written under docs/ by a section whose load average, at its
     start or end, was above the core count: a busy machine's timings must not become the record."""
-    sess, done, info = Session(s), {}, machine_info(s)
+    sess, done, info, label = Session(s), {}, machine_info(s), kind_label(s)
     old = out.read_text() if out is not None and out.is_file() and set(names) != set(SECTIONS) else None
     for name in [n for n in SECTIONS if n in names]:
         t0 = time.perf_counter()
@@ -1793,8 +1812,10 @@ def run_sections(names: Sequence[str], s: Settings, argv: Sequence[str] = (), ou
             print(f"[zoo.bench] {name} ...", flush=True)
         load = _load()
         busy = _load_value(load)
-        done[name] = RUNNERS[name](sess).rstrip() + f"\n\n_Section time {time.perf_counter() - t0:.0f} s; " \
-            f"load average {load} at its start, {_load()} at its end._\n"
+        text = RUNNERS[name](sess)
+        done[name] = (_with_kind(text, label) if name in PER_KIND else text).rstrip() + \
+            f"\n\n_Section time {time.perf_counter() - t0:.0f} s; load average {load} at its start, " \
+            f"{_load()} at its end._\n"
         if echo:
             print(done[name], f"[zoo.bench] {name}: {time.perf_counter() - t0:.0f} s", sep="\n", flush=True)
         busy = max(busy, _load_value())
@@ -1818,8 +1839,10 @@ def _load_value(text: str | None = None) -> float:
 
 
 def splice(old: str, sections: dict[str, str], argv: Sequence[str], info: list[tuple[str, str]]) -> str:
-    """An existing report with `sections` put in place of the ones of the same heading (or appended), each
-    stamped with the command and machine it was measured with: the other sections keep their own runs."""
+    """An existing report with `sections` put in place of the ones of the same heading, each stamped with the
+    command and machine it was measured with: the other sections keep their own runs. A section new to the report
+    goes right after its copies for other processor kinds (the same heading before ' ('), so the kinds stand side
+    by side, or else at the end."""
     cpu = dict(info).get("CPU", "unknown")
     for text in sections.values():
         heading = text.splitlines()[0]
@@ -1827,12 +1850,20 @@ def splice(old: str, sections: dict[str, str], argv: Sequence[str], info: list[t
         stamped = text.rstrip() + f"\n\n_This section alone: `{command}{_needs(argv)}` on {cpu}, " \
             f"{time.strftime('%Y-%m-%d')}._\n"
         start = old.find(heading + "\n")
-        if start < 0:
-            old = old.rstrip() + "\n\n" + stamped
+        if start >= 0:
+            end = _section_end(old, start)
+            old = old[:start] + stamped + ("\n" + old[end + 1:] if end >= 0 else "")
             continue
-        end = old.find("\n## ", start + len(heading))
-        old = old[:start] + stamped + ("\n" + old[end + 1:] if end >= 0 else "")
+        base = heading.rsplit(" (", 1)[0]
+        kin = [m.start() for m in re.finditer(rf"^{re.escape(base)}( \(.*\))?$", old, re.M)]
+        end = _section_end(old, kin[-1]) if kin else -1
+        old = old.rstrip() + "\n\n" + stamped if end < 0 else old[:end] + "\n" + stamped + old[end:]
     return old.rstrip() + "\n"
+
+
+def _section_end(text: str, start: int) -> int:
+    """Where the section starting at `start` ends: the newline before the next '## ' heading, or -1 at the end."""
+    return text.find("\n## ", text.find("\n", start))
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -93,7 +93,7 @@ def precision_choice(trainer: dict, resumed: str | None = None) -> dict:
 
 # --- low-precision attention on CPU ------------------------------------------------------------------------
 # The fused kernel (F.scaled_dot_product_attention) against the written-out product form, bf16 autocast, forward +
-# backward (docs/benchmarks.md, "Hardware choices: <CPU kind>"):
+# backward (docs/benchmarks.md, "Hardware choices (<CPU kind>)"):
 # - AMX: attention alone, the written-out form is 2.9x faster at key length 64, 2.3x at 128, 1.1x at 192; the
 #   kernel 1.02-1.05x faster at 256 and 1.7-2.5x at 512. Whole models: written-out 1.3-1.6x faster at context 64, the
 #   kernel 1.05-1.2x faster at 256 (under torch.compile the two are within 1% there).
