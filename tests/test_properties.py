@@ -1,5 +1,8 @@
 """Properties that a wrong implementation of a component would break."""
 
+import os
+from functools import partial
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -204,28 +207,101 @@ def test_norms_match_formulas():
     assert rms(x).pow(2).mean(-1).sub(1).abs().max() < 1e-3  # unit root-mean-square
 
 
-def test_rmsnorm_cpu_function_matches_autograd_of_the_formula():
-    """zoo's float32 CPU RMSNorm (own forward, LayerNorm's backward kernel plus a correction): its gradients
-    against torch's numerical ones, and the module's against autograd of F.rms_norm."""
+@pytest.mark.parametrize("path", ["C++ op", "torch fallback"])
+def test_rmsnorm_cpu_matches_autograd_of_the_formula(path, monkeypatch):
+    """zoo's float32 CPU RMSNorm, the op zoo/layers/rmsnorm.cpp builds (torch.ops.zoo.rms_norm) and the torch
+    fallback where it cannot (own forward, LayerNorm's backward kernel plus a correction): the module's values and
+    gradients against autograd of F.rms_norm on rows split between threads, the fallback's also against torch's
+    numerical ones (float64, its formula)."""
+    from zoo import native
     from zoo.layers.norm import _CpuRMSNorm
 
-    x = (torch.randn(2, 3, 8, dtype=torch.float64) * 3 + 1).requires_grad_()
-    w = torch.randn(8, dtype=torch.float64, requires_grad=True)
-    assert torch.autograd.gradcheck(lambda x, w: _CpuRMSNorm.apply(x, w, 1e-5), (x, w))
-    assert torch.autograd.gradcheck(lambda x: _CpuRMSNorm.apply(x, w.detach(), 1e-5), (x,))  # weight frozen
-    rms = make(NORM, "rmsnorm", 16, eps=1e-6)
-    with torch.no_grad():
-        rms.weight.add_(torch.randn(16))
-    x = (torch.randn(5, 16, 7) * 4 - 2).transpose(1, 2).requires_grad_()  # not contiguous
-    grad = torch.randn(5, 7, 16)
-    ref_x = x.detach().clone().requires_grad_()
-    ref_w = rms.weight.detach().clone().requires_grad_()
-    rms(x).backward(grad)
-    F.rms_norm(ref_x, (16,), ref_w, 1e-6).backward(grad)
-    torch.testing.assert_close(x.grad, ref_x.grad)
-    torch.testing.assert_close(rms.weight.grad, ref_w.grad)
+    if path == "C++ op":
+        assert native.load("rmsnorm"), "zoo/layers/rmsnorm.cpp did not build here (is there a C++ compiler, c++?)"
+    else:
+        monkeypatch.setattr(native, "load", lambda name: False)
+        x = (torch.randn(2, 3, 8, dtype=torch.float64) * 3 + 1).requires_grad_()
+        w = torch.randn(8, dtype=torch.float64, requires_grad=True)
+        assert torch.autograd.gradcheck(lambda x, w: _CpuRMSNorm.apply(x, w, 1e-5), (x, w))
+        assert torch.autograd.gradcheck(lambda x: _CpuRMSNorm.apply(x, w.detach(), 1e-5), (x,))  # weight frozen
+    for d, rows in [(16, (5, 7)), (45, (3, 300))]:  # a row of lanes and a remainder; more rows than one block
+        rms = make(NORM, "rmsnorm", d, eps=1e-6)
+        with torch.no_grad():
+            rms.weight.add_(torch.randn(d))
+        x = (torch.randn(rows[0], d, rows[1]) * 4 - 2).transpose(1, 2).requires_grad_()  # not contiguous
+        grad = torch.randn(rows[0], rows[1], d)
+        ref_x = x.detach().double().requires_grad_()  # the reference in float64: both float32 paths round
+        ref_w = rms.weight.detach().double().requires_grad_()
+        y = rms(x)
+        y.backward(grad)
+        ref = F.rms_norm(ref_x, (d,), ref_w, 1e-6)
+        ref.backward(grad.double())
+        close = partial(torch.testing.assert_close, rtol=1e-5, atol=1e-5, check_dtype=False)
+        close(y, ref)
+        close(x.grad, ref_x.grad)
+        close(rms.weight.grad, ref_w.grad)  # a sum over 900 rows
+        with torch.inference_mode():  # no autograd graph: the op's plain CPU kernel
+            close(rms(x.detach()), ref.detach())
     with torch.autocast("cpu", dtype=torch.bfloat16):  # normalises in float32 under autocast too
         assert rms(x).dtype == torch.float32
+
+
+def test_rmsnorm_cpp_op_gives_the_same_bits_on_any_thread_count():
+    """Its sums run in a fixed order (lanes within a row, blocks of rows for the gain's gradient), so a run's
+    numbers do not depend on how many threads torch has."""
+    from zoo import native
+
+    assert native.load("rmsnorm")
+    x = torch.randn(1000, 200, requires_grad=True)
+    w = torch.randn(200, requires_grad=True)
+    grad = torch.randn(1000, 200)
+    threads, results = torch.get_num_threads(), []
+    try:
+        for n in (1, 2, 3):
+            torch.set_num_threads(n)
+            y = torch.ops.zoo.rms_norm(x, w, 1e-5)
+            results.append((y, *torch.autograd.grad(y, (x, w), grad)))
+    finally:
+        torch.set_num_threads(threads)
+    for other in results[1:]:
+        for a, b in zip(results[0], other, strict=True):
+            assert torch.equal(a, b)
+
+
+def test_rmsnorm_cpp_op_is_built_once_per_machine_and_can_be_turned_off(tmp_path):
+    """zoo.native compiles the op into the cache once (a second process loads the same file); ZOO_NATIVE=0 or a
+    missing compiler leaves the torch formula in place instead of failing; no second derivative, said in one line."""
+    import subprocess
+    import sys
+
+    probe = ("import torch; from zoo import native; from zoo.registry import NORM; print(native.load('rmsnorm'), "
+             "NORM.get('rmsnorm').forward.__qualname__)")
+
+    def run(**env) -> str:
+        return subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True,
+                              env={**os.environ, "ZOO_CACHE": str(tmp_path), **env}).stdout.split()[0]
+
+    assert run() == "True"
+    built = sorted((tmp_path / "native").glob("rmsnorm-*.so"))
+    assert len(built) == 1
+    stamp = built[0].stat().st_mtime_ns
+    assert run() == "True" and built[0].stat().st_mtime_ns == stamp  # loaded, not rebuilt
+    assert run(ZOO_NATIVE="0") == "False"
+    assert run(CXX=str(tmp_path / "no-such-compiler")) == "False"
+    failing = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True,
+                             env={**os.environ, "ZOO_CACHE": str(tmp_path), "CXX": "false"})
+    assert failing.stdout.split()[0] == "False" and "rmsnorm.cpp did not build" in failing.stderr
+    again = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True,
+                           env={**os.environ, "ZOO_CACHE": str(tmp_path), "CXX": "false"})
+    assert again.stdout.split()[0] == "False" and "build" not in again.stderr  # not retried by every process
+    from zoo import native
+
+    assert native.load("rmsnorm")  # in this process too
+    x = torch.randn(3, 8, requires_grad=True)
+    w = torch.ones(8, requires_grad=True)
+    torch.autograd.grad(torch.ops.zoo.rms_norm(x, w, 1e-5).sum(), x)  # a first derivative is fine
+    with pytest.raises(RuntimeError, match="no second derivative"):
+        torch.autograd.grad(torch.ops.zoo.rms_norm(x, w, 1e-5).sum(), x, create_graph=True)
 
 
 @pytest.mark.parametrize("name,act", [("relu", F.relu), ("gelu", F.gelu), ("reglu", F.relu),

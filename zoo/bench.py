@@ -783,9 +783,16 @@ def _norm_step(norm: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, gr
         norm(x).backward(grad)
 
 
+RMS_IMPLEMENTATION = {  # zoo's float32 CPU RMSNorm, by whether zoo.native built zoo/layers/rmsnorm.cpp here
+    True: "its own torch op (`zoo/layers/rmsnorm.cpp`: one fused kernel forward, one backward)",
+    False: "the fallback where zoo/layers/rmsnorm.cpp cannot be built (`zoo.layers.norm._CpuRMSNorm`: torch ops "
+           "forward, LayerNorm's backward kernel plus a correction)"}
+
+
 def section_norm(sess: Session) -> str:
     """zoo's LayerNorm and RMSNorm alone, forward + backward on (batch x context, d_model) activations of each
     shape, interleaved: the speed half of Zhang and Sennrich's finding, without the rest of the model around it."""
+    from zoo import native
     from zoo.component import Context
     from zoo.registry import NORM
 
@@ -806,10 +813,9 @@ def section_norm(sess: Session) -> str:
                      ms(comp), ratio(ln / comp)])
     return "\n".join(["## LayerNorm against RMSNorm", "",
                       f"One norm layer, forward + backward, float32, interleaved, {NORM_REPS} passes per timed "
-                      "call, ms per pass; `LN / RMS` above 1 means RMSNorm is faster. zoo's RMSNorm on CPU is its "
-                      "own autograd function (`zoo.layers.norm._CpuRMSNorm`: one reduction and one scaling pass "
-                      "forward, LayerNorm's fused backward kernel with a mean of zero plus one matrix-vector "
-                      "product backward); `composite` is `F.rms_norm`, which torch differentiates op by op on CPU.",
+                      "call, ms per pass; `LN / RMS` above 1 means RMSNorm is faster. zoo's RMSNorm on CPU is "
+                      f"{RMS_IMPLEMENTATION[native.load('rmsnorm')]}; "
+                      "`composite` is `F.rms_norm`, which torch differentiates op by op on CPU.",
                       "", table(["shape", "activations", "LayerNorm ms", "RMSNorm ms", "LN / RMS", "composite ms",
                                  "LN / composite"], rows), ""])
 

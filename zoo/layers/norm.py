@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from zoo import native
 from zoo.component import Context, Options, need
 from zoo.registry import NORM
 
@@ -48,14 +49,17 @@ class RMSNorm(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.device.type == "cpu" and x.dtype == self.weight.dtype == torch.float32 \
                 and not torch.compiler.is_compiling():  # compiled, inductor fuses the formula below itself
+            if native.load("rmsnorm"):  # zoo/layers/rmsnorm.cpp: one fused kernel each way, as LayerNorm has
+                return torch.ops.zoo.rms_norm(x, self.weight, self.eps)
             return _CpuRMSNorm.apply(x, self.weight, self.eps)
         # Normalise in float32 so bf16 activations keep their precision, as Llama does.
         return F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps).type_as(x) * self.weight
 
 
 class _CpuRMSNorm(torch.autograd.Function):
-    """RMSNorm for float32 on CPU, where torch has no fused kernel and F.rms_norm's autograd of the composite
-    formula costs 3-7x LayerNorm (docs/benchmarks.md, "LayerNorm against RMSNorm"). Forward: one reduction
+    """RMSNorm for float32 on CPU where zoo/layers/rmsnorm.cpp cannot be built (zoo.native): torch has no fused
+    kernel, and F.rms_norm's autograd of the composite formula costs 3-7x LayerNorm (docs/benchmarks.md,
+    "LayerNorm against RMSNorm"); this costs about 1.5x. Forward: one reduction
     (vector_norm) and one scaling pass. Backward: LayerNorm's own kernel, given a mean of zero, computes
     RMSNorm's gradients but for the centring term, -rstd * mean(g * w), which one matrix-vector product adds
     back."""
