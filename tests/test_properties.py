@@ -65,6 +65,40 @@ def test_rope_scores_depend_only_on_offset():
     torch.testing.assert_close(rope.rotate(q, q, 9)[0].norm(), q.norm())
 
 
+def test_rope_cpp_op_equals_the_formula(monkeypatch):
+    """torch.ops.zoo.rope (zoo/layers/rope.cpp, what RotaryPosition uses on CPU): in float32 the formula's bits,
+    values and gradients, for queries laid out as attention makes them (a transposed view) and at an offset; in
+    bf16 closer to the exact rotation than the formula in bf16 (it computes in float32 and rounds once); the
+    same in inference mode; and RotaryPosition without it (ZOO_NATIVE=0's path) gives the formula."""
+    from zoo import native
+    from zoo.layers.position import _rotate
+
+    assert native.load("rope"), "zoo/layers/rope.cpp did not build here (is there a C++ compiler, c++?)"
+    rope = make(POSITION, "rope", d_model=48, n_heads=3, max_seq_len=8)
+    base = torch.randn(2, 9, 3, 16)  # (B, T, H, hd), as the qkv projection leaves it
+    grad = torch.randn(2, 3, 9, 16)
+    cos, sin = rope._rows(4, 9).unbind(1)
+    exact = _rotate(base.double().transpose(1, 2), cos.double(), sin.double())
+    for dtype in (torch.float32, torch.bfloat16):
+        x = base.to(dtype).transpose(1, 2).requires_grad_()
+        ref_x = x.detach().clone().requires_grad_()
+        y = torch.ops.zoo.rope(x, cos, sin)
+        y.backward(grad.to(dtype))
+        ref = _rotate(ref_x, cos.to(dtype), sin.to(dtype))
+        ref.backward(grad.to(dtype))
+        if dtype == torch.float32:
+            assert torch.equal(y, ref) and torch.equal(x.grad, ref_x.grad)
+        else:
+            assert (y.double() - exact).abs().max() <= (ref.double() - exact).abs().max()
+            torch.testing.assert_close(x.grad, ref_x.grad, atol=0.05, rtol=0.02)
+        with torch.inference_mode():
+            assert torch.equal(torch.ops.zoo.rope(x.detach(), cos, sin), y.detach())
+    q = base.transpose(1, 2)
+    with_op = rope.rotate(q, q, 4)
+    monkeypatch.setattr(native, "load", lambda name: False)
+    assert torch.equal(rope.rotate(q, q, 4)[0], with_op[0])
+
+
 def test_alibi_bias_is_linear_in_distance_with_geometric_slopes():
     alibi = make(POSITION, "alibi", d_model=32, n_heads=8, max_seq_len=16)
     bias = alibi.score_bias(5, 5)

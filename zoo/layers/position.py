@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from zoo import native
 from zoo.component import Context, Options, need
 from zoo.registry import POSITION
 
@@ -142,6 +143,10 @@ class RotaryPosition(_GrowingTable):
         else:  # a rotary part of another size: a few sin/cos per position, cheap next to the attention itself
             rows = _cos_sin(torch.arange(offset, offset + t, dtype=torch.float32, device=self.table.device),
                             dim, self.theta)
+        if q.device.type == "cpu" and q.dtype != torch.float64 and not torch.compiler.is_compiling() \
+                and native.load("rope"):  # zoo/layers/rope.cpp: one pass each way, in float32, for any dtype of q
+            cos, sin = rows.float().unbind(1)
+            return torch.ops.zoo.rope(q, cos, sin), torch.ops.zoo.rope(k, cos, sin)
         cos, sin = rows.to(q.dtype).unbind(1)  # (T, dim) each
         return _rotate(q, cos, sin), _rotate(k, cos, sin)
 
