@@ -60,7 +60,8 @@ def load(name: str) -> bool:
         if failed.is_file():
             return False
         if not lib.is_file():
-            print(f"zoo: building {source.name} for this machine into {lib.parent} (once, about 15 s)",
+            # on a line of its own: a progress bar may be drawing when a model first needs the kernel
+            print(f"\nzoo: building {source.name} for this machine into {lib.parent} (once, about 15 s)",
                   file=sys.stderr, flush=True)
             lib.parent.mkdir(parents=True, exist_ok=True)
             with tempfile.TemporaryDirectory(dir=lib.parent) as tmp:  # concurrent builds each rename a whole file
