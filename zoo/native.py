@@ -38,11 +38,12 @@ def cache_dir() -> Path:
 
 
 def build_command(source: Path, out: Path, cxx: str) -> list[str]:
-    from torch.utils import cpp_extension
-
+    """The compiler's command line: torch's headers and libraries from the installed package itself (what
+    torch.utils.cpp_extension would give, without its need of setuptools)."""
+    root = Path(torch.__file__).resolve().parent
     abi = f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}"
-    return [cxx, *FLAGS, abi, *(f"-I{p}" for p in cpp_extension.include_paths()), str(source), "-o", str(out),
-            *(f"-L{p}" for p in cpp_extension.library_paths()), "-lc10", "-ltorch_cpu"]
+    return [cxx, *FLAGS, abi, f"-I{root / 'include'}", f"-I{root / 'include' / 'torch' / 'csrc' / 'api' / 'include'}",
+            str(source), "-o", str(out), f"-L{root / 'lib'}", "-lc10", "-ltorch_cpu"]
 
 
 @cache
