@@ -14,6 +14,7 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig
 
+from zoo.io import collect_once_at_exit
 from zoo.training.cli import (  # no torch: fast answers
     check_group_choices,
     check_keys,
@@ -51,6 +52,7 @@ def check_arguments(args: list[str]) -> str | None:
 
 
 if __name__ == "__main__":
+    collect_once_at_exit()  # first, so it runs after every exit handler registered later
     sys.argv = [sys.argv[0]] + [expand(a) for a in sys.argv[1:]]
     if ("--help" in sys.argv or "-h" in sys.argv) and (text := help_text(sys.argv[1:], CONF, __doc__)):
         print(text)

@@ -148,9 +148,10 @@ def aux_losses(model: Any) -> dict[str, Any]:
     """The auxiliary losses model's modules left in `aux_losses` since the last clear, summed by name; clears them."""
     out: dict[str, Any] = {}
     for m in model.modules():
-        for name, value in (getattr(m, "aux_losses", None) or {}).items():
+        held = vars(m).get("aux_losses")  # not getattr: a module's missing-attribute path raises, every step
+        for name, value in (held or {}).items():
             out[name] = out[name] + value if name in out else value
-        if getattr(m, "aux_losses", None):
+        if held:
             m.aux_losses = {}
     return out
 
@@ -158,5 +159,5 @@ def aux_losses(model: Any) -> dict[str, Any]:
 def clear_aux_losses(model: Any) -> None:
     """Forget every auxiliary loss a module holds: call before a forward whose losses will be collected."""
     for m in model.modules():
-        if getattr(m, "aux_losses", None):
+        if vars(m).get("aux_losses"):
             m.aux_losses = {}

@@ -23,6 +23,7 @@ import sys
 from pathlib import Path
 
 from zoo.inspect import EXIT_ERROR, EXIT_OK, InspectError, OneLineParser, compose
+from zoo.io import collect_once_at_exit
 
 HF_PREFIX = "hf:"
 SPLITS = ("val", "train")  # every text source splits into these two; none holds a separate test split
@@ -220,6 +221,7 @@ def format_result(r: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    collect_once_at_exit()
     p = OneLineParser(prog="python -m zoo.eval", description=__doc__.split("\n\n")[0])
     p.add_argument("model", help="a zoo checkpoint (.ckpt) or hf:<Hugging Face name or local directory>")
     p.add_argument("overrides", nargs="*", help="data overrides, as for train.py (data=text_file data.path=my.txt)")

@@ -17,10 +17,12 @@ import torch
 from zoo.build import ConfigError
 from zoo.generate import generate, position_limit, sampling_error
 from zoo.inspect import OneLineParser
+from zoo.io import collect_once_at_exit
 from zoo.training.checkpoint import CheckpointError, load_checkpoint
 
 
 def main(argv: list[str] | None = None) -> int:
+    collect_once_at_exit()
     p = OneLineParser(prog="python -m zoo.sample", description=__doc__.split("\n")[0])
     p.add_argument("checkpoint")
     p.add_argument("--prompt", default="\n")
