@@ -10,6 +10,7 @@ import os
 import re
 import tempfile
 from collections.abc import Callable
+from functools import cache
 from pathlib import Path
 from typing import IO, Any
 
@@ -133,18 +134,13 @@ def is_secondary_rank() -> bool:
     return False
 
 
-_exit_registered = False
-
-
+@cache  # registered once, however many entry points call it
 def collect_once_at_exit() -> None:
     """Spare a command the second Python spends at exit walking every object torch and Lightning keep alive
     (its shutdown collections visit them all, up to 1.5 s after `import lightning`). At exit, after the handlers
     registered later (loggers, wandb), the run's garbage is collected once, finalizers and all, and whatever is
     still alive is frozen, so shutdown's collections skip it."""
-    global _exit_registered
-    if not _exit_registered:
-        _exit_registered = True
-        atexit.register(_collect_then_freeze)
+    atexit.register(_collect_then_freeze)
 
 
 def _collect_then_freeze() -> None:

@@ -343,7 +343,7 @@ def test_quick_exit_still_runs_finalizers_and_exit_handlers(tmp_path):
     later (as loggers register theirs) still runs."""
     script = tmp_path / "prog.py"
     script.write_text(
-        "import atexit, sys\n"
+        "import atexit\n"
         "from zoo.io import collect_once_at_exit\n"
         "collect_once_at_exit()\n"
         f"path = {str(tmp_path)!r}\n"
