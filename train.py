@@ -14,7 +14,7 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig
 
-from zoo.io import collect_once_at_exit
+from zoo.io import collect_once_at_exit, pause_gc_while_loading, resume_gc
 from zoo.training.cli import (  # no torch: fast answers
     check_group_choices,
     check_keys,
@@ -35,6 +35,7 @@ def main(cfg: DictConfig) -> float | None:
     from zoo.training import final_metric
     from zoo.training import main as train
 
+    resume_gc()  # everything is loaded: collect once, freeze it, collector back on for the run
     code = train(cfg)
     if code and HydraConfig.get().mode.name == "RUN":  # in a sweep, one failed run must not stop the others
         sys.exit(code)
@@ -53,6 +54,7 @@ def check_arguments(args: list[str]) -> str | None:
 
 if __name__ == "__main__":
     collect_once_at_exit()  # first, so it runs after every exit handler registered later
+    pause_gc_while_loading()  # until main() has imported torch and Lightning
     sys.argv = [sys.argv[0]] + [expand(a) for a in sys.argv[1:]]
     if ("--help" in sys.argv or "-h" in sys.argv) and (text := help_text(sys.argv[1:], CONF, __doc__)):
         print(text)
@@ -61,4 +63,6 @@ if __name__ == "__main__":
         print(f"error: {error}", file=sys.stderr)
         sys.exit(2)
     refuse_disallowed_targets(__file__)  # before Hydra instantiates hydra.callbacks, the launcher or the sweeper
+    if {"-m", "--multirun", "hydra.mode=MULTIRUN"} & set(sys.argv):
+        resume_gc()  # a launcher may run every job elsewhere: this process never reaches main()'s own call
     main()

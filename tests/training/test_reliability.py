@@ -373,3 +373,65 @@ def test_quick_exit_freezes_what_is_alive():
         assert gc.get_freeze_count() > 10_000  # pytest and torch alone keep far more alive
     finally:
         gc.unfreeze()
+
+
+def test_resume_gc_collects_what_loading_left_and_freezes_the_rest_once(tmp_path):
+    """pause_gc_while_loading/resume_gc: garbage left while the collector was off is finalized at the resume, the
+    survivors are frozen, and a second resume (a second run in one process) freezes nothing more."""
+    script = tmp_path / "prog.py"
+    script.write_text(
+        "import gc\n"
+        "from zoo.io import pause_gc_while_loading, resume_gc\n"
+        "class Cycle:\n"
+        "    def __init__(self):\n"
+        "        self.me = self\n"
+        "    def __del__(self):\n"
+        "        print('finalized')\n"
+        "pause_gc_while_loading()\n"
+        "assert not gc.isenabled()\n"
+        "Cycle()\n"
+        "resume_gc()\n"
+        "frozen = gc.get_freeze_count()\n"
+        "print('enabled', gc.isenabled(), frozen > 1000)\n"
+        "keep = [Cycle() for _ in range(100)]\n"
+        "resume_gc()\n"
+        "print('second', gc.get_freeze_count() == frozen)\n"
+        "keep.clear(); gc.unfreeze()\n")
+    out = subprocess.run([sys.executable, str(script)], check=True, timeout=60, capture_output=True, text=True,
+                         cwd=ROOT).stdout.split("\n")
+    assert out[:3] == ["finalized", "enabled True True", "second True"], out
+
+
+@pytest.mark.parametrize("mode", [[], ["-m", "seed=0,1"]], ids=["run", "multirun"])
+def test_train_py_imports_with_the_collector_off_and_trains_with_it_on(tmp_path, mode):
+    """train.py pauses the collector until torch and Lightning are in (no full collections while they load),
+    then trains with it on and the start-up's objects frozen; a sweep's own process switches it back on before
+    the launcher starts."""
+    probe = tmp_path / "probe.py"
+    probe.write_text(
+        "import gc, runpy, sys\n"
+        "import zoo.training\n"
+        "def train(cfg):\n"
+        "    print('PROBE', gc.isenabled(), 'lightning' in sys.modules, gc.get_freeze_count() > 10_000,\n"
+        "          gc.get_stats()[2]['collections'])\n"
+        "    return 0\n"
+        "zoo.training.main = train\n"  # what train.py's main() calls, after its imports
+        "sys.argv = ['train.py', *sys.argv[1:]]\n"
+        "runpy.run_path('train.py', run_name='__main__')\n")
+    out = subprocess.run([sys.executable, str(probe), *mode, "debug=fast", f"hydra.run.dir={tmp_path / 'run'}",
+                          f"hydra.sweep.dir={tmp_path / 'sweep'}"], timeout=120, capture_output=True, text=True,
+                         cwd=ROOT, env={**os.environ, "WANDB_MODE": "offline"})
+    probes = [line.split()[1:] for line in out.stdout.splitlines() if line.startswith("PROBE")]
+    assert len(probes) == (2 if mode else 1), out.stdout + out.stderr
+    for enabled, lightning, frozen, full_collections in probes:
+        assert (enabled, lightning, frozen) == ("True", "True", "True")
+        if not mode:  # only resume_gc's own collection; importing Lightning with the collector on makes 6-7
+            assert int(full_collections) <= 1, full_collections
+
+
+def test_loading_a_checkpoint_does_not_import_lightning():
+    """zoo.sample, zoo.eval and zoo.inspect read checkpoints without Lightning's seconds of import."""
+    code = ("import sys, zoo.sample, zoo.eval, zoo.inspect, zoo.training.checkpoint\n"
+            "print(sorted(m for m in ('lightning', 'pytorch_lightning') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], check=True, timeout=60, capture_output=True, text=True)
+    assert out.stdout.strip() == "[]"

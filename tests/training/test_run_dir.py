@@ -250,7 +250,7 @@ def test_zoo_callback_state_of_the_wrong_shape_is_refused(interrupted, tmp_path,
 
 
 def test_checkpoint_io_removes_only_checkpoints_of_its_run(tmp_path):
-    from zoo.training.checkpoint import AtomicCheckpointIO
+    from zoo.training.checkpoint_io import AtomicCheckpointIO
 
     victim, _ = _victims(tmp_path)
     (tmp_path / "checkpoints").mkdir()

@@ -53,7 +53,6 @@ from zoo.training.callbacks import (
     read_rows,
 )
 from zoo.training.checkpoint import (
-    AtomicCheckpointIO,
     CheckpointError,
     check_best_metrics_state,
     check_throughput_state,
@@ -62,6 +61,7 @@ from zoo.training.checkpoint import (
     read_checkpoint,
     sanitize_for_resume,
 )
+from zoo.training.checkpoint_io import AtomicCheckpointIO
 from zoo.training.data import bits_per_char, build_data
 from zoo.training.loggers import build_loggers, finish_loggers, log_config
 from zoo.training.module import ZooModule
