@@ -19,6 +19,24 @@ def run_dir(tmp_path_factory):
     return out
 
 
+def test_sampling_from_a_checkpoint_does_not_import_lightning(run_dir):
+    """python -m zoo.sample reads the checkpoint and samples without Lightning's seconds of import (zoo.eval
+    still imports it, for its data modules)."""
+    import subprocess
+    import sys
+
+    code = ("import runpy, sys\n"
+            f"sys.argv = ['zoo.sample', {str(run_dir / 'checkpoints' / 'last.ckpt')!r}, '--max-new-tokens', '5']\n"
+            "try:\n"
+            "    runpy.run_module('zoo.sample', run_name='__main__')\n"
+            "except SystemExit as e:\n"
+            "    assert not e.code, e.code\n"
+            "print('lightning imported:', any(m.split('.')[0] in ('lightning', 'pytorch_lightning')\n"
+            "                                 for m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], check=True, timeout=120, capture_output=True, text=True)
+    assert out.stdout.strip().endswith("lightning imported: False"), out.stdout + out.stderr
+
+
 def eval_json(capsys, argv: list[str]) -> dict:
     assert main(argv + ["--json"]) == 0
     return json.loads(capsys.readouterr().out)

@@ -1,5 +1,5 @@
 """How Lightning writes, reads and removes a run's checkpoints. Apart from zoo.training.checkpoint, so that
-loading a checkpoint (zoo.sample, zoo.eval, zoo.inspect) does not import Lightning."""
+loading a checkpoint (python -m zoo.sample) does not import Lightning."""
 
 from __future__ import annotations
 
