@@ -406,11 +406,16 @@ def test_resume_gc_collects_what_loading_left_and_freezes_the_rest_once(tmp_path
 def test_train_py_imports_with_the_collector_off_and_trains_with_it_on(tmp_path, mode):
     """train.py pauses the collector until torch and Lightning are in (no full collections while they load),
     then trains with it on and the start-up's objects frozen; a sweep's own process switches it back on before
-    the launcher starts."""
+    the launcher starts (a parallel launcher's parent never reaches the task function)."""
     probe = tmp_path / "probe.py"
     probe.write_text(
         "import gc, runpy, sys\n"
-        "import zoo.training\n"
+        "import zoo.io, zoo.training\n"
+        "resume_gc = zoo.io.resume_gc\n"
+        "def resume():\n"
+        "    print('RESUME', gc.isenabled(), 'lightning' in sys.modules)\n"
+        "    resume_gc()\n"
+        "zoo.io.resume_gc = resume\n"
         "def train(cfg):\n"
         "    print('PROBE', gc.isenabled(), 'lightning' in sys.modules, gc.get_freeze_count() > 10_000,\n"
         "          gc.get_stats()[2]['collections'])\n"
@@ -421,10 +426,12 @@ def test_train_py_imports_with_the_collector_off_and_trains_with_it_on(tmp_path,
     out = subprocess.run([sys.executable, str(probe), *mode, "debug=fast", f"hydra.run.dir={tmp_path / 'run'}",
                           f"hydra.sweep.dir={tmp_path / 'sweep'}"], timeout=120, capture_output=True, text=True,
                          cwd=ROOT, env={**os.environ, "WANDB_MODE": "offline"})
-    probes = [line.split()[1:] for line in out.stdout.splitlines() if line.startswith("PROBE")]
+    lines = [line.split() for line in out.stdout.splitlines() if line.startswith(("RESUME", "PROBE"))]
+    probes = [line[1:] for line in lines if line[0] == "PROBE"]
     assert len(probes) == (2 if mode else 1), out.stdout + out.stderr
+    # the first resume finds the collector off; in a run Lightning is in by then, in a sweep it is not yet
+    assert lines[0] == ["RESUME", "False", "False" if mode else "True"], lines
     for enabled, lightning, frozen, full_collections in probes:
         assert (enabled, lightning, frozen) == ("True", "True", "True")
         if not mode:  # only resume_gc's own collection; importing Lightning with the collector on makes 6-7
             assert int(full_collections) <= 1, full_collections
-
