@@ -16,6 +16,7 @@ from omegaconf import DictConfig
 
 from zoo.io import collect_once_at_exit, pause_gc_while_loading, resume_gc
 from zoo.training.cli import (  # no torch: fast answers
+    asks_for_sweep,
     check_group_choices,
     check_keys,
     check_run_dir_free,
@@ -63,6 +64,6 @@ if __name__ == "__main__":
         print(f"error: {error}", file=sys.stderr)
         sys.exit(2)
     refuse_disallowed_targets(__file__)  # before Hydra instantiates hydra.callbacks, the launcher or the sweeper
-    if {"-m", "--multirun", "hydra.mode=MULTIRUN"} & set(sys.argv):
+    if asks_for_sweep(sys.argv[1:]):
         resume_gc()  # a launcher may run every job elsewhere: this process never reaches main()'s own call
     main()

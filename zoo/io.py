@@ -155,8 +155,7 @@ def resume_gc() -> None:
     is alive (modules, classes: later collections skip it) and switch the collector back on. A no-op where
     the collector runs (a second run in one process), so one run's objects are never frozen into the next."""
     if not gc.isenabled():
-        gc.collect()
-        gc.freeze()
+        _collect_then_freeze()
         gc.enable()
 
 

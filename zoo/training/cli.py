@@ -212,6 +212,11 @@ def _check_types(args: list[str], configs: list, conf_dir: Path) -> str | None:
 _ABSENT = object()
 
 
+def asks_for_sweep(args: list[str]) -> bool:
+    """Whether train.py's command line asks Hydra for a multirun (-m, --multirun, hydra.mode=MULTIRUN)."""
+    return any(a in ("-m", "--multirun", "hydra.mode=MULTIRUN") for a in args)
+
+
 def check_run_dir_free(args: list[str]) -> str | None:
     """One-line error if `hydra.run.dir=<dir>` names a directory a live run holds, else None.
 
@@ -219,8 +224,8 @@ def check_run_dir_free(args: list[str]) -> str | None:
     the run checks again (and takes the lock) itself."""
     from zoo.io import busy_message, is_running, is_secondary_rank
 
-    if is_secondary_rank() or any(a in ("-m", "--multirun") for a in args):
-        return None  # a DDP worker runs in its first process's directory
+    if is_secondary_rank() or asks_for_sweep(args):
+        return None  # a DDP worker runs in its first process's directory; a sweep's jobs in hydra.sweep.dir
     for arg in args:
         key, sep, value = arg.partition("=")
         if key == "hydra.run.dir" and sep and is_running(value):
