@@ -8,7 +8,7 @@ import textwrap
 import pytest
 import torch
 
-from zoo import bench
+from zoo import bench, native
 from zoo.bench import Settings
 
 
@@ -334,16 +334,23 @@ def test_choices_section_tables():
     with the for-loop equal to itself and foreach equal to it to the bit (the same arithmetic, batched)."""
     md = bench.section_choices(bench.Session(quick()))
     assert md.startswith("## Hardware choices\n")  # run_sections adds the CPU kind to the heading
-    rows = rows_of(md, "| shape | family | context | kernel ms | written-out ms |")
+    forms = ["zoo's softmax", "torch ops"] if native.load("softmax") else ["torch ops"]  # its written-out forms
+    rows = rows_of(md, f"| shape | family | context | kernel ms | written-out ms ({forms[0]}) |")
     assert [r["family"] for r in rows] == ["GPT-2 style", "Llama style"]
-    for r in rows:
-        positive(r["kernel ms"]), positive(r["written-out ms"])
-        assert r["rule picks"].split()[0] in ("kernel", "written-out")
-    assert [r["key length"] for r in rows_of(md, "| key length |")] == ["8", "16"]
+    lengths = rows_of(md, "| key length |")
+    assert [r["key length"] for r in lengths] == ["8", "16"]
+    for r in rows + lengths:
+        positive(r["kernel ms"])
+        for form in forms:
+            positive(r[f"written-out ms ({form})"])
+            assert r[f"rule picks ({form})"].split()[0] in ("kernel", "written-out")
     adamw = {r["kernel"]: r for r in rows_of(md, "| shape | params | kernel |")}
     assert set(adamw) == set(bench.ADAMW_KERNELS)
     assert [adamw[k]["equal to for-loop"] for k in ("for-loop (torch's CPU default)", "foreach")] == ["yes", "yes"]
-    assert "at every length." in md or "revisit zoo.hardware.FUSED_FROM" in md
+    for form, (_, rule_table) in bench.SOFTMAXES.items():
+        said = f"Against the written-out form with {form}, the kernel is faster"
+        assert (said in md) == (form in forms), form
+        assert md.count("at every length.") + md.count(f"revisit zoo.hardware.{rule_table}.") >= (form in forms)
 
 
 @pytest.mark.parametrize("rule,t,kernel,written,verdict", [

@@ -312,6 +312,97 @@ def test_rmsnorm_cpp_op_gives_the_same_bits_on_any_thread_count():
             assert torch.equal(a, b)
 
 
+def _softmax_in_torch(s: torch.Tensor, scale: float, causal: bool, dtype=torch.float32) -> torch.Tensor:
+    """softmax(s * scale) over keys, causal with the queries last, computed in `dtype`."""
+    x = s.to(dtype) * scale
+    if causal:
+        t_q, t_k = s.shape[-2:]
+        x = x.masked_fill(~torch.ones(t_q, t_k, dtype=torch.bool).tril(t_k - t_q), float("-inf"))
+    return x.softmax(-1, dtype=torch.promote_types(dtype, torch.float32))
+
+
+@pytest.mark.parametrize("t_q,t_k,causal", [(64, 64, True), (5, 37, True), (1, 9, True), (7, 7, False),
+                                            (3, 100, False), (17, 17, True)])
+def test_attention_softmax_cpp_op_is_closer_to_the_exact_softmax_than_torch_in_bf16(t_q, t_k, causal):
+    """torch.ops.zoo.attention_softmax (zoo/layers/softmax.cpp, the written-out attention's softmax for bf16 on
+    CPU): masked keys get exactly 0 and no gradient; values and gradients are within bf16's rounding of the exact
+    softmax, and no further from it than torch's bf16 path (which rounds the scaled scores to bf16 first); rows
+    of any length (lanes of 16 and a tail); inference mode gives the same bits."""
+    from zoo import native
+
+    built(native, "softmax")
+    g = torch.Generator().manual_seed(t_q * 1000 + t_k)
+    s = (torch.randn(2, 3, t_q, t_k, generator=g) * 6).bfloat16().requires_grad_()
+    grad = torch.randn(2, 3, t_q, t_k, generator=g).bfloat16()
+    scale = 0.37
+    p = torch.ops.zoo.attention_softmax(s, scale, causal)
+    (ds,) = torch.autograd.grad(p, s, grad)
+    exact_s = s.detach().double().requires_grad_()
+    exact = _softmax_in_torch(exact_s, scale, causal, torch.float64)
+    (exact_ds,) = torch.autograd.grad(exact, exact_s, grad.double())
+    torch_s = s.detach().clone().requires_grad_()
+    in_torch = _softmax_in_torch(torch_s, scale, causal, torch.bfloat16).bfloat16()
+    (torch_ds,) = torch.autograd.grad(in_torch, torch_s, grad)
+    assert p.dtype == ds.dtype == torch.bfloat16
+    if causal:
+        masked = exact == 0
+        assert masked.any() == (t_q > 1) and (p[masked] == 0).all() and (ds[masked] == 0).all()  # the last sees all
+    err = {name: ((a.double() - b).abs().max() / b.abs().max()).item()
+           for name, a, b in (("p", p, exact), ("ds", ds, exact_ds), ("torch p", in_torch, exact),
+                              ("torch ds", torch_ds, exact_ds))}
+    assert err["p"] <= 2 ** -8 and err["ds"] <= 2 ** -7, err  # bf16 keeps 8 bits
+    assert err["p"] <= err["torch p"] and err["ds"] <= err["torch ds"], err
+    torch.testing.assert_close(p.double().sum(-1), torch.ones(2, 3, t_q, dtype=torch.float64), atol=t_k * 2 ** -8,
+                               rtol=0)
+    with torch.inference_mode():
+        assert torch.equal(torch.ops.zoo.attention_softmax(s.detach(), scale, causal), p.detach())
+
+
+def test_attention_softmax_cpp_op_gives_the_same_bits_on_any_thread_count_and_refuses_what_it_does_not_do():
+    from zoo import native
+
+    built(native, "softmax")
+    s = torch.randn(4, 4, 33, 70).bfloat16().requires_grad_()
+    grad = torch.randn(4, 4, 33, 70).bfloat16()
+    threads, results = torch.get_num_threads(), []
+    try:
+        for n in (1, 2, 3):
+            torch.set_num_threads(n)
+            p = torch.ops.zoo.attention_softmax(s, 0.125, True)
+            results.append((p, *torch.autograd.grad(p, s, grad)))
+    finally:
+        torch.set_num_threads(threads)
+    for other in results[1:]:
+        assert all(torch.equal(a, b) for a, b in zip(results[0], other, strict=True))
+    with pytest.raises(RuntimeError, match="contiguous bf16"):
+        torch.ops.zoo.attention_softmax(s.detach().float(), 0.125, True)
+    with pytest.raises(RuntimeError, match="causal needs Tk >= Tq"):
+        torch.ops.zoo.attention_softmax(s.detach().transpose(-1, -2).contiguous(), 0.125, True)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_written_out_attention_takes_the_softmax_kernel_for_bf16_without_a_mask_only(dtype, monkeypatch):
+    """attention_weights: bf16 causal or unmasked scores on zoo's kernel; float32, other masks and ZOO_NATIVE=0's
+    path in torch ops, float32 to the bit as before (q k^T / sqrt(d), the mask, softmax)."""
+    import math
+
+    from zoo import native
+    from zoo.layers.attention import attention_mask, attention_weights
+
+    built(native, "softmax")
+    q, k = torch.randn(2, 3, 10, 8).to(dtype), torch.randn(2, 3, 10, 8).to(dtype)
+    window = attention_mask(10, 10, True, 3, q.device)
+    scores = (q @ k.transpose(-2, -1)) / math.sqrt(8)
+    formula = {m: scores.masked_fill(~attention_mask(10, 10, True, w, q.device), float("-inf"))
+               .softmax(-1, dtype=torch.float32).to(dtype) for m, w in (("causal", None), ("window", 3))}
+    kernel = torch.ops.zoo.attention_softmax((q @ k.transpose(-2, -1)).bfloat16(), 1 / math.sqrt(8), True)
+    causal = attention_weights(q, k, None, True)
+    assert torch.equal(causal, kernel if dtype == torch.bfloat16 else formula["causal"])
+    assert torch.equal(attention_weights(q, k, window, False), formula["window"])
+    monkeypatch.setattr(native, "load", lambda name: False)
+    assert torch.equal(attention_weights(q, k, None, True), formula["causal"])
+
+
 def test_rmsnorm_cpp_op_is_built_once_per_machine_and_can_be_turned_off(tmp_path):
     """zoo.native compiles the op into the cache once (a second process loads the same file); ZOO_NATIVE=0 or a
     missing compiler leaves the torch formula in place instead of failing; no second derivative, said in one line."""

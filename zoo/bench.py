@@ -142,7 +142,7 @@ class Settings:
     ttt_target: float = 1.886  # the val loss nanoGPT's Shakespeare-char CPU recipe ends at (its README: ~1.88)
     ttt_steps: int | None = None  # None: the recipe's 2000; a smoke run shortens both sides
     convert_llama: str = "1b"  # a key of CONVERT_LLAMAS
-    attention_lengths: tuple[int, ...] = (64, 128, 192, 256, 512)  # key lengths of the choices section
+    attention_lengths: tuple[int, ...] = (64, 128, 192, 256, 512, 768, 1024)  # key lengths of the choices section
     train_args: tuple[str, ...] = ()
     nanogpt: Path | None = None
     threads: int | None = None  # torch.set_num_threads; None leaves torch's default
@@ -1111,37 +1111,44 @@ def section_precision(sess: Session, root: Path = ROOT) -> str:
 
 
 @contextlib.contextmanager
-def attention_path(fused_from: int | None):
+def attention_path(fused_from: int | None, softmax_kernel: bool = True):
     """Low-precision attention training on the fused kernel from key length `fused_from` (0: always, None:
-    never), whatever zoo.hardware chose for this CPU."""
+    never), the written-out form's softmax on zoo's kernel where it builds or in torch ops, whatever zoo.hardware
+    chose for this CPU."""
     import zoo.layers.attention as attention
 
-    old, attention.FUSED_BACKWARD_FROM = attention.FUSED_BACKWARD_FROM, fused_from
+    names = ("FUSED_BACKWARD_FROM", "FUSED_BACKWARD_FROM_SOFTMAX_KERNEL", "_softmax_kernel")
+    old = [getattr(attention, n) for n in names]
+    attention.FUSED_BACKWARD_FROM = attention.FUSED_BACKWARD_FROM_SOFTMAX_KERNEL = fused_from
+    if not softmax_kernel:
+        attention._softmax_kernel = lambda scores, mask: False
     try:
         yield
     finally:
-        attention.FUSED_BACKWARD_FROM = old
+        for n, v in zip(names, old, strict=True):
+            setattr(attention, n, v)
 
 
-def _bf16_forward_backward(model: nn.Module, x: torch.Tensor, y: torch.Tensor, fused_from: int | None) -> None:
-    with attention_path(fused_from), torch.autocast("cpu", dtype=torch.bfloat16):
+def _bf16_forward_backward(model: nn.Module, x: torch.Tensor, y: torch.Tensor, fused_from: int | None,
+                           softmax_kernel: bool = True) -> None:
+    with attention_path(fused_from, softmax_kernel), torch.autocast("cpu", dtype=torch.bfloat16):
         loss = lm_loss(model(x), y)
-    with attention_path(fused_from):
+    with attention_path(fused_from, softmax_kernel):
         loss.backward()
     model.zero_grad(set_to_none=True)
 
 
 def _written_out(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     """zoo's written-out causal attention (AttentionBase._attend's math path), standing alone."""
-    import zoo.layers.attention as attention
+    from zoo.layers.attention import attention_weights
 
-    scores = (q @ k.transpose(-2, -1)) / math.sqrt(q.shape[-1])
-    scores = scores.masked_fill(~attention.attention_mask(q.shape[2], k.shape[2], True, None, q.device), float("-inf"))
-    return scores.softmax(dim=-1, dtype=torch.float32).to(q.dtype) @ v
+    return attention_weights(q, k, None, True) @ v
 
 
-def _attention_step(fn: Callable, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grad: torch.Tensor) -> None:
-    fn(q, k, v).backward(grad)
+def _attention_step(fn: Callable, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grad: torch.Tensor,
+                    softmax_kernel: bool = True) -> None:
+    with attention_path(None, softmax_kernel):
+        fn(q, k, v).backward(grad)
 
 
 def _kernel(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -1181,12 +1188,17 @@ def _verdict(rule: int | None, t: int, kernel: float, written: float) -> str:
     return picked + (" (faster)" if mine <= other else " (within 5%)" if mine <= 1.05 * other else " (**slower**)")
 
 
+# The written-out form's two softmaxes, each with its own rule (zoo.hardware): label -> (softmax kernel?, table)
+SOFTMAXES = {"zoo's softmax": (True, "FUSED_FROM_SOFTMAX_KERNEL"), "torch ops": (False, "FUSED_FROM")}
+
+
 def section_choices(sess: Session) -> str:
-    from zoo import hardware
+    from zoo import hardware, native
 
     s, kind = sess.settings, hardware.cpu_kind()
-    rule = hardware.fused_attention_backward_from()
-    said = "never" if rule is None else f"from key length {rule}"
+    forms = {label: v for label, v in SOFTMAXES.items() if not v[0] or native.load("softmax")}
+    rules = {label: hardware.fused_attention_backward_from(softmax_kernel=sk) for label, (sk, _) in forms.items()}
+    said = {label: "never" if r is None else f"from key length {r}" for label, r in rules.items()}
     auto = hardware.precision_choice({"accelerator": "cpu", "precision": "auto"})
     out = ["## Hardware choices", "",
            f"The rows behind `zoo.hardware`'s rules on this CPU kind (`cpu_kind()` = `{kind}`). Each CPU kind keeps "
@@ -1195,42 +1207,59 @@ def section_choices(sess: Session) -> str:
            "precision sections.", "",
            "**Attention in bf16 training.** zoo's models under `torch.autocast('cpu', dtype=torch.bfloat16)`, "
            "forward + backward (no optimizer step), with attention on the fused kernel "
-           "(`F.scaled_dot_product_attention`) and on the written-out form (`attention.backend=math`'s), "
-           f"interleaved; `kernel / written-out` above 1: the written-out form is faster. The rule here: the kernel "
-           f"{said}.", ""]
+           "(`F.scaled_dot_product_attention`) and on the written-out form (`attention.backend=math`'s), its softmax "
+           "on zoo's kernel (zoo/layers/softmax.cpp, where it builds) and in torch ops (without a C++ compiler, with "
+           "`ZOO_NATIVE=0`, under torch.compile), interleaved; `kernel / written-out` above 1: the written-out form is "
+           "faster. The rules here: the kernel "
+           + "; ".join(f"{said[label]} against the written-out form with {label}" for label in forms)
+           + (" (zoo's softmax kernel did not build here: no rows for it)" if len(forms) < len(SOFTMAXES) else "")
+           + ".", ""]
+
+    def cells(times: dict[str, float], t: int) -> tuple[list, list]:
+        k = times["kernel"]
+        return ([c for label in forms for c in (ms(times[label]), ratio(k / times[label]))],
+                [_verdict(rules[label], t, k, times[label]) for label in forms])
+
     rows = []
     for shape_name in s.shapes:
         shape = SHAPES[shape_name]
         x, y = batch(shape)
         for family in ("gpt2", "llama"):
             model = zoo.build_model(zoo_config(shape, family)).train()
-            fns = {path: partial(_bf16_forward_backward, model, x, y, start)
-                   for path, start in (("kernel", 0), ("written-out", None))}
+            fns = {"kernel": partial(_bf16_forward_backward, model, x, y, 0),
+                   **{label: partial(_bf16_forward_backward, model, x, y, None, sk)
+                      for label, (sk, _) in forms.items()}}
             st = interleave(fns, s)
-            k, w = st["kernel"].median, st["written-out"].median
-            rows.append([shape_name, FAMILY_LABELS[family], shape.context, ms(k), ms(w), ratio(k / w),
-                         _verdict(rule, shape.context, k, w)])
-    out += [table(["shape", "family", "context", "kernel ms", "written-out ms", "kernel / written-out",
-                   "rule picks"], rows), ""]
-    heads, head_dim = 48, 64
-    rows, faster_from, wrong = [], None, 0
+            times, verdicts = cells({n: v.median for n, v in st.items()}, shape.context)
+            rows.append([shape_name, FAMILY_LABELS[family], shape.context, ms(st["kernel"].median), *times, *verdicts])
+    heads = [h for label in forms for h in (f"written-out ms ({label})", f"kernel / written-out ({label})")]
+    picks = [f"rule picks ({label})" for label in forms]
+    out += [table(["shape", "family", "context", "kernel ms", *heads, *picks], rows), ""]
+    n_heads, head_dim = 48, 64
+    rows, faster_from, wrong = [], dict.fromkeys(forms), dict.fromkeys(forms, 0)
     for t in s.attention_lengths:
-        q, k, v = (torch.randn(1, heads, t, head_dim, dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
-        grad = torch.randn(1, heads, t, head_dim, dtype=torch.bfloat16)
+        q, k, v = (torch.randn(1, n_heads, t, head_dim, dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+        grad = torch.randn(1, n_heads, t, head_dim, dtype=torch.bfloat16)
         st = interleave({"kernel": partial(_attention_step, _kernel, q, k, v, grad),
-                         "written-out": partial(_attention_step, _written_out, q, k, v, grad)}, s)
-        kt, wt = st["kernel"].median, st["written-out"].median
-        faster_from = (faster_from or t) if kt < wt else None  # the shortest length from which the kernel wins
-        verdict = _verdict(rule, t, kt, wt)
-        wrong += "slower" in verdict
-        rows.append([t, ms(kt), ms(wt), ratio(kt / wt), verdict])
-    out += [f"Causal attention alone, bf16, {heads} heads (batch x heads) of size {head_dim}, forward + backward by "
-            "key length (the rule's variable):", "",
-            table(["key length", "kernel ms", "written-out ms", "kernel / written-out", "rule picks"], rows), "",
-            f"The kernel is faster {'from key length ' + str(faster_from) if faster_from else 'at no length'} "
-            f"measured here; the rule ({said}) picks "
-            + ("the faster path, or one within 5% of it, at every length." if not wrong else
-               f"**a path more than 5% slower at {wrong} length(s)**: revisit zoo.hardware.FUSED_FROM."), ""]
+                         **{label: partial(_attention_step, _written_out, q, k, v, grad, sk)
+                            for label, (sk, _) in forms.items()}}, s)
+        med = {n: v.median for n, v in st.items()}
+        for label in forms:  # the shortest length from which the kernel wins, against each form
+            faster_from[label] = (faster_from[label] or t) if med["kernel"] < med[label] else None
+        times, verdicts = cells(med, t)
+        for label, verdict in zip(forms, verdicts, strict=True):
+            wrong[label] += "slower" in verdict
+        rows.append([t, ms(med["kernel"]), *times, *verdicts])
+    out += [f"Causal attention alone, bf16, {n_heads} heads (batch x heads) of size {head_dim}, forward + backward "
+            "by key length (the rules' variable):", "",
+            table(["key length", "kernel ms", *heads, *picks], rows), ""]
+    for label, (_, table_name) in forms.items():
+        f = faster_from[label]
+        out += [f"Against the written-out form with {label}, the kernel is faster "
+                f"{'from key length ' + str(f) if f else 'at no length'} measured here; the rule ({said[label]}) picks "
+                + ("the faster path, or one within 5% of it, at every length." if not wrong[label] else
+                   f"**a path more than 5% slower at {wrong[label]} length(s)**: revisit zoo.hardware.{table_name}."),
+                ""]
     rows = []
     steps = 3
     for shape_name in s.shapes:

@@ -93,20 +93,30 @@ def precision_choice(trainer: dict, resumed: str | None = None) -> dict:
 
 # --- low-precision attention on CPU ------------------------------------------------------------------------
 # The fused kernel (F.scaled_dot_product_attention) against the written-out product form, bf16 autocast, forward +
-# backward (docs/benchmarks.md, "Hardware choices (<CPU kind>)"):
-# - AMX: attention alone, the written-out form is 2.9x faster at key length 64, 2.3x at 128, 1.1x at 192; the
-#   kernel 1.02-1.05x faster at 256 and 1.7-2.5x at 512. Whole models: written-out 1.3-1.6x faster at context 64, the
-#   kernel 1.05-1.2x faster at 256 (under torch.compile the two are within 1% there).
-# - AVX-512 BF16 without AMX (AMD EPYC): the written-out form is faster at 64 and at 256 (the compile section:
-#   nanoGPT's bf16 step, on the kernel, 1.40x and 1.06x slower than zoo's on the written-out form); no row yet
-#   says where the kernel takes over, so it never does (`--only choices` on such a CPU would say).
-FUSED_FROM = {"amx": 256}  # cpu_kind -> the shortest key length where the kernel's backward is faster
+# backward (docs/benchmarks.md, "Hardware choices (<CPU kind>)"). The written-out form's softmax is either zoo's
+# kernel (zoo/layers/softmax.cpp: bf16, eager, where it builds) or torch ops (no C++ compiler, ZOO_NATIVE=0, fp16,
+# masks other than causal, torch.compile), so each has its own table.
+# - AMX, softmax in torch ops (one thread): attention alone, the written-out form is 2.9x faster at key length 64,
+#   2.3x at 128, 1.1x at 192; the kernel 1.02-1.05x faster at 256 and 1.7-2.5x at 512. Whole models: written-out
+#   1.3-1.6x faster at context 64, the kernel 1.01-1.2x faster at 256 (under torch.compile the two are within 1%
+#   there). On two threads attention alone is 1.2x faster written out at 256, whole models are not: 256 stays.
+# - AMX, zoo's softmax (two threads): attention alone, the written-out form is 3.5x faster at 64, 2.1x at 256, 1.7x
+#   at 512; the kernel 1.5x faster at 768 and 1.7x at 1024. Whole models: written-out 1.5-1.6x faster at 64,
+#   1.08-1.23x at 256.
+# - AVX-512 BF16 without AMX (AMD EPYC), softmax in torch ops: the written-out form is faster at 64 and at 256 (the
+#   compile section: nanoGPT's bf16 step, on the kernel, 1.40x and 1.06x slower than zoo's on the written-out
+#   form); no row yet says where the kernel takes over, so it never does (`--only choices` on such a CPU would say),
+#   and none yet with zoo's softmax, which the same rule (never) serves there.
+# cpu_kind -> the shortest key length where the kernel's backward is faster
+FUSED_FROM = {"amx": 256}  # the written-out form in torch ops
+FUSED_FROM_SOFTMAX_KERNEL = {"amx": 768}  # the written-out form on zoo's softmax kernel
 
 
-def fused_attention_backward_from() -> int | None:
-    """The shortest key length from which low-precision attention training on this CPU takes the fused kernel;
-    None: never (the written-out form at every length)."""
-    return FUSED_FROM.get(cpu_kind())
+def fused_attention_backward_from(softmax_kernel: bool = False) -> int | None:
+    """The shortest key length from which low-precision attention training on this CPU takes the fused kernel,
+    against the written-out form with zoo's softmax kernel or without it; None: never (the written-out form at
+    every length)."""
+    return (FUSED_FROM_SOFTMAX_KERNEL if softmax_kernel else FUSED_FROM).get(cpu_kind())
 
 
 # --- AdamW -------------------------------------------------------------------------------------------------

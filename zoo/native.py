@@ -1,4 +1,4 @@
-"""CPU kernels torch lacks, as torch ops in C++ (zoo/layers/<name>.cpp: rmsnorm, rope), built once per machine.
+"""CPU kernels torch lacks, as torch ops in C++ (zoo/layers/<name>.cpp: rmsnorm, rope, softmax), built once per machine.
 
 `load(name)` compiles the file against the installed torch's headers and libraries into a per-user cache
 (`$ZOO_CACHE`, else `$XDG_CACHE_HOME/zoo` or `~/.cache/zoo`), named by a hash of the source, the compiler, torch's

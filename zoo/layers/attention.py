@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from zoo import native
 from zoo.component import Context, Options, linear_flops, need
 from zoo.hardware import fused_attention_backward_from
 from zoo.layers.position import Position
@@ -110,22 +111,34 @@ class AttentionBase(nn.Module):
         dropout = self.dropout if self.training else 0.0
         groups = q.shape[1] // k.shape[1]
         scale = None if qk_dim is None else 1 / math.sqrt(qk_dim)
-        if self.backend == "sdpa" and not self.record and not _slow_fused_backward(q, k.shape[2]):
+        if self.backend == "sdpa" and not self.record and not _slow_fused_backward(q, k.shape[2], mask):
             return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout,
                                                   is_causal=is_causal, scale=scale, enable_gqa=groups > 1)
         # math: softmax(q k^T / sqrt(d_k)) v, written out so the weights can be kept.
         k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
-        scores = (q @ k.transpose(-2, -1)) / math.sqrt(qk_dim or q.shape[-1])
-        if is_causal:  # eager reuses the cached mask; under torch.compile dynamo traces the builder itself
-            build = attention_mask.__wrapped__ if torch.compiler.is_compiling() else attention_mask
-            mask = build(q.shape[2], k.shape[2], True, None, q.device)
-        if mask is not None:
-            scores = scores.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else scores + mask
-        # bf16/fp16 scores are normalised in float32 for accuracy; float32 and float64 stay as they are.
-        weights = scores.softmax(dim=-1, dtype=torch.promote_types(scores.dtype, torch.float32)).to(q.dtype)
+        weights = attention_weights(q, k, mask, is_causal, qk_dim)
         if self.record:
             self.weights = weights.detach()
         return F.dropout(weights, dropout) @ v
+
+
+def attention_weights(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor | None, is_causal: bool,
+                      qk_dim: int | None = None) -> torch.Tensor:
+    """softmax(q k^T / sqrt(qk_dim)) with the mask (causal: queries are the last of the keys), in q's dtype.
+    q (B, H, Tq, E) and k (B, H, Tk, E) -> (B, H, Tq, Tk); qk_dim defaults to E. Low-precision scores are
+    normalised in float32: for bf16 on CPU in one pass each way by zoo/layers/softmax.cpp where it is built (six
+    torch passes otherwise, more time than the two matrix products around them), else by torch ops."""
+    scores = q @ k.transpose(-2, -1)
+    if _softmax_kernel(scores, mask):
+        return torch.ops.zoo.attention_softmax(scores, 1 / math.sqrt(qk_dim or q.shape[-1]), is_causal)
+    scores = scores / math.sqrt(qk_dim or q.shape[-1])
+    if is_causal:  # eager reuses the cached mask; under torch.compile dynamo traces the builder itself
+        build = attention_mask.__wrapped__ if torch.compiler.is_compiling() else attention_mask
+        mask = build(q.shape[2], k.shape[2], True, None, q.device)
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else scores + mask
+    # bf16/fp16 scores are normalised in float32 for accuracy; float32 and float64 stay as they are.
+    return scores.softmax(dim=-1, dtype=torch.promote_types(scores.dtype, torch.float32)).to(q.dtype)
 
 
 class Attention(AttentionBase):
@@ -206,17 +219,27 @@ def gqa(ctx: Context, opts: GQAOptions) -> Attention:
 
 
 # Low-precision training on CPU: the key length from which the fused kernel's backward is faster than the
-# written-out form on this CPU (None: never). Read once, here, so torch.compile sees a constant.
+# written-out form on this CPU (None: never), with the softmax in torch ops or on zoo's kernel. Read once, here, so
+# torch.compile sees a constant.
 FUSED_BACKWARD_FROM = fused_attention_backward_from()
+FUSED_BACKWARD_FROM_SOFTMAX_KERNEL = fused_attention_backward_from(softmax_kernel=True)
 
 
-def _slow_fused_backward(q: torch.Tensor, t_k: int) -> bool:
+def _softmax_kernel(scores: torch.Tensor, mask: torch.Tensor | None) -> bool:
+    """Whether attention weights come from zoo/layers/softmax.cpp: bf16 on CPU, causal or unmasked, in eager mode
+    (torch.compile fuses the formula itself), where the kernel builds."""
+    return mask is None and scores.dtype == torch.bfloat16 and scores.device.type == "cpu" \
+        and not torch.compiler.is_compiling() and native.load("softmax")
+
+
+def _slow_fused_backward(q: torch.Tensor, t_k: int, mask: torch.Tensor | None = None) -> bool:
     """Whether low-precision training takes the written-out form instead of the fused kernel: on CPU, where the
-    kernel's bf16/fp16 backward is slower than the product form, at every length on CPUs without AMX and at
-    short contexts on CPUs with AMX (zoo.hardware: the benchmark rows). Inference and float32 keep the kernel."""
+    kernel's bf16/fp16 backward is slower than the product form, at every length on CPUs without AMX and below a
+    length on CPUs with AMX (zoo.hardware: the benchmark rows). Inference and float32 keep the kernel."""
     if q.device.type != "cpu" or q.dtype not in (torch.bfloat16, torch.float16) or not q.requires_grad:
         return False
-    return FUSED_BACKWARD_FROM is None or t_k < FUSED_BACKWARD_FROM
+    start = FUSED_BACKWARD_FROM_SOFTMAX_KERNEL if _softmax_kernel(q, mask) else FUSED_BACKWARD_FROM
+    return start is None or t_k < start
 
 
 @lru_cache(maxsize=32)
