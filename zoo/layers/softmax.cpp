@@ -64,7 +64,7 @@ Dims dims(const at::Tensor& s, bool causal) {
                 s.sizes());
     const int64_t Tq = s.size(-2), Tk = s.size(-1);
     TORCH_CHECK(!causal || Tk >= Tq, "zoo::attention_softmax: causal needs Tk >= Tq, got ", Tq, " and ", Tk);
-    return {Tq ? s.numel() / (Tq * Tk) * Tq : 0, Tq, Tk, causal};
+    return {Tk ? s.numel() / Tk : 0, Tq, Tk, causal};  // rows: one per query
 }
 
 // p of one row into e[0, n) from the scores: e = exp(s * scale - max) * inv
