@@ -7,10 +7,11 @@
 //   p = softmax(s * scale) over each row of keys, causal: key j of query i only when j <= i + Tk - Tq
 //   ds = p * (dp - sum(dp * p)) * scale                      (zero where masked)
 //
-// Computed in float32 and rounded once to bf16 (to nearest even, as torch rounds). The backward recomputes p from the saved scores and
-// each row's max and 1 / sum (the same operations, so the same bits as the forward's), instead of keeping p in
-// float32. exp is a polynomial (Cephes' expf: 1-2 ulp in float32, far below bf16's rounding) written so the
-// compiler vectorises it; every sum is in fixed lanes, as in rmsnorm.cpp: the same bits on any CPU or thread count.
+// Computed in float32 and rounded once to bf16 (to nearest even, as torch rounds). The backward recomputes p from
+// the saved scores and each row's max and 1 / sum (the same operations, so the same bits as the forward's),
+// instead of keeping p in float32. exp is a polynomial (Cephes' expf: 1-2 ulp in float32, far below bf16's
+// rounding) written so the compiler vectorises it; every sum is in fixed lanes, as in rmsnorm.cpp: the same bits
+// on any CPU or thread count.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/csrc/autograd/custom_function.h>
