@@ -118,7 +118,8 @@ at::Tensor backward(const at::Tensor& g_, const at::Tensor& s, const at::Tensor&
     const Dims d = dims(s, causal);
     const float scale = static_cast<float>(scale_);
     at::Tensor g = g_.to(at::kBFloat16).contiguous(), ds = at::empty_like(s);
-    const bf16 *sp = reinterpret_cast<const bf16*>(s.const_data_ptr()), *gp = reinterpret_cast<const bf16*>(g.const_data_ptr());
+    const bf16* sp = reinterpret_cast<const bf16*>(s.const_data_ptr());
+    const bf16* gp = reinterpret_cast<const bf16*>(g.const_data_ptr());
     bf16* dp = reinterpret_cast<bf16*>(ds.data_ptr());
     const float* st = stats.const_data_ptr<float>();
     at::parallel_for(0, d.rows, std::max<int64_t>(1, 4096 / std::max<int64_t>(d.Tk, 1)), [&](int64_t r0, int64_t r1) {
