@@ -87,6 +87,15 @@ float lanes(int64_t n, float init, F&& term, bool take_max) {
     return total;
 }
 
+// fn(r, n, e) for every row r of scores, rows shared by torch's threads: n keys seen, e a scratch row of floats
+template <typename F>
+void each_row(const Dims& d, F&& fn) {
+    at::parallel_for(0, d.rows, std::max<int64_t>(1, 4096 / std::max<int64_t>(d.Tk, 1)), [&](int64_t r0, int64_t r1) {
+        std::vector<float> e(d.Tk);
+        for (int64_t r = r0; r < r1; r++) fn(r, d.keys(r), e.data());
+    });
+}
+
 // -> p (bf16) and each row's max and 1 / sum, (rows, 2) float32
 std::tuple<at::Tensor, at::Tensor> forward(const at::Tensor& s, double scale_, bool causal) {
     const Dims d = dims(s, causal);
@@ -95,21 +104,16 @@ std::tuple<at::Tensor, at::Tensor> forward(const at::Tensor& s, double scale_, b
     const bf16* sp = reinterpret_cast<const bf16*>(s.const_data_ptr());
     bf16* pp = reinterpret_cast<bf16*>(p.data_ptr());
     float* st = stats.data_ptr<float>();
-    at::parallel_for(0, d.rows, std::max<int64_t>(1, 4096 / std::max<int64_t>(d.Tk, 1)), [&](int64_t r0, int64_t r1) {
-        std::vector<float> e(d.Tk);
-        float* __restrict__ ep = e.data();
-        for (int64_t r = r0; r < r1; r++) {
-            const bf16* __restrict__ row = sp + r * d.Tk;
-            bf16* __restrict__ out = pp + r * d.Tk;
-            const int64_t n = d.keys(r);
-            const float max = lanes(n, -std::numeric_limits<float>::infinity(),
-                                    [&](int64_t j) { return widen(row[j]) * scale; }, true);
-            probabilities(row, ep, n, scale, max, 1.0f);
-            const float inv = 1.0f / lanes(n, 0.0f, [&](int64_t j) { return ep[j]; }, false);
-            for (int64_t j = 0; j < n; j++) out[j] = narrow(ep[j] * inv);
-            for (int64_t j = n; j < d.Tk; j++) out[j] = 0;
-            st[2 * r] = max, st[2 * r + 1] = inv;
-        }
+    each_row(d, [&](int64_t r, int64_t n, float* __restrict__ ep) {
+        const bf16* __restrict__ row = sp + r * d.Tk;
+        bf16* __restrict__ out = pp + r * d.Tk;
+        const float max = lanes(n, -std::numeric_limits<float>::infinity(),
+                                [&](int64_t j) { return widen(row[j]) * scale; }, true);
+        probabilities(row, ep, n, scale, max, 1.0f);
+        const float inv = 1.0f / lanes(n, 0.0f, [&](int64_t j) { return ep[j]; }, false);
+        for (int64_t j = 0; j < n; j++) out[j] = narrow(ep[j] * inv);
+        for (int64_t j = n; j < d.Tk; j++) out[j] = 0;
+        st[2 * r] = max, st[2 * r + 1] = inv;
     });
     return {p, stats};
 }
@@ -122,18 +126,13 @@ at::Tensor backward(const at::Tensor& g_, const at::Tensor& s, const at::Tensor&
     const bf16* gp = reinterpret_cast<const bf16*>(g.const_data_ptr());
     bf16* dp = reinterpret_cast<bf16*>(ds.data_ptr());
     const float* st = stats.const_data_ptr<float>();
-    at::parallel_for(0, d.rows, std::max<int64_t>(1, 4096 / std::max<int64_t>(d.Tk, 1)), [&](int64_t r0, int64_t r1) {
-        std::vector<float> e(d.Tk);
-        float* __restrict__ ep = e.data();
-        for (int64_t r = r0; r < r1; r++) {
-            const bf16* __restrict__ gr = gp + r * d.Tk;
-            bf16* __restrict__ out = dp + r * d.Tk;
-            const int64_t n = d.keys(r);
-            probabilities(sp + r * d.Tk, ep, n, scale, st[2 * r], st[2 * r + 1]);
-            const float dot = lanes(n, 0.0f, [&](int64_t j) { return ep[j] * widen(gr[j]); }, false);
-            for (int64_t j = 0; j < n; j++) out[j] = narrow(ep[j] * (widen(gr[j]) - dot) * scale);
-            for (int64_t j = n; j < d.Tk; j++) out[j] = 0;
-        }
+    each_row(d, [&](int64_t r, int64_t n, float* __restrict__ ep) {
+        const bf16* __restrict__ gr = gp + r * d.Tk;
+        bf16* __restrict__ out = dp + r * d.Tk;
+        probabilities(sp + r * d.Tk, ep, n, scale, st[2 * r], st[2 * r + 1]);
+        const float dot = lanes(n, 0.0f, [&](int64_t j) { return ep[j] * widen(gr[j]); }, false);
+        for (int64_t j = 0; j < n; j++) out[j] = narrow(ep[j] * (widen(gr[j]) - dot) * scale);
+        for (int64_t j = n; j < d.Tk; j++) out[j] = 0;
     });
     return ds;
 }
