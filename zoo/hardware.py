@@ -98,8 +98,9 @@ def precision_choice(trainer: dict, resumed: str | None = None) -> dict:
 # masks other than causal, torch.compile), so each has its own table.
 # - AMX, softmax in torch ops (one thread): attention alone, the written-out form is 2.9x faster at key length 64,
 #   2.3x at 128, 1.1x at 192; the kernel 1.02-1.05x faster at 256 and 1.7-2.5x at 512. Whole models: written-out
-#   1.3-1.6x faster at context 64, the kernel 1.01-1.2x faster at 256 (under torch.compile the two are within 1%
-#   there). On two threads attention alone is 1.2x faster written out at 256, whole models are not: 256 stays.
+#   1.3-1.6x faster at context 64, the kernel 1.05-1.2x faster at 256 (under torch.compile the two are within 1%
+#   there). On two threads attention alone is 1.2x faster written out at 256, but whole models are still faster on
+#   the kernel there (1.01x and 1.13x): 256 stays.
 # - AMX, zoo's softmax (two threads): attention alone, the written-out form is 3.5x faster at 64, 2.1x at 256, 1.7x
 #   at 512; the kernel 1.5x faster at 768 and 1.7x at 1024. Whole models: written-out 1.5-1.6x faster at 64,
 #   1.08-1.23x at 256.
