@@ -314,10 +314,11 @@ def test_rmsnorm_cpp_op_gives_the_same_bits_on_any_thread_count():
 
 def _softmax_in_torch(s: torch.Tensor, scale: float, causal: bool, dtype=torch.float32) -> torch.Tensor:
     """softmax(s * scale) over keys, causal with the queries last, computed in `dtype`."""
+    from zoo.layers.attention import attention_mask
+
     x = s.to(dtype) * scale
     if causal:
-        t_q, t_k = s.shape[-2:]
-        x = x.masked_fill(~torch.ones(t_q, t_k, dtype=torch.bool).tril(t_k - t_q), float("-inf"))
+        x = x.masked_fill(~attention_mask(*s.shape[-2:], True, None, s.device), float("-inf"))
     return x.softmax(-1, dtype=torch.promote_types(dtype, torch.float32))
 
 

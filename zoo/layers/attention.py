@@ -128,10 +128,10 @@ def attention_weights(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor | Non
     q (B, H, Tq, E) and k (B, H, Tk, E) -> (B, H, Tq, Tk); qk_dim defaults to E. Low-precision scores are
     normalised in float32: for bf16 on CPU in one pass each way by zoo/layers/softmax.cpp where it is built (six
     torch passes otherwise, more time than the two matrix products around them), else by torch ops."""
-    scores = q @ k.transpose(-2, -1)
+    scores, root_d = q @ k.transpose(-2, -1), math.sqrt(qk_dim or q.shape[-1])
     if _softmax_kernel(scores, mask):
-        return torch.ops.zoo.attention_softmax(scores, 1 / math.sqrt(qk_dim or q.shape[-1]), is_causal)
-    scores = scores / math.sqrt(qk_dim or q.shape[-1])
+        return torch.ops.zoo.attention_softmax(scores, 1 / root_d, is_causal)
+    scores = scores / root_d
     if is_causal:  # eager reuses the cached mask; under torch.compile dynamo traces the builder itself
         build = attention_mask.__wrapped__ if torch.compiler.is_compiling() else attention_mask
         mask = build(q.shape[2], k.shape[2], True, None, q.device)
@@ -225,10 +225,11 @@ FUSED_BACKWARD_FROM = fused_attention_backward_from()
 FUSED_BACKWARD_FROM_SOFTMAX_KERNEL = fused_attention_backward_from(softmax_kernel=True)
 
 
-def _softmax_kernel(scores: torch.Tensor, mask: torch.Tensor | None) -> bool:
-    """Whether attention weights come from zoo/layers/softmax.cpp: bf16 on CPU, causal or unmasked, in eager mode
-    (torch.compile fuses the formula itself), where the kernel builds."""
-    return mask is None and scores.dtype == torch.bfloat16 and scores.device.type == "cpu" \
+def _softmax_kernel(x: torch.Tensor, mask: torch.Tensor | None) -> bool:
+    """Whether attention weights from scores like x (the scores, or the queries they are made from) come from
+    zoo/layers/softmax.cpp: bf16 on CPU, causal or unmasked, in eager mode (torch.compile fuses the formula
+    itself), where the kernel builds."""
+    return mask is None and x.dtype == torch.bfloat16 and x.device.type == "cpu" \
         and not torch.compiler.is_compiling() and native.load("softmax")
 
 
