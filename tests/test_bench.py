@@ -347,6 +347,14 @@ def test_choices_section_tables():
     adamw = {r["kernel"]: r for r in rows_of(md, "| shape | params | kernel |")}
     assert set(adamw) == set(bench.ADAMW_KERNELS)
     assert [adamw[k]["equal to for-loop"] for k in ("for-loop (torch's CPU default)", "foreach")] == ["yes", "yes"]
+    compiled = rows_of(md, "| key length | zoo's softmax ms |") if "zoo's softmax" in forms else []
+    assert [r["key length"] for r in compiled] == (["8", "16"] if compiled else [])
+    for r in compiled:
+        positive(r["zoo's softmax ms"]), positive(r["inductor's ms"])
+        assert r["rule picks"].split()[0] in ("zoo's", "inductor's")
+    said = [ln for ln in md.splitlines() if ln.startswith("Compiled, the rule ")]
+    assert len(said) == bool(compiled) and all(ln.endswith(("at every length.", "COMPILED_SOFTMAX_KERNEL_FROM."))
+                                                for ln in said), said
     for form, (_, rule_table) in bench.SOFTMAXES.items():  # each form's verdict on its own rule table
         said = [ln for ln in md.splitlines() if ln.startswith(f"Against the written-out form with {form}, ")]
         assert len(said) == (form in forms), form
@@ -359,3 +367,5 @@ def test_choices_section_tables():
     (256, 512, 2.0, 1.0, "kernel (**slower**)"), (None, 512, 1.0, 2.0, "written-out (**slower**)")])
 def test_choices_verdict(rule, t, kernel, written, verdict):
     assert bench._verdict(rule, t, kernel, written) == verdict
+    named = verdict.replace("written-out", "inductor's").replace("kernel", "zoo's softmax")
+    assert bench._verdict(rule, t, kernel, written, ("zoo's softmax", "inductor's")) == named

@@ -330,13 +330,14 @@ def test_attention_softmax_cpp_op_is_closer_to_the_exact_softmax_than_torch_in_b
     softmax, and no further from it than torch's bf16 path (which rounds the scaled scores to bf16 first); rows
     of any length (lanes of 16 and a tail); inference mode gives the same bits."""
     from zoo import native
+    from zoo.layers.attention import attention_softmax
 
     built(native, "softmax")
     g = torch.Generator().manual_seed(t_q * 1000 + t_k)
     s = (torch.randn(2, 3, t_q, t_k, generator=g) * 6).bfloat16().requires_grad_()
     grad = torch.randn(2, 3, t_q, t_k, generator=g).bfloat16()
     scale = 0.37
-    p = torch.ops.zoo.attention_softmax(s, scale, causal)
+    p = attention_softmax(s, scale, causal)
     (ds,) = torch.autograd.grad(p, s, grad)
     exact_s = s.detach().double().requires_grad_()
     exact = _softmax_in_torch(exact_s, scale, causal, torch.float64)
@@ -356,11 +357,12 @@ def test_attention_softmax_cpp_op_is_closer_to_the_exact_softmax_than_torch_in_b
     torch.testing.assert_close(p.double().sum(-1), torch.ones(2, 3, t_q, dtype=torch.float64), atol=t_k * 2 ** -8,
                                rtol=0)
     with torch.inference_mode():
-        assert torch.equal(torch.ops.zoo.attention_softmax(s.detach(), scale, causal), p.detach())
+        assert torch.equal(attention_softmax(s.detach(), scale, causal), p.detach())
 
 
 def test_attention_softmax_cpp_op_gives_the_same_bits_on_any_thread_count_and_refuses_what_it_does_not_do():
     from zoo import native
+    from zoo.layers.attention import attention_softmax
 
     built(native, "softmax")
     s = torch.randn(4, 4, 33, 70).bfloat16().requires_grad_()
@@ -369,16 +371,21 @@ def test_attention_softmax_cpp_op_gives_the_same_bits_on_any_thread_count_and_re
     try:
         for n in (1, 2, 3):
             torch.set_num_threads(n)
-            p = torch.ops.zoo.attention_softmax(s, 0.125, True)
+            p = attention_softmax(s, 0.125, True)
             results.append((p, *torch.autograd.grad(p, s, grad)))
     finally:
         torch.set_num_threads(threads)
     for other in results[1:]:
         assert all(torch.equal(a, b) for a, b in zip(results[0], other, strict=True))
     with pytest.raises(RuntimeError, match="contiguous bf16"):
-        torch.ops.zoo.attention_softmax(s.detach().float(), 0.125, True)
+        attention_softmax(s.detach().float(), 0.125, True)
     with pytest.raises(RuntimeError, match="causal needs Tk >= Tq"):
-        torch.ops.zoo.attention_softmax(s.detach().transpose(-1, -2).contiguous(), 0.125, True)
+        attention_softmax(s.detach().transpose(-1, -2).contiguous(), 0.125, True)
+    _, stats = torch.ops.zoo.attention_softmax(s.detach(), 0.125, True)
+    with pytest.raises(RuntimeError, match="shaped as the scores and the forward's float32 stats"):
+        torch.ops.zoo.attention_softmax_backward(grad, s.detach(), stats[..., :1], 0.125, True)
+    with pytest.raises(RuntimeError, match="no second derivative"):
+        torch.autograd.grad(attention_softmax(s, 0.125, True), s, grad, create_graph=True)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
@@ -388,7 +395,7 @@ def test_written_out_attention_takes_the_softmax_kernel_for_bf16_without_a_mask_
     import math
 
     from zoo import native
-    from zoo.layers.attention import attention_mask, attention_weights
+    from zoo.layers.attention import attention_mask, attention_softmax, attention_weights
 
     built(native, "softmax")
     q, k = torch.randn(2, 3, 10, 8).to(dtype), torch.randn(2, 3, 10, 8).to(dtype)
@@ -396,12 +403,40 @@ def test_written_out_attention_takes_the_softmax_kernel_for_bf16_without_a_mask_
     scores = (q @ k.transpose(-2, -1)) / math.sqrt(8)
     formula = {m: scores.masked_fill(~attention_mask(10, 10, True, w, q.device), float("-inf"))
                .softmax(-1, dtype=torch.float32).to(dtype) for m, w in (("causal", None), ("window", 3))}
-    kernel = torch.ops.zoo.attention_softmax((q @ k.transpose(-2, -1)).bfloat16(), 1 / math.sqrt(8), True)
+    kernel = attention_softmax((q @ k.transpose(-2, -1)).bfloat16(), 1 / math.sqrt(8), True)
     causal = attention_weights(q, k, None, True)
     assert torch.equal(causal, kernel if dtype == torch.bfloat16 else formula["causal"])
     assert torch.equal(attention_weights(q, k, window, False), formula["window"])
     monkeypatch.setattr(native, "load", lambda name: False)
     assert torch.equal(attention_weights(q, k, None, True), formula["causal"])
+
+
+def test_compiled_attention_takes_the_softmax_kernel_from_its_length_with_the_eager_bits(monkeypatch):
+    """Under torch.compile the kernel runs in the graph (its shapes and backward registered for it) from
+    COMPILED_SOFTMAX_KERNEL_FROM keys, with eager mode's bits each way; below, inductor fuses torch's formula."""
+    from torch.profiler import profile
+
+    from zoo import native
+    from zoo.layers import attention
+
+    built(native, "softmax")
+    monkeypatch.setattr(attention, "COMPILED_SOFTMAX_KERNEL_FROM", 12)
+    g = torch.Generator().manual_seed(0)
+    for t, kernel in ((12, True), (11, False)):
+        q, k, grad = (torch.randn(2, 3, t, 8, generator=g).bfloat16() for _ in range(3))
+        results = []
+        for fn in (attention.attention_weights, torch.compile(attention.attention_weights, fullgraph=True)):
+            leaf = q.clone().requires_grad_()
+            with profile() as prof:
+                w = fn(leaf, k, None, True)
+                (dq,) = torch.autograd.grad(w @ k, leaf, grad)
+            results.append((w, dq, "zoo::attention_softmax" in {e.key for e in prof.key_averages()}))
+        (eager, eager_dq, eager_ran), (compiled, compiled_dq, compiled_ran) = results
+        assert eager_ran and compiled_ran == kernel
+        if kernel:
+            assert torch.equal(compiled, eager) and torch.equal(compiled_dq, eager_dq)
+        else:
+            torch.testing.assert_close(compiled, eager, atol=2 ** -8, rtol=0)
 
 
 def test_rmsnorm_cpp_op_is_built_once_per_machine_and_can_be_turned_off(tmp_path):

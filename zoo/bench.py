@@ -1113,15 +1113,17 @@ def section_precision(sess: Session, root: Path = ROOT) -> str:
 @contextlib.contextmanager
 def attention_path(fused_from: int | None, softmax_kernel: bool = True):
     """Low-precision attention training on the fused kernel from key length `fused_from` (0: always, None:
-    never), the written-out form's softmax on zoo's kernel where it builds or in torch ops, whatever zoo.hardware
-    chose for this CPU."""
+    never), the written-out form's softmax on zoo's kernel where it builds (compiled or not) or in torch ops,
+    whatever zoo.hardware chose for this CPU."""
     import zoo.layers.attention as attention
 
-    names = ("FUSED_BACKWARD_FROM", "FUSED_BACKWARD_FROM_SOFTMAX_KERNEL", "_softmax_kernel")
+    names = ("FUSED_BACKWARD_FROM", "FUSED_BACKWARD_FROM_SOFTMAX_KERNEL", "COMPILED_SOFTMAX_KERNEL_FROM",
+             "_softmax_kernel")
     old = [getattr(attention, n) for n in names]
     attention.FUSED_BACKWARD_FROM = attention.FUSED_BACKWARD_FROM_SOFTMAX_KERNEL = fused_from
+    attention.COMPILED_SOFTMAX_KERNEL_FROM = 0  # compiled too: the softmax asked for at every length
     if not softmax_kernel:
-        attention._softmax_kernel = lambda scores, mask: False
+        attention._softmax_kernel = lambda scores, mask, t_k: False
     try:
         yield
     finally:
@@ -1149,6 +1151,38 @@ def _attention_step(fn: Callable, q: torch.Tensor, k: torch.Tensor, v: torch.Ten
                     softmax_kernel: bool = True) -> None:
     with attention_path(None, softmax_kernel):
         fn(q, k, v).backward(grad)
+
+
+def _compiled_softmax_rows(s: Settings, n_heads: int, head_dim: int) -> list[str]:
+    """Causal attention alone under torch.compile, written out, with zoo's softmax kernel and with inductor's fusion
+    of the torch ops, by key length: the rows behind zoo.hardware.COMPILED_SOFTMAX_KERNEL_FROM."""
+    from zoo import hardware
+
+    rule = hardware.compiled_softmax_kernel_from()
+    said = "never" if rule is None else f"from key length {rule}"
+    rows, wrong = [], 0
+    for t in s.attention_lengths:
+        torch._dynamo.reset()  # one length's two graphs at a time: dynamo's cache holds only a few
+        q, k, v = (torch.randn(1, n_heads, t, head_dim, dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+        grad = torch.randn(1, n_heads, t, head_dim, dtype=torch.bfloat16)
+        compiled = torch.compile(_written_out, dynamic=False, fullgraph=True)  # the path patched: a graph each
+        med = {n: v.median for n, v in interleave(
+            {"zoo's softmax": partial(_attention_step, compiled, q, k, v, grad, True),
+             "inductor's": partial(_attention_step, compiled, q, k, v, grad, False)}, s).items()}
+        verdict = _verdict(rule, t, med["zoo's softmax"], med["inductor's"], ("zoo's softmax", "inductor's"))
+        wrong += "slower" in verdict
+        rows.append([t, ms(med["zoo's softmax"]), ms(med["inductor's"]),
+                     ratio(med["inductor's"] / med["zoo's softmax"]), verdict])
+    torch._dynamo.reset()
+    picks = ("the faster softmax, or one within 5% of it, at every length." if not wrong else
+             f"**a softmax more than 5% slower at {wrong} length(s)**: revisit "
+             "zoo.hardware.COMPILED_SOFTMAX_KERNEL_FROM.")
+    return [f"The same attention written out under torch.compile, where inductor fuses the torch ops' softmax into "
+            "one pass each way itself, against zoo's softmax kernel in the compiled graph; `inductor's / zoo's` "
+            "above 1: zoo's kernel is faster. The rule (zoo.hardware.COMPILED_SOFTMAX_KERNEL_FROM): zoo's kernel "
+            f"{said}, then the fused attention kernel by the table above, from its own length.", "",
+            table(["key length", "zoo's softmax ms", "inductor's ms", "inductor's / zoo's", "rule picks"], rows), "",
+            f"Compiled, the rule ({said}) picks {picks}", ""]
 
 
 def _kernel(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -1181,10 +1215,11 @@ def _adamw_runs(shape: Shape, steps: int) -> tuple[dict[str, torch.optim.Optimiz
     return opts, same
 
 
-def _verdict(rule: int | None, t: int, kernel: float, written: float) -> str:
-    """What the rule picks at key length t and how it fares: within 5% of the faster path counts as a tie."""
-    picked, other = ("kernel", written) if rule is not None and t >= rule else ("written-out", kernel)
-    mine = kernel if picked == "kernel" else written
+def _verdict(rule: int | None, t: int, kernel: float, written: float,
+             names: tuple[str, str] = ("kernel", "written-out")) -> str:
+    """What the rule (from key length `rule`: the first path, else the second) picks at key length t and how it
+    fares: within 5% of the faster path counts as a tie."""
+    picked, mine, other = (names[0], kernel, written) if rule is not None and t >= rule else (names[1], written, kernel)
     return picked + (" (faster)" if mine <= other else " (within 5%)" if mine <= 1.05 * other else " (**slower**)")
 
 
@@ -1209,8 +1244,8 @@ def section_choices(sess: Session) -> str:
            "forward + backward (no optimizer step), with attention on the fused kernel "
            "(`F.scaled_dot_product_attention`) and on the written-out form (`attention.backend=math`'s), its softmax "
            "on zoo's kernel (zoo/layers/softmax.cpp, where it builds) and in torch ops (without a C++ compiler, with "
-           "`ZOO_NATIVE=0`, under torch.compile), interleaved; `kernel / written-out` above 1: the written-out form is "
-           "faster. The rules here: the kernel "
+           "`ZOO_NATIVE=0`, under torch.compile on short rows: the table after these), interleaved; "
+           "`kernel / written-out` above 1: the written-out form is faster. The rules here: the kernel "
            + "; ".join(f"{said[label]} against the written-out form with {label}" for label in forms)
            + (" (zoo's softmax kernel did not build here: no rows for it)" if len(forms) < len(SOFTMAXES) else "")
            + ".", ""]
@@ -1260,6 +1295,8 @@ def section_choices(sess: Session) -> str:
                 + ("the faster path, or one within 5% of it, at every length." if not wrong[label] else
                    f"**a path more than 5% slower at {wrong[label]} length(s)**: revisit zoo.hardware.{table_name}."),
                 ""]
+    if "zoo's softmax" in forms:
+        out += _compiled_softmax_rows(s, n_heads, head_dim)
     rows = []
     steps = 3
     for shape_name in s.shapes:

@@ -94,8 +94,8 @@ def precision_choice(trainer: dict, resumed: str | None = None) -> dict:
 # --- low-precision attention on CPU ------------------------------------------------------------------------
 # The fused kernel (F.scaled_dot_product_attention) against the written-out product form, bf16 autocast, forward +
 # backward (docs/benchmarks.md, "Hardware choices (<CPU kind>)"). The written-out form's softmax is either zoo's
-# kernel (zoo/layers/softmax.cpp: bf16, eager, where it builds) or torch ops (no C++ compiler, ZOO_NATIVE=0, fp16,
-# masks other than causal, torch.compile), so each has its own table.
+# kernel (zoo/layers/softmax.cpp: bf16, where it builds) or torch ops (no C++ compiler, ZOO_NATIVE=0, fp16, masks
+# other than causal, torch.compile below COMPILED_SOFTMAX_KERNEL_FROM), so each has its own table.
 # - AMX, softmax in torch ops (one thread): attention alone, the written-out form is 2.9x faster at key length 64,
 #   2.3x at 128, 1.1x at 192; the kernel 1.02-1.05x faster at 256 and 1.7-2.5x at 512. Whole models: written-out
 #   1.3-1.6x faster at context 64, the kernel 1.05-1.2x faster at 256 (under torch.compile the two are within 1%
@@ -112,12 +112,27 @@ def precision_choice(trainer: dict, resumed: str | None = None) -> dict:
 FUSED_FROM = {"amx": 256}  # the written-out form in torch ops
 FUSED_FROM_SOFTMAX_KERNEL = {"amx": 768}  # the written-out form on zoo's softmax kernel
 
+# Under torch.compile the written-out form's softmax is zoo's kernel or inductor's own fusion of the torch ops (one
+# pass each way too), and the kernel is the faster only on longer rows. AMX, two threads, compiled: attention alone
+# (48 heads), the fusion 1.14x faster at key length 64 and 1.04x at 128, the kernel 1.15x faster at 192, 1.36x at
+# 256, 1.7-1.8x at 512-1024; whole bf16 models, the fusion 2-10% faster at context 64 and within 2% at 128, the
+# kernel 5% faster at 256 and 18% at 512 (and 1.2x faster than the fused attention kernel at both). No row yet from
+# other kinds: they keep inductor's fusion.
+# cpu_kind -> the shortest key length from which compiled models take zoo's softmax kernel
+COMPILED_SOFTMAX_KERNEL_FROM = {"amx": 192}
+
 
 def fused_attention_backward_from(softmax_kernel: bool = False) -> int | None:
     """The shortest key length from which low-precision attention training on this CPU takes the fused kernel,
     against the written-out form with zoo's softmax kernel or without it; None: never (the written-out form at
     every length)."""
     return (FUSED_FROM_SOFTMAX_KERNEL if softmax_kernel else FUSED_FROM).get(cpu_kind())
+
+
+def compiled_softmax_kernel_from() -> int | None:
+    """The shortest key length from which compiled models' written-out attention takes zoo's softmax kernel over
+    inductor's fusion of the torch ops on this CPU; None: never."""
+    return COMPILED_SOFTMAX_KERNEL_FROM.get(cpu_kind())
 
 
 # --- AdamW -------------------------------------------------------------------------------------------------

@@ -129,7 +129,7 @@ def test_low_precision_attention_path_by_cpu_and_length(monkeypatch, start, t_k,
     mine, other = ("FUSED_BACKWARD_FROM_SOFTMAX_KERNEL", "FUSED_BACKWARD_FROM")[::1 if softmax_kernel else -1]
     monkeypatch.setattr(attention, mine, start)
     monkeypatch.setattr(attention, other, 128 if start is None else None)  # the other table must not count
-    monkeypatch.setattr(attention, "_softmax_kernel", lambda scores, mask: softmax_kernel)
+    monkeypatch.setattr(attention, "_softmax_kernel", lambda scores, mask, t_k: softmax_kernel)
     q = torch.zeros(1, 2, 4, 8, dtype=torch.bfloat16, requires_grad=True)
     assert attention._slow_fused_backward(q, t_k) is math
     assert not attention._slow_fused_backward(q.detach(), t_k)  # inference keeps the kernel

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cache, lru_cache
 from typing import Literal
 
 import torch
@@ -21,7 +21,7 @@ from torch import nn
 
 from zoo import native
 from zoo.component import Context, Options, linear_flops, need
-from zoo.hardware import fused_attention_backward_from
+from zoo.hardware import compiled_softmax_kernel_from, fused_attention_backward_from
 from zoo.layers.position import Position
 from zoo.registry import ATTENTION
 
@@ -129,8 +129,8 @@ def attention_weights(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor | Non
     normalised in float32: for bf16 on CPU in one pass each way by zoo/layers/softmax.cpp where it is built (six
     torch passes otherwise, more time than the two matrix products around them), else by torch ops."""
     scores, root_d = q @ k.transpose(-2, -1), math.sqrt(qk_dim or q.shape[-1])
-    if _softmax_kernel(scores, mask):
-        return torch.ops.zoo.attention_softmax(scores, 1 / root_d, is_causal)
+    if _softmax_kernel(scores, mask, k.shape[-2]):
+        return attention_softmax(scores, 1 / root_d, is_causal)
     scores = scores / root_d
     if is_causal:  # eager reuses the cached mask; under torch.compile dynamo traces the builder itself
         build = attention_mask.__wrapped__ if torch.compiler.is_compiling() else attention_mask
@@ -219,18 +219,60 @@ def gqa(ctx: Context, opts: GQAOptions) -> Attention:
 
 
 # Low-precision training on CPU: the key length from which the fused kernel's backward is faster than the
-# written-out form on this CPU (None: never), with the softmax in torch ops or on zoo's kernel. Read once, here, so
-# torch.compile sees a constant.
+# written-out form on this CPU (None: never), with the softmax in torch ops or on zoo's kernel; and from which
+# compiled models take zoo's softmax kernel over inductor's own. Read once, here, so torch.compile sees constants.
 FUSED_BACKWARD_FROM = fused_attention_backward_from()
 FUSED_BACKWARD_FROM_SOFTMAX_KERNEL = fused_attention_backward_from(softmax_kernel=True)
+COMPILED_SOFTMAX_KERNEL_FROM = compiled_softmax_kernel_from()
 
 
-def _softmax_kernel(x: torch.Tensor, mask: torch.Tensor | None) -> bool:
-    """Whether attention weights from scores like x (the scores, or the queries they are made from) come from
-    zoo/layers/softmax.cpp: bf16 on CPU, causal or unmasked, in eager mode (torch.compile fuses the formula
-    itself), where the kernel builds."""
-    return mask is None and x.dtype == torch.bfloat16 and x.device.type == "cpu" \
-        and not torch.compiler.is_compiling() and native.load("softmax")
+def _softmax_kernel(x: torch.Tensor, mask: torch.Tensor | None, t_k: int) -> bool:
+    """Whether attention weights from scores like x (the scores, or the queries they are made from) over t_k keys
+    come from zoo/layers/softmax.cpp: bf16 on CPU, causal or unmasked, where the kernel builds; under torch.compile
+    from COMPILED_SOFTMAX_KERNEL_FROM keys (below, inductor's fusion of the torch ops is as fast or faster)."""
+    if mask is not None or x.dtype != torch.bfloat16 or x.device.type != "cpu":
+        return False
+    if torch.compiler.is_compiling() and (COMPILED_SOFTMAX_KERNEL_FROM is None or t_k < COMPILED_SOFTMAX_KERNEL_FROM):
+        return False
+    return _softmax_ops()
+
+
+@torch.compiler.assume_constant_result  # torch.compile asks once, while tracing, and keeps the answer
+def _softmax_ops() -> bool:
+    """Whether zoo/layers/softmax.cpp is loaded here (zoo.native), its autograd and shapes registered."""
+    return native.load("softmax") and _register_softmax_ops()
+
+
+@cache
+def _register_softmax_ops() -> bool:
+    """softmax.cpp's two ops as one differentiable op, with the shapes torch.compile traces them by."""
+    torch.library.register_fake("zoo::attention_softmax", lambda scores, scale, causal: (
+        torch.empty_like(scores), scores.new_empty((*scores.shape[:-1], 2), dtype=torch.float32)))
+    torch.library.register_fake("zoo::attention_softmax_backward",
+                                lambda grad, scores, stats, scale, causal: torch.empty_like(scores))
+
+    def setup_context(ctx, inputs, output):
+        ctx.save_for_backward(inputs[0], output[1])
+        ctx.scale, ctx.causal = inputs[1:]
+        ctx.mark_non_differentiable(output[1])
+
+    def backward(ctx, grad, _):
+        if torch.is_grad_enabled():  # create_graph=True: the kernel would record nothing to differentiate
+            raise RuntimeError("zoo::attention_softmax has no second derivative; ZOO_NATIVE=0 uses torch's formula, "
+                               "which has")
+        scores, stats = ctx.saved_tensors
+        return torch.ops.zoo.attention_softmax_backward(grad, scores, stats, ctx.scale, ctx.causal), None, None
+
+    torch.library.register_autograd("zoo::attention_softmax", backward, setup_context=setup_context)
+    return True
+
+
+def attention_softmax(scores: torch.Tensor, scale: float, causal: bool) -> torch.Tensor:
+    """softmax(scores * scale) over keys for bf16 CPU scores (..., Tq, Tk), causal: queries are the last of the
+    keys; by zoo/layers/softmax.cpp (differentiable once)."""
+    if not _softmax_ops():
+        raise RuntimeError("zoo/layers/softmax.cpp is not built here (zoo.native: ZOO_NATIVE=0 or no C++ compiler)")
+    return torch.ops.zoo.attention_softmax(scores.contiguous(), scale, causal)[0]
 
 
 def _slow_fused_backward(q: torch.Tensor, t_k: int, mask: torch.Tensor | None = None) -> bool:
@@ -239,7 +281,7 @@ def _slow_fused_backward(q: torch.Tensor, t_k: int, mask: torch.Tensor | None = 
     length on CPUs with AMX (zoo.hardware: the benchmark rows). Inference and float32 keep the kernel."""
     if q.device.type != "cpu" or q.dtype not in (torch.bfloat16, torch.float16) or not q.requires_grad:
         return False
-    start = FUSED_BACKWARD_FROM_SOFTMAX_KERNEL if _softmax_kernel(q, mask) else FUSED_BACKWARD_FROM
+    start = FUSED_BACKWARD_FROM_SOFTMAX_KERNEL if _softmax_kernel(q, mask, t_k) else FUSED_BACKWARD_FROM
     return start is None or t_k < start
 
 

@@ -1,5 +1,6 @@
-// Attention's softmax on CPU for bf16 scores, forward and backward in one pass each, as the op
-// torch.ops.zoo.attention_softmax with its own autograd (zoo/layers/attention.py loads it through zoo.native).
+// Attention's softmax on CPU for bf16 scores, forward and backward in one pass each, as the ops
+// torch.ops.zoo.attention_softmax (-> p, and each row's max and 1 / sum) and zoo.attention_softmax_backward;
+// zoo/layers/attention.py loads them through zoo.native and gives them autograd and torch.compile's shapes.
 // Written as torch ops, the written-out attention's softmax is six passes over the (B, H, Tq, Tk) scores each way
 // (scale, mask, softmax, the casts to and from float32); at short and middle contexts they cost more than the
 // two matrix products around them.
@@ -14,7 +15,6 @@
 // on any CPU or thread count.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
-#include <torch/csrc/autograd/custom_function.h>
 #include <torch/library.h>
 
 #include <bit>
@@ -96,11 +96,17 @@ void each_row(const Dims& d, F&& fn) {
     });
 }
 
-// -> p (bf16) and each row's max and 1 / sum, (rows, 2) float32
+std::vector<int64_t> stats_size(const at::Tensor& s) {  // (..., Tq, 2): each row's max and 1 / sum
+    std::vector<int64_t> size = s.sizes().vec();
+    size.back() = 2;
+    return size;
+}
+
+// -> p (bf16) and each row's max and 1 / sum (float32)
 std::tuple<at::Tensor, at::Tensor> forward(const at::Tensor& s, double scale_, bool causal) {
     const Dims d = dims(s, causal);
     const float scale = static_cast<float>(scale_);
-    at::Tensor p = at::empty_like(s), stats = at::empty({d.rows, 2}, s.options().dtype(at::kFloat));
+    at::Tensor p = at::empty_like(s), stats = at::empty(stats_size(s), s.options().dtype(at::kFloat));
     const bf16* sp = reinterpret_cast<const bf16*>(s.const_data_ptr());
     bf16* pp = reinterpret_cast<bf16*>(p.data_ptr());
     float* st = stats.data_ptr<float>();
@@ -120,6 +126,9 @@ std::tuple<at::Tensor, at::Tensor> forward(const at::Tensor& s, double scale_, b
 
 at::Tensor backward(const at::Tensor& g_, const at::Tensor& s, const at::Tensor& stats, double scale_, bool causal) {
     const Dims d = dims(s, causal);
+    TORCH_CHECK(g_.sizes() == s.sizes() && stats.is_contiguous() && stats.scalar_type() == at::kFloat &&
+                stats.sizes() == at::IntArrayRef(stats_size(s)), "zoo::attention_softmax_backward: a gradient "
+                "shaped as the scores and the forward's float32 stats, got ", g_.sizes(), " and ", stats.sizes());
     const float scale = static_cast<float>(scale_);
     at::Tensor g = g_.to(at::kBFloat16).contiguous(), ds = at::empty_like(s);
     const bf16* sp = reinterpret_cast<const bf16*>(s.const_data_ptr());
@@ -137,38 +146,15 @@ at::Tensor backward(const at::Tensor& g_, const at::Tensor& s, const at::Tensor&
     return ds;
 }
 
-struct AttentionSoftmax : public torch::autograd::Function<AttentionSoftmax> {
-    static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& s_, double scale,
-                              bool causal) {
-        at::Tensor s = s_.contiguous();
-        auto [p, stats] = ::forward(s, scale, causal);
-        ctx->save_for_backward({s, stats});
-        ctx->saved_data["scale"] = scale;
-        ctx->saved_data["causal"] = causal;
-        return p;
-    }
-
-    static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
-                                                   torch::autograd::variable_list grads) {
-        TORCH_CHECK(!at::GradMode::is_enabled(), "zoo::attention_softmax has no second derivative; ZOO_NATIVE=0 "
-                    "uses torch's formula, which has");  // create_graph=True: the kernel below would record nothing
-        auto saved = ctx->get_saved_variables();
-        return {::backward(grads[0], saved[0], saved[1], ctx->saved_data["scale"].toDouble(),
-                           ctx->saved_data["causal"].toBool()),
-                at::Tensor(), at::Tensor()};
-    }
-};
-
-at::Tensor softmax_autograd(const at::Tensor& s, double scale, bool causal) {
-    return AttentionSoftmax::apply(s, scale, causal);
-}
-
-at::Tensor softmax_cpu(const at::Tensor& s, double scale, bool causal) {  // inference mode: no graph
-    return std::get<0>(forward(s.contiguous(), scale, causal));
-}
-
 }  // namespace
 
-TORCH_LIBRARY_FRAGMENT(zoo, m) { m.def("attention_softmax(Tensor scores, float scale, bool causal) -> Tensor"); }
-TORCH_LIBRARY_IMPL(zoo, Autograd, m) { m.impl("attention_softmax", &softmax_autograd); }
-TORCH_LIBRARY_IMPL(zoo, CPU, m) { m.impl("attention_softmax", &softmax_cpu); }
+// Autograd, and the shapes torch.compile traces with, are registered in Python (zoo/layers/attention.py): the
+// same two ops then serve eager mode and compiled graphs.
+TORCH_LIBRARY_FRAGMENT(zoo, m) {
+    m.def("attention_softmax(Tensor scores, float scale, bool causal) -> (Tensor, Tensor)");
+    m.def("attention_softmax_backward(Tensor grad, Tensor scores, Tensor stats, float scale, bool causal) -> Tensor");
+}
+TORCH_LIBRARY_IMPL(zoo, CPU, m) {
+    m.impl("attention_softmax", &forward);
+    m.impl("attention_softmax_backward", &backward);
+}
