@@ -320,12 +320,13 @@ def test_ttt_skipped_without_nanogpt_or_text(tmp_path):
 def test_profile_section_shares_add_up():
     md = bench.section_profile(bench.Session(quick()))
     rows = rows_of(md, "| shape | family | mode | profiled ms |")
-    assert [(r["family"], r["mode"]) for r in rows] == [("GPT-2 style", "fp32 eager"), ("GPT-2 style", "bf16 eager"),
-                                                        ("Llama style", "fp32 eager"), ("Llama style", "bf16 eager")]
+    modes = ["fp32 eager", "bf16 eager", "bf16 compile"]
+    assert [(r["family"], r["mode"]) for r in rows] == [(f, m) for f in ("GPT-2 style", "Llama style") for m in modes]
     groups = [name for name, _ in bench.PROFILE_GROUPS] + ["other"]
     for r in rows:
         positive(r["profiled ms"])
         assert 97 <= sum(int(r[g].rstrip("%")) for g in groups) <= 103, r  # rounded shares of one whole
+        assert (int(r["inductor's kernels"].rstrip("%")) > 0) == (r["mode"] == "bf16 compile"), r  # its own kernels
     assert any(int(r["matmul"].rstrip("%")) > 0 for r in rows), rows  # a training step multiplies matrices
 
 

@@ -364,8 +364,11 @@ def make_train_run(shape: Shape, v: Variant, s: Settings) -> TrainRun:
     model, loss_of = BUILDERS[v.peer](shape, v.family, s)
     model.to(s.device).train()
     params = n_params(model)
-    cuda = torch.device(s.device).type == "cuda"  # there AdamW's fused kernel, as trainer=gpu's optim.fused=null
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.1, **({"fused": True} if cuda else {}))
+    from zoo.hardware import adamw_implementation
+
+    # AdamW as train.py takes it with optim.fused=null, for every contender: fused on a GPU, and on CPU in bf16
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.1, **adamw_implementation(
+        None, torch.device(s.device), "bf16-mixed" if v.bf16 else "32-true"))
     run_model = torch.compile(model) if v.compile else model
     x, y = (t.to(s.device) for t in batch(shape))
     amp = (lambda: torch.autocast(torch.device(s.device).type, dtype=torch.bfloat16)) if v.bf16 \
@@ -534,7 +537,8 @@ def _section_compile(sess: Session) -> str:
     s = sess.settings
     out = ["## torch.compile and bf16 autocast", "",
            "zoo's training step with `torch.compile(model)` (default mode), with "
-           "`torch.autocast('cpu', dtype=torch.bfloat16)`, and with both; `speedup` is zoo float32 eager's median "
+           "`torch.autocast('cpu', dtype=torch.bfloat16)`, and with both, and AdamW as train.py takes it (bf16 rows: "
+           "torch's fused kernel, for every contender); `speedup` is zoo float32 eager's median "
            "over the row's median (above 1: faster). Compile time = first step (which compiles forward and "
            "backward) minus the steady median, with empty compile caches at the start of the section (later "
            "variants reuse kernels compiled for earlier ones, as in one training process); it is not in the "
@@ -712,6 +716,9 @@ def section_kv(sess: Session) -> str:
 # Where a training step's time goes: torch.profiler's self CPU time per operator, in groups. Checked in order: the
 # first pattern that an operator's name contains decides its group.
 PROFILE_GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    # compiled: a graph's own time is the C++ kernels inductor wrote for it (elementwise work, casts, norms and
+    # softmaxes it fused), its graphs summed under this name by profile_groups
+    ("inductor's kernels", ("inductor's kernels",)),
     ("attention", ("attention", "softmax", "masked_fill", "tril", "triu", "baddbmm")),
     ("norm", ("norm", "rsqrt", "var_mean")),
     ("optimizer", ("adam", "_foreach", "lerp", "sqrt", "addcdiv", "addcmul", "zero_")),
@@ -732,7 +739,11 @@ def profile_groups(step: Callable[[], object], steps: int) -> tuple[dict[str, fl
         for _ in range(steps):
             step()
         wall = (time.perf_counter() - t0) / steps
-    ops = [(e.key, e.self_cpu_time_total) for e in prof.key_averages() if e.self_cpu_time_total > 0]
+    ops: dict[str, float] = {}
+    for e in prof.key_averages():  # a compiled model's graphs, each named by a hash, as one entry
+        key = "inductor's kernels (compiled graphs)" if "CompiledFxGraph" in e.key else e.key
+        ops[key] = ops.get(key, 0.0) + e.self_cpu_time_total
+    ops = [(k, t) for k, t in ops.items() if t > 0]
     total = sum(t for _, t in ops) or 1.0
     shares: dict[str, float] = {name: 0.0 for name, _ in PROFILE_GROUPS} | {"other": 0.0}
     for key, t in ops:
@@ -744,15 +755,16 @@ def profile_groups(step: Callable[[], object], steps: int) -> tuple[dict[str, fl
 
 
 def section_profile(sess: Session) -> str:
-    """Each family's training step in float32 and bf16 (eager), profiled: the share of each group of operators."""
+    """Each family's training step in float32 and bf16 (eager) and bf16 compiled, profiled: the share of each
+    group of operators."""
     s = sess.settings
     groups = [name for name, _ in PROFILE_GROUPS] + ["other"]
     rows, tops = [], []
     for shape_name in s.shapes:
         shape = SHAPES[shape_name]
         for family in ("gpt2", "llama"):
-            for bf16 in (False, True):
-                v = Variant("zoo", family, bf16=bf16)
+            for bf16, compiled in ((False, False), (True, False), (True, True)):
+                v = Variant("zoo", family, bf16=bf16, compile=compiled)
                 run = make_train_run(shape, v, s)
                 for _ in range(s.warmup):
                     run.step()
@@ -767,10 +779,11 @@ def section_profile(sess: Session) -> str:
         "## Where the step time goes", "",
         "zoo's training step (forward, backward, AdamW; the train section's models and batches) under "
         "`torch.profiler`, 5 steps after warm-up: each operator's self CPU time, summed by group, as a share of "
-        "all operators' time. Groups by the operator's name (`zoo.bench.PROFILE_GROUPS`): `attention` is the "
-        "fused sdpa kernels or the explicit path's softmax and masking, `matmul` every other matrix product "
-        "(projections, FFN, head), `casts and copies` autocast's conversions and layout copies. The profiler "
-        "adds overhead per operator, so `profiled ms` is above the train section's step time.", "",
+        "all operators' time. Groups by the operator's name (`zoo.bench.PROFILE_GROUPS`): `inductor's kernels` "
+        "is a compiled graph's own C++ kernels (the elementwise work, casts, norms and softmaxes it fused), "
+        "`attention` the fused sdpa kernels or the explicit path's softmax and masking, `matmul` every other "
+        "matrix product (projections, FFN, head), `casts and copies` autocast's conversions and layout copies. "
+        "The profiler adds overhead per operator, so `profiled ms` is above the train section's step time.", "",
         table(["shape", "family", "mode", "profiled ms", *groups], rows), "",
         "Top operators by self CPU time:", "", *tops, ""])
 

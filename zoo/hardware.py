@@ -4,7 +4,7 @@
   AVX-512 BF16 on CPU, a GPU with native bf16), float32 otherwise (`resolve_precision`).
 - Low-precision attention on CPU: the fused kernel or the written-out form (`fused_attention_backward_from`,
   used by zoo/layers/attention.py).
-- AdamW's kernel on CPU (`fused_adamw_on_cpu`, used by zoo/training/module.py's adamw_implementation).
+- AdamW's kernel (`adamw_implementation`: train.py's optimizer, zoo/training/module.py, and the benchmark's).
 
 The rows are in docs/benchmarks.md (`python -m zoo.bench --only choices`, one section per CPU kind); a rule
 changes with them, not with one machine's impression. The CPU is read once per process.
@@ -15,6 +15,10 @@ from __future__ import annotations
 import contextlib
 from functools import lru_cache
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
 
 AUTO = "auto"
 
@@ -113,11 +117,11 @@ FUSED_FROM = {"amx": 256}  # the written-out form in torch ops
 FUSED_FROM_SOFTMAX_KERNEL = {"amx": 768}  # the written-out form on zoo's softmax kernel
 
 # Under torch.compile the written-out form's softmax is zoo's kernel or inductor's own fusion of the torch ops (one
-# pass each way too), and the kernel is the faster only on longer rows. AMX, two threads, compiled: attention alone
-# (48 heads), the fusion 1.14x faster at key length 64 and 1.04x at 128, the kernel 1.15x faster at 192, 1.36x at
-# 256, 1.7-1.8x at 512-1024; whole bf16 models, the fusion 2-10% faster at context 64 and within 2% at 128, the
-# kernel 5% faster at 256 and 18% at 512 (and 1.2x faster than the fused attention kernel at both). No row yet from
-# other kinds: they keep inductor's fusion.
+# pass each way too), and the kernel is the faster only on longer rows. AMX, two threads, compiled, four runs:
+# attention alone (48 heads), the fusion 1.06-1.14x faster at key length 64 and 1.01-1.04x at 128, the kernel
+# 1.13-1.16x faster at 192, 1.36-1.48x at 256, 1.6-1.9x at 512-1024; whole bf16 models, the fusion 2-10% faster at
+# context 64 and within 2% at 128, the kernel 5% faster at 256 and 18% at 512 (and 1.2x faster than the fused
+# attention kernel at both). No row yet from other kinds: they keep inductor's fusion.
 # cpu_kind -> the shortest key length from which compiled models take zoo's softmax kernel
 COMPILED_SOFTMAX_KERNEL_FROM = {"amx": 192}
 
@@ -139,10 +143,19 @@ def compiled_softmax_kernel_from() -> int | None:
 
 
 def fused_adamw_on_cpu(precision: str | int) -> bool:
-    """Whether AdamW takes torch's fused kernel on CPU when optim.fused is null (zoo.training.module).
+    """Whether AdamW takes torch's fused kernel on CPU when optim.fused is null (adamw_implementation).
 
     The fused kernel is 3x faster than torch's default per-tensor loop on an AMX CPU at both benchmark shapes
     (foreach: no faster; docs/benchmarks.md, "Hardware choices"), but rounds differently in the last bit: float32
     runs keep torch's default, so their results stay what they were and equal on every machine; bf16 runs (whose
     numbers are new with auto anyway) take the fused kernel."""
     return str(precision).startswith("bf16")
+
+
+def adamw_implementation(fused: bool | None, device: torch.device, precision: str | int = "32-true") -> dict:
+    """AdamW's implementation for weights on `device`, as keyword arguments: optim.fused=true or false as set;
+    null: the fused kernel (one launch for all parameters) on a CUDA GPU, on CPU where the rows say
+    (bf16 only: float32 keeps torch's default and its results), else torch's default."""
+    if fused is None:
+        fused = device.type == "cuda" or (device.type == "cpu" and fused_adamw_on_cpu(precision))
+    return {"fused": True} if fused else {}

@@ -16,11 +16,10 @@ from omegaconf import OmegaConf
 from tests.helpers import compose_cfg, save_pretrained_tokenizer, write_corpus
 from zoo import count_params
 from zoo.build import ConfigError
-from zoo.hardware import resolve_precision
+from zoo.hardware import adamw_implementation, resolve_precision
 from zoo.prepare import prepare
 from zoo.schema import CONF
 from zoo.training.data import StepLoader, build_data
-from zoo.training.module import adamw_implementation
 from zoo.training.objectives import OBJECTIVE
 from zoo.training.runner import _prepare, tf32_matmuls
 

@@ -110,7 +110,7 @@ def test_bf16_with_the_fused_adamw_still_clips_gradients(train):
 
 
 def test_adamw_is_fused_on_cpu_in_bf16_only():
-    from zoo.training.module import adamw_implementation
+    from zoo.hardware import adamw_implementation
 
     cpu = torch.device("cpu")
     for precision in ("32-true", "32", 32, "64-true"):  # float32: torch's default, its results unchanged

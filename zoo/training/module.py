@@ -12,7 +12,7 @@ from torch import nn
 
 from zoo.build import build_model
 from zoo.component import aux_losses, clear_aux_losses
-from zoo.hardware import fused_adamw_on_cpu
+from zoo.hardware import adamw_implementation
 from zoo.schema import OptimConfig
 from zoo.training.objectives import OBJECTIVE
 
@@ -119,15 +119,6 @@ class ZooModule(L.LightningModule):
         schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(
             opt["warmup_steps"], self.cfg["trainer"]["max_steps"], opt["min_lr"] / opt["lr"]))
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}
-
-
-def adamw_implementation(fused: bool | None, device: torch.device, precision: str | int = "32-true") -> dict:
-    """AdamW's implementation for weights on `device`, as keyword arguments: optim.fused=true or false as set;
-    null: the fused kernel (one launch for all parameters) on a CUDA GPU, on CPU where zoo.hardware's rows say
-    (bf16 only: float32 keeps torch's default and its results), else torch's default."""
-    if fused is None:
-        fused = device.type == "cuda" or (device.type == "cpu" and fused_adamw_on_cpu(precision))
-    return {"fused": True} if fused else {}
 
 
 def lr_lambda(warmup: int, total: int, min_ratio: float):
