@@ -412,8 +412,8 @@ def test_written_out_attention_takes_the_softmax_kernel_for_bf16_without_a_mask_
 
 
 def test_compiled_attention_takes_the_softmax_kernel_from_its_length_with_the_eager_bits(monkeypatch):
-    """Under torch.compile the kernel runs in the graph (its shapes and backward registered for it) from
-    COMPILED_SOFTMAX_KERNEL_FROM keys, with eager mode's bits each way; below, inductor fuses torch's formula."""
+    """Under torch.compile the kernel runs in the graph (its ops' shapes registered, its autograd.Function traced)
+    from COMPILED_SOFTMAX_KERNEL_FROM keys, with eager mode's bits each way; below, inductor fuses torch's formula."""
     from torch.profiler import profile
 
     from zoo import native
