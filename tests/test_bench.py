@@ -351,7 +351,8 @@ def test_choices_section_tables():
     compiled = rows_of(md, "| key length | zoo's softmax ms |") if "zoo's softmax" in forms else []
     assert [r["key length"] for r in compiled] == (["8", "16"] if compiled else [])
     for r in compiled:
-        positive(r["zoo's softmax ms"]), positive(r["inductor's ms"])
+        positive(r["zoo's softmax ms"])
+        positive(r["inductor's ms"])
         assert r["rule picks"].split()[0] in ("zoo's", "inductor's")
     said = [ln for ln in md.splitlines() if ln.startswith("Compiled, the rule ")]
     assert len(said) == bool(compiled) and all(ln.endswith(("at every length.", "COMPILED_SOFTMAX_KERNEL_FROM."))

@@ -14,14 +14,16 @@ Sections (pick with `--only train,compile,...`; default: all):
 - mfu       achieved FLOP/s of zoo's training steps over a matrix-multiply peak measured in the same run;
             with `--device cuda` (the only section that runs there) on a GPU, at any shape, e.g.
             `--shapes gpt2_small`, adding bf16 + torch.compile, the way trainer=gpu compile=true trains;
-- profile   where zoo's training step spends its time (torch.profiler, operators in groups), float32 and bf16;
+- profile   where zoo's training step spends its time (torch.profiler, operators in groups), float32 and bf16,
+            and bf16 compiled;
 - memory    peak RSS growth of three training steps, one subprocess per contender;
 - overhead  `train.py` against a bare PyTorch loop (skipped while train.py does not exist);
 - precision a short train.py run at the large shape in float32 and bf16-mixed: validation loss and speed;
 - ttt       time to a target validation loss: zoo's train.py against nanoGPT's own train.py on the same text file
             (`--text PATH`, e.g. tinyshakespeare) and the same recipe, back to back, from process start;
 - choices   the rows behind zoo.hardware's rules on this CPU kind: low-precision attention on the fused kernel
-            against the written-out form (whole models and attention alone by key length), and AdamW's
+            against the written-out form (whole models and attention alone by key length), the written-out
+            form's softmax under torch.compile (zoo's kernel against inductor's fusion), and AdamW's
             for-loop, foreach and fused kernels (fp32 parameters), each against what the rule picks here;
 - data      `zoo-prepare` throughput against the tokenizer's own batch encode (byte-level BPE and char), and
             data=tokens batches per second at the GPT-2 small shape against a training step at that shape.
@@ -715,10 +717,11 @@ def section_kv(sess: Session) -> str:
 
 # Where a training step's time goes: torch.profiler's self CPU time per operator, in groups. Checked in order: the
 # first pattern that an operator's name contains decides its group.
+# compiled: a graph's own time is the C++ kernels inductor wrote for it (elementwise work, casts, norms and softmaxes
+# it fused); profile_groups sums a model's graphs, each named by a hash, under this one name
+COMPILED_GRAPHS = "inductor's kernels (compiled graphs)"
 PROFILE_GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    # compiled: a graph's own time is the C++ kernels inductor wrote for it (elementwise work, casts, norms and
-    # softmaxes it fused), its graphs summed under this name by profile_groups
-    ("inductor's kernels", ("inductor's kernels",)),
+    ("inductor's kernels", (COMPILED_GRAPHS,)),
     ("attention", ("attention", "softmax", "masked_fill", "tril", "triu", "baddbmm")),
     ("norm", ("norm", "rsqrt", "var_mean")),
     ("optimizer", ("adam", "_foreach", "lerp", "sqrt", "addcdiv", "addcmul", "zero_")),
@@ -740,8 +743,8 @@ def profile_groups(step: Callable[[], object], steps: int) -> tuple[dict[str, fl
             step()
         wall = (time.perf_counter() - t0) / steps
     ops: dict[str, float] = {}
-    for e in prof.key_averages():  # a compiled model's graphs, each named by a hash, as one entry
-        key = "inductor's kernels (compiled graphs)" if "CompiledFxGraph" in e.key else e.key
+    for e in prof.key_averages():
+        key = COMPILED_GRAPHS if "CompiledFxGraph" in e.key else e.key
         ops[key] = ops.get(key, 0.0) + e.self_cpu_time_total
     ops = [(k, t) for k, t in ops.items() if t > 0]
     total = sum(t for _, t in ops) or 1.0
@@ -1179,7 +1182,7 @@ def _compiled_softmax_rows(s: Settings, n_heads: int, head_dim: int) -> list[str
         q, k, v = (torch.randn(1, n_heads, t, head_dim, dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
         grad = torch.randn(1, n_heads, t, head_dim, dtype=torch.bfloat16)
         compiled = torch.compile(_written_out, dynamic=False, fullgraph=True)  # the path patched: a graph each
-        med = {n: v.median for n, v in interleave(
+        med = {n: st.median for n, st in interleave(
             {"zoo's softmax": partial(_attention_step, compiled, q, k, v, grad, True),
              "inductor's": partial(_attention_step, compiled, q, k, v, grad, False)}, s).items()}
         verdict = _verdict(rule, t, med["zoo's softmax"], med["inductor's"], ("zoo's softmax", "inductor's"))
