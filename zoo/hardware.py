@@ -117,9 +117,9 @@ FUSED_FROM = {"amx": 256}  # the written-out form in torch ops
 FUSED_FROM_SOFTMAX_KERNEL = {"amx": 768}  # the written-out form on zoo's softmax kernel
 
 # Under torch.compile the written-out form's softmax is zoo's kernel or inductor's own fusion of the torch ops (one
-# pass each way too), and the kernel is the faster only on longer rows. AMX, two threads, compiled, four runs:
+# pass each way too), and the kernel is the faster only on longer rows. AMX, two threads, compiled, five runs:
 # attention alone (48 heads), the fusion 1.06-1.14x faster at key length 64 and 1.01-1.04x at 128, the kernel
-# 1.13-1.16x faster at 192, 1.36-1.48x at 256, 1.6-1.9x at 512-1024; whole bf16 models, the fusion 2-10% faster at
+# 1.12-1.16x faster at 192, 1.34-1.48x at 256, 1.6-2.5x at 512-1024; whole bf16 models, the fusion 2-10% faster at
 # context 64 and within 2% at 128, the kernel 5-9% faster at 256 and 18% at 512 (and 1.15-1.25x faster than the
 # fused attention kernel at both). No row yet from other kinds: they keep inductor's fusion.
 # cpu_kind -> the shortest key length from which compiled models take zoo's softmax kernel
