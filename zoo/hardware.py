@@ -106,8 +106,8 @@ def precision_choice(trainer: dict, resumed: str | None = None) -> dict:
 #   there). On two threads attention alone is 1.2x faster written out at 256, but whole models are still faster on
 #   the kernel there (1.01x and 1.13x): 256 stays.
 # - AMX, zoo's softmax (two threads): attention alone, the written-out form is 3.5x faster at 64, 2.1x at 256, 1.7x
-#   at 512; the kernel 1.5x faster at 768 and 1.7x at 1024. Whole models: written-out 1.5-1.6x faster at 64,
-#   1.08-1.23x at 256.
+#   at 512; the kernel 1.5x faster at 768 and 1.7x at 1024. Whole models, six runs: written-out 1.36-1.64x faster
+#   at 64, 0.96-1.23x at 256 (faster, or within 5%, in every run).
 # - AVX-512 BF16 without AMX (AMD EPYC), softmax in torch ops: the written-out form is faster at 64 and at 256 (the
 #   compile section: nanoGPT's bf16 step, on the kernel, 1.40x and 1.06x slower than zoo's on the written-out
 #   form); no row yet says where the kernel takes over, so it never does (`--only choices` on such a CPU would say),
