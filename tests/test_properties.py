@@ -420,6 +420,8 @@ def test_compiled_attention_takes_the_softmax_kernel_from_its_length_with_the_ea
     from zoo.layers import attention
 
     built(native, "softmax")
+    # zoo marks whether the ops are built as a constant as this decorator does, without importing torch._dynamo
+    assert getattr(torch.compiler.assume_constant_result(lambda: None), "_dynamo_marked_constant", False)
     monkeypatch.setattr(attention, "COMPILED_SOFTMAX_KERNEL_FROM", 12)
     g = torch.Generator().manual_seed(0)
     for t, kernel in ((12, True), (11, False)):

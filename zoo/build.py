@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.overrides import TorchFunctionMode
 
 import zoo.layers  # noqa: F401  (registers the components)
 import zoo.models  # noqa: F401  (registers the lineages)
@@ -150,8 +151,18 @@ def meta_model(model_cfg: Mapping) -> nn.Module:
     return _on_meta(resolve_config(model_cfg))
 
 
+class _SkipInit(TorchFunctionMode):
+    """torch.nn.init's functions do nothing: on the meta device there are no values to set, and torch's meta
+    normal_ imports torch._dynamo (1-1.6 s) into a process that may never compile (python -m zoo.sample)."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if getattr(func, "__module__", None) == "torch.nn.init":  # each takes the tensor first, by name or not
+            return args[0] if args else kwargs["tensor"]
+        return func(*args, **(kwargs or {}))
+
+
 def _on_meta(cfg: dict) -> nn.Module:
-    with torch.device("meta"):
+    with torch.device("meta"), _SkipInit():
         return MODEL.get(cfg["name"])(cfg)
 
 

@@ -237,10 +237,15 @@ def _softmax_kernel(x: torch.Tensor, mask: torch.Tensor | None, t_k: int) -> boo
     return _softmax_ops()
 
 
-@torch.compiler.assume_constant_result  # torch.compile asks once, while tracing, and keeps the answer
 def _softmax_ops() -> bool:
     """Whether zoo/layers/softmax.cpp is loaded here (zoo.native), its shapes registered for torch.compile."""
     return native.load("softmax") and _register_softmax_ops()
+
+
+# torch.compile asks once, while tracing, and keeps the answer. This is what torch.compiler.assume_constant_result
+# marks, set here without calling it: it imports torch._dynamo (1-1.6 s), compiling or not (tests/test_properties.py
+# checks that the decorator still sets this attribute).
+_softmax_ops._dynamo_marked_constant = True
 
 
 @cache

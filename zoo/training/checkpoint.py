@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from zoo.build import ConfigError, build_model, resolve_config
+from zoo.build import ConfigError, build_model, meta_model, resolve_config
 from zoo.data.tokenizers import Tokenizer, tokenizer_from_state
 
 
@@ -47,7 +47,6 @@ def check_weights(state: Any, model_cfg: Any, path: str | Path) -> None:
     """Refuse a checkpoint whose weights do not fit the architecture its config names: a missing or extra
     weight, or one of the wrong shape, named in one line. Also refuses a config too large for memory. The
     expected shapes come from the model built on the meta device: nothing is allocated."""
-    from zoo.registry import MODEL
     from zoo.training.validate import check_memory
 
     try:
@@ -58,8 +57,7 @@ def check_weights(state: Any, model_cfg: Any, path: str | Path) -> None:
             from None
     if not isinstance(state, dict):
         raise CheckpointError(f"checkpoint: '{path}' has no weights (state_dict is {type(state).__name__})")
-    with torch.device("meta"):
-        expected = MODEL.get(cfg["name"])(cfg).state_dict()
+    expected = meta_model(cfg).state_dict()
     got = {k.removeprefix("model."): v for k, v in state.items() if isinstance(k, str) and k.startswith("model.")}
     for key, want in expected.items():
         have = got.get(key)
