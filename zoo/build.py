@@ -135,7 +135,7 @@ def _validate(cfg: dict) -> None:
         opts = check_options(key, node[name_key], registry.options(node[name_key]), values)
         cfg[key] = {name_key: node[name_key], **{k: node[k] for k in skip}, **option_values(opts)}
     # Each component checks its own constraints as it is built: build on the meta device, which allocates nothing.
-    _on_meta(cfg)
+    on_meta(cfg)
 
 
 def build_model(model_cfg: Mapping, seed: int = 0) -> nn.Module:
@@ -148,7 +148,7 @@ def build_model(model_cfg: Mapping, seed: int = 0) -> nn.Module:
 
 def meta_model(model_cfg: Mapping) -> nn.Module:
     """The model built on the meta device: every shape and component, no memory, no initialisation."""
-    return _on_meta(resolve_config(model_cfg))
+    return on_meta(resolve_config(model_cfg))
 
 
 class _SkipInit(TorchFunctionMode):
@@ -161,7 +161,8 @@ class _SkipInit(TorchFunctionMode):
         return func(*args, **(kwargs or {}))
 
 
-def _on_meta(cfg: dict) -> nn.Module:
+def on_meta(cfg: dict) -> nn.Module:
+    """meta_model for a config resolve_config has already resolved (and validated, by building it so)."""
     with torch.device("meta"), _SkipInit():
         return MODEL.get(cfg["name"])(cfg)
 

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from zoo.build import ConfigError, build_model, meta_model, resolve_config
+from zoo.build import ConfigError, build_model, on_meta, resolve_config
 from zoo.data.tokenizers import Tokenizer, tokenizer_from_state
 
 
@@ -57,7 +57,7 @@ def check_weights(state: Any, model_cfg: Any, path: str | Path) -> None:
             from None
     if not isinstance(state, dict):
         raise CheckpointError(f"checkpoint: '{path}' has no weights (state_dict is {type(state).__name__})")
-    expected = meta_model(cfg).state_dict()
+    expected = on_meta(cfg).state_dict()
     got = {k.removeprefix("model."): v for k, v in state.items() if isinstance(k, str) and k.startswith("model.")}
     for key, want in expected.items():
         have = got.get(key)
