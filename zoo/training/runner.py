@@ -278,8 +278,23 @@ def _prepare(plain: dict):
         raise ConfigError(f"budget: unknown '{budget}'; valid: {', '.join(BUDGETS)}, null")
     if budget is not None:
         plain["model"], plain["budget"] = match_params(plain["model"], count=BUDGETS[budget])
+    if plain.get("tokens_per_param") is not None:
+        apply_token_rule(plain, data)
     check_memory(plain["model"], trainer)
     return data
+
+
+def apply_token_rule(plain: dict, data) -> None:
+    """tokens_per_param: trainer.max_steps from the model's size, so every rung of a ladder trains on the same
+    number of tokens per parameter (and evals_per_run spaces the evaluations alike). Parameters are counted as
+    the budget counts them: the active ones, where experts make them fewer than all."""
+    trainer, accumulate = plain["trainer"], plain["trainer"].get("accumulate_grad_batches", 1)
+    tokens_per_step = data.batch_size * data.required_len() * accumulate
+    params = count_params(plain["model"])["active"]
+    trainer["max_steps"] = max(1, math.ceil(plain["tokens_per_param"] * params / tokens_per_step))
+    if plain.get("evals_per_run"):
+        trainer["val_check_interval"] = max(1, trainer["max_steps"] * accumulate // plain["evals_per_run"])  # batches
+    data.steps = trainer["max_steps"] * accumulate
 
 
 # budget=<key> -> the count_params entry match_params equalises: all parameters, or those a token uses
