@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+from matplotlib.ticker import FormatStrFormatter
 
 from zoo.io import atomic_write
 from zoo.report.stats import confidence_interval
@@ -129,6 +130,9 @@ def plot_ladder(ladder, path: Path) -> str:
             ax.plot(grid, fit(grid), color=color, lw=1, ls="--")
     ax.set_xscale("log")
     ax.set_yscale("log")
+    plain = FormatStrFormatter("%.2f")  # losses read as numbers, not as powers of ten
+    ax.yaxis.set_major_formatter(plain)
+    ax.yaxis.set_minor_formatter(plain)
     ax.set_xlabel("training compute (FLOPs)")
     ax.set_ylabel(f"final {ladder.metric}")
     ax.set_title(f"final {ladder.metric} against compute: mean and 95% CI per size, dashed: fitted power law",

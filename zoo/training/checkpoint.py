@@ -117,10 +117,10 @@ def _metrics(d, key: str) -> dict:
 
 def check_throughput_state(state) -> dict:
     if not isinstance(state, dict) or not {"tokens", "train_time"} <= set(state) or \
-            set(state) - {"tokens", "train_time", "wall_time", "eval_time"}:
+            set(state) - {"tokens", "train_time", "wall_time", "eval_time", "resumes"}:
         raise CheckpointError("checkpoint: callback state Throughput must hold tokens, train_time "
-                              "(and wall_time, eval_time)")
-    return {k: _number(v, f"Throughput.{k}", integer=k == "tokens") for k, v in state.items()}
+                              "(and wall_time, eval_time, resumes)")
+    return {k: _number(v, f"Throughput.{k}", integer=k in ("tokens", "resumes")) for k, v in state.items()}
 
 
 def check_best_metrics_state(state) -> dict:
