@@ -6,7 +6,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
-from matplotlib.ticker import FormatStrFormatter
 
 from zoo.io import atomic_write
 from zoo.report.stats import confidence_interval
@@ -105,6 +104,8 @@ def plot_final(rows: list[Row], metric: str, path: Path) -> str:
 def plot_ladder(ladder, path: Path) -> str:
     """Final metric against training compute, log-log: per variant the mean at each size with its 95% interval,
     the seeds as dots, and the fitted power law."""
+    from matplotlib.ticker import FormatStrFormatter
+
     from zoo.report.ladder import compute
 
     fig = _figure(7.5, 4.8)
