@@ -27,6 +27,12 @@ def too_big(what: str, size: int, prepare_args: str) -> str:
             "data=tokens data.path=corpus.tokens")
 
 
+def cache_dir() -> Path:
+    """zoo's per-user cache: `$ZOO_CACHE`, else `$XDG_CACHE_HOME/zoo`, else `~/.cache/zoo`."""
+    root = os.environ.get("ZOO_CACHE") or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "zoo"
+    return Path(root).expanduser()
+
+
 class DataError(ValueError):
     """Bad data or data settings; the message is one line naming the config key to change."""
 

@@ -25,6 +25,10 @@ class CheckpointError(ValueError):
 
 def read_checkpoint(path: str | Path) -> dict:
     path = Path(path)
+    if path.is_dir():  # a run directory given for its checkpoint
+        found = [p for p in (path / "checkpoints" / "best.ckpt", path / "checkpoints" / "last.ckpt") if p.is_file()]
+        hint = f"e.g. '{found[0]}'" if found else "<run dir>/checkpoints/best.ckpt or last.ckpt"
+        raise CheckpointError(f"checkpoint: '{path}' is a directory; give a checkpoint file ({hint})")
     if not path.is_file():
         raise CheckpointError(f"checkpoint: no such file '{path}'")
     if not zipfile.is_zipfile(path):  # torch.save writes a zip archive; a cut one loses its directory

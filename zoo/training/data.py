@@ -22,7 +22,7 @@ from zoo.data import corpus
 from zoo.data.corpus import DataError, load_default_corpus, read_text_file, split_text
 from zoo.data.tasks import TASK_ALPHABET, get_task, sequence_len, task_splits
 from zoo.data.tokenizers import Tokenizer, build_tokenizer, cached_bpe, tokenizer_from_state
-from zoo.data.tokens import open_shards, read_manifest
+from zoo.data.tokens import check_verify, open_shards, read_manifest
 from zoo.registry import Registry
 from zoo.training.objectives import Objective
 
@@ -242,13 +242,15 @@ class TokenData(WindowData):
         path = cfg.get("path")
         if not isinstance(path, str) or not path:
             raise DataError("data.path: the directory zoo-prepare wrote (data=tokens data.path=<dir>)")
+        verify = cfg.get("verify", "once")
+        check_verify(verify)
         manifest = read_manifest(path)
         self.tokenizer = tokenizer_from_state(manifest["tokenizer"])
         if self.tokenizer.vocab_size != manifest["vocab_size"]:
             raise DataError(f"data.path: '{path}' records vocab {manifest['vocab_size']} but its tokenizer has "
                             f"{self.tokenizer.vocab_size}; prepare it again")
-        self.train_tokens = TokenSplit(open_shards(path, manifest, "train"))
-        self.val_tokens = TokenSplit(open_shards(path, manifest, "val"))
+        self.train_tokens = TokenSplit(open_shards(path, manifest, "train", verify=verify))
+        self.val_tokens = TokenSplit(open_shards(path, manifest, "val", verify=verify))
         val = manifest["splits"]["val"]
         # the end-of-text id after each document counts as one character, as a newline between them would
         self.tokens_per_char = val["tokens"] / (val["characters"] + val["documents"])

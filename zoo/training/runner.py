@@ -373,7 +373,7 @@ def match_params(model_cfg: dict, tolerance: float = 0.01, count: str = "total")
 
 # Keys a resume may change: where output goes and how it is shown, never what is computed.
 RESUME_MAY_CHANGE = ("ckpt_path", "overwrite", "threads", "logger", "sample", "optimized_metric",
-                     "trainer.enable_progress_bar")
+                     "trainer.enable_progress_bar", "data.verify")
 
 
 def _checkpoint_path(plain: dict, run_dir: Path, data) -> tuple[str | None, int, str | None]:
