@@ -19,7 +19,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from zoo.data import corpus
-from zoo.data.corpus import DataError, load_default_corpus, read_text_file, split_text
+from zoo.data.corpus import DataError, cache_dir, load_default_corpus, read_text_file, split_text
 from zoo.data.tasks import TASK_ALPHABET, get_task, sequence_len, task_splits
 from zoo.data.tokenizers import Tokenizer, build_tokenizer, cached_bpe, tokenizer_from_state
 from zoo.data.tokens import check_verify, open_shards, read_manifest
@@ -196,7 +196,7 @@ class TextData(WindowData):
     def _bpe_cache_path(self) -> Path:
         path = self.cfg.get("path")
         if path is None:
-            return Path.home() / ".cache" / "zoo" / "shakespeare.bpe.json"
+            return cache_dir() / "shakespeare.bpe.json"
         return Path(path).with_suffix(Path(path).suffix + ".bpe.json")  # cached next to the data
 
 @DATA.register("hf")
@@ -229,7 +229,7 @@ class HFTextData(TextData):
             raise DataError(corpus.too_big(f"data.dataset: '{self.cfg['dataset']}'", size, args))
 
     def _bpe_cache_path(self) -> Path:
-        return Path.home() / ".cache" / "zoo" / f"{self.cfg['dataset'].replace('/', '_')}.bpe.json"
+        return cache_dir() / f"{self.cfg['dataset'].replace('/', '_')}.bpe.json"
 
 
 @DATA.register("tokens")
