@@ -45,6 +45,7 @@ from zoo.data.corpus import DataError
 from zoo.data.tokenizers import HF_PREFIX, Tokenizer, build_tokenizer, tokenizer_from_state
 from zoo.data.tokens import FORMAT, MANIFEST, SPLITS, dtype_for, write_shard
 from zoo.io import atomic_write_json, remove_temp_files
+from zoo.net import bound_network
 
 SAMPLE_BY = ("document", "paragraph", "line")
 LOCK = ".zoo-prepare.lock"
@@ -131,6 +132,7 @@ def _dataset_documents(source: dict) -> Iterator[str]:
         import datasets
     except ImportError:
         raise DataError("--dataset needs the 'datasets' package: pip install -e '.[hf]'") from None
+    bound_network()  # the hub and datasets' retries: ZOO_NET_TIMEOUT_S, not forever
     kw = {"data_files": source["data_files"]} if source["data_files"] else {}
     try:  # streaming: rows arrive as they are read, nothing is held whole
         ds = datasets.load_dataset(source["dataset"], source["config"], split=source["split"], streaming=True, **kw)

@@ -23,6 +23,7 @@ from zoo.data.corpus import DataError, cache_dir, load_default_corpus, read_text
 from zoo.data.tasks import TASK_ALPHABET, get_task, sequence_len, task_splits
 from zoo.data.tokenizers import Tokenizer, build_tokenizer, cached_bpe, tokenizer_from_state
 from zoo.data.tokens import check_verify, open_shards, read_manifest
+from zoo.net import bound_network
 from zoo.registry import Registry
 from zoo.training.objectives import Objective
 
@@ -208,6 +209,7 @@ class HFTextData(TextData):
             import datasets
         except ImportError:
             raise DataError("data=hf needs the 'datasets' package: pip install -e '.[hf]'") from None
+        bound_network()  # the hub and datasets' retries: ZOO_NET_TIMEOUT_S, not forever
         kw = {k: v for k, v in (self.cfg.get("load_kwargs") or {}).items()}
         name, split = self.cfg["dataset"], self.cfg.get("split", "train")
         info = datasets.load_dataset_builder(name, **kw).info.splits or {}  # sizes hub datasets declare
