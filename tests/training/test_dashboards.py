@@ -434,3 +434,27 @@ def test_bad_network_timeout_is_one_line_naming_the_variable(monkeypatch, value)
         timeout_s()
     assert isinstance(e.value, DataError)  # zoo-prepare reports DataError, train.py both
     assert str(e.value) == f"ZOO_NET_TIMEOUT_S: got '{value}'; valid: a number of seconds > 0 (default 10)"
+
+
+def test_wandb_online_with_a_server_that_never_answers_is_one_error_line_within_the_bound(tmp_path, silent_server):
+    """W&B online (an account's key, its own server address): the run's start is bounded, then one line."""
+    pytest.importorskip("wandb")
+    cmd = [sys.executable, "train.py", "logger=wandb", "debug=fast", f"hydra.run.dir={tmp_path / 'run'}"]
+    env = _env(tmp_path, WANDB_MODE="online", WANDB_BASE_URL=silent_server, WANDB_API_KEY="0" * 40,
+               WANDB_DIR=str(tmp_path))
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=_within_bound(6))
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    errors = [ln for ln in proc.stderr.splitlines() if ln.startswith("error:")]
+    assert len(errors) == 1 and errors[0].startswith("error: logger.wandb: cannot start the run on W&B ("), \
+        proc.stderr[-2000:]
+    assert not (tmp_path / "run" / "checkpoints").exists()  # refused before training
+
+
+def test_a_hub_dataset_that_never_answers_ends_zoo_prepare_in_one_line(tmp_path, silent_server):
+    pytest.importorskip("datasets")
+    cmd = [sys.executable, "-m", "zoo.prepare", "--dataset", "someone/some-corpus", "--out", str(tmp_path / "c")]
+    proc = subprocess.run(cmd, cwd=ROOT, env=_env(tmp_path, HF_ENDPOINT=silent_server), capture_output=True,
+                          text=True, timeout=_within_bound(4))
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    [line] = [ln for ln in proc.stderr.splitlines() if "error" in ln.lower()]  # beside the progress bar
+    assert line.startswith("error: --dataset: cannot load 'someone/some-corpus' ("), line
