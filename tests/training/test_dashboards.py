@@ -50,6 +50,64 @@ def test_job_factors_are_the_overrides_without_seed_and_logger(hydra_job):
     assert job_factors() == {"ffn": "relu", "model.d_model": "32"}
 
 
+def test_job_factors_in_a_sweep_are_the_overrides_that_vary_between_its_jobs(hydra_job, tmp_path):
+    from zoo.training.loggers import job_factors
+
+    (tmp_path / "multirun.yaml").write_text(
+        "hydra:\n  sweeper:\n    _target_: hydra._internal.core_plugins.basic_sweeper.BasicSweeper\n"
+        "    params:\n      seed: 0,1\n  overrides:\n    task:\n    - ffn=relu,gelu\n    - model.d_model=32\n"
+        "    - threads=1\n    - logger.mlflow.tracking_uri=sqlite:///x.db\n")
+    hydra_job(["ffn=relu", "seed=1", "model.d_model=32", "threads=1", f"hydra.sweep.dir={tmp_path}",
+               "hydra.mode=MULTIRUN"])
+    assert job_factors() == {"ffn": "relu"}  # not the settings every job shares, nor the seed
+
+
+def _wandb_records(path: Path) -> list:
+    """The protobuf records of an offline run's .wandb file (a LevelDB-style log: 32 KiB blocks of chunks with
+    a 7-byte header: crc32, length, type), after W&B's own 7-byte file header."""
+    import struct
+
+    from wandb.proto import wandb_internal_pb2
+
+    data, pos, block, records, chunk = path.read_bytes(), 7, 32768, [], b""
+    while pos + 7 <= len(data):
+        if block - pos % block < 7:  # a block's tail too short for a header is padding
+            pos += block - pos % block
+            continue
+        _, length, kind = struct.unpack("<IHB", data[pos:pos + 7])
+        chunk, pos = chunk + data[pos + 7:pos + 7 + length], pos + 7 + length
+        if kind in (1, 4):  # a whole record, or a record's last chunk
+            records.append(wandb_internal_pb2.Record.FromString(chunk))
+            chunk = b""
+    return records
+
+
+def test_wandb_gets_the_factors_the_final_and_best_metrics_and_the_config_as_a_file(hydra_job, tmp_path,
+                                                                                     monkeypatch):
+    pytest.importorskip("wandb")
+    from zoo.training import run
+    from zoo.training.loggers import job_factors
+
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    cfg = hydra_job(TINY + ["logger=wandb", "ffn=relu", "seed=1", "sample.max_new_tokens=0"])
+    assert run(cfg, run_dir=tmp_path / "run") == 0
+    [path] = (tmp_path / "run").rglob("offline-run-*/run-*.wandb")  # what `wandb sync` would upload
+    records = _wandb_records(path)
+    config, summary = {}, {}
+    for r in records:
+        kind = r.WhichOneof("record_type")
+        updates = {"config": r.config.update, "run": r.run.config.update, "summary": r.summary.update}.get(kind, [])
+        (summary if kind == "summary" else config).update(
+            {u.key or "/".join(u.nested_key): json.loads(u.value_json) for u in updates})
+    config.pop("_wandb", None)
+    assert config == {**job_factors(), "seed": 1} and config["ffn"] == "relu"  # no cfg/... nor flat config keys
+    final = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["val_loss"] == pytest.approx(final["final"]["val_loss"])
+    assert summary["best/val_loss"] == pytest.approx(final["best"]["val_loss"]["value"])
+    artifacts = [r.artifact for r in records if r.WhichOneof("record_type") == "artifact"]
+    assert any(a.type == "run-files" for a in artifacts)  # config.yaml and summary.json, as files
+
+
 def test_relative_sqlite_store_is_made_absolute(tmp_path, monkeypatch):
     from zoo.training.loggers import tracking_uri
 
@@ -74,14 +132,17 @@ def test_tensorboard_hparams_view_gets_the_factors_and_final_metrics(hydra_job, 
     data = {tag: plugin_data_pb2.HParamsPluginData.FromString(c) for tag, c in content.items()}
     start = next(d.session_start_info for d in data.values() if d.HasField("session_start_info"))
     experiment = next(d.experiment for d in data.values() if d.HasField("experiment"))
+    from zoo.training.loggers import job_factors
+
     assert start.hparams["ffn"].string_value == "relu" and start.hparams["seed"].number_value == 1
-    assert "model.d_model" in start.hparams and "hp_metric" not in {m.name.tag for m in experiment.metric_infos}
+    assert set(start.hparams) == {*job_factors(), "seed"}  # what the run was given, nothing of the config else
     metrics = {m.name.tag for m in experiment.metric_infos}
-    assert {"val_loss", "val_ppl", "val_bpc"} <= metrics
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert metrics == set(summary["final"]) | {f"best/{k}" for k in summary["best"]}  # no hp_metric placeholder
     scalars = {tag: acc.Scalars(tag)[-1] for tag in metrics}  # the values the HParams view shows
-    for tag in metrics:
+    for tag in summary["final"]:
         assert scalars[tag].value == pytest.approx(summary["final"][tag], rel=1e-5)
+    assert scalars["best/val_loss"].value == pytest.approx(summary["best"]["val_loss"]["value"], rel=1e-5)
 
 
 # --- MLflow ---------------------------------------------------------------------------------------------
@@ -163,30 +224,49 @@ def test_mlflow_server_gets_a_sweep_with_factors_seeds_and_metric_histories(mlfl
         seen.add((ffn, tags["seed"]))
         assert f"ffn={ffn}" in tags["mlflow.runName"].split(",") and "seed" not in tags["mlflow.runName"]
         assert tags["mlflow.parentRunId"] == parent["info"]["run_id"] and params["seed"] == tags["seed"]
-        assert r["info"]["status"] == "FINISHED" and not any(k.startswith("cfg/") for k in params)
-        assert params["model.d_model"] == "32" and {"val_loss", "val_ppl", "val_bpc"} <= {
-            m["key"] for m in r["data"]["metrics"]}
+        # the sweep's one varying factor and the seed: not what every job shares (model.d_model, threads,
+        # the tracking URI) nor the config's keys (model.ffn.name would be a second axis of the same choice)
+        assert set(params) == {"ffn", "seed"} and r["info"]["status"] == "FINISHED"
+        assert {"val_loss", "val_ppl", "val_bpc", "best/val_loss"} <= {m["key"] for m in r["data"]["metrics"]}
         history = _api(base, "metrics/get-history", query={"run_id": r["info"]["run_id"], "metric_key": "val_loss"})
         assert [m["step"] for m in history["metrics"]] == [1, 3]  # every evaluation (val_check_interval=2)
         artifacts = _api(base, "artifacts/list", query={"run_id": r["info"]["run_id"]})
         assert {"summary.json", "config.yaml"} <= {f["path"] for f in artifacts["files"]}
     assert seen == {(f, s) for f in ("relu", "gelu") for s in ("0", "1")}
+    tags = {t["key"]: t["value"] for t in _api(base, "experiments/get", query={"experiment_id": experiment})
+            ["experiment"].get("tags", [])}
+    assert tags["mlflow.experimentKind"] == "custom_model_development"  # the UI opens it on its runs
     artifacts = _api(base, "artifacts/list", query={"run_id": parent["info"]["run_id"]})
     assert {"report.md", "report.html", "multirun.yaml"} <= {f["path"] for f in artifacts["files"]}
 
 
-@pytest.mark.slow
-def test_mlflow_compare_view_renders_the_runs_in_headless_chromium(mlflow_sweep):
+def _chromium(tmp: Path) -> list[str]:
     chromium = shutil.which("chromium") or shutil.which("chromium-browser")
     if chromium is None:
         pytest.skip("chromium is not installed (apt-get install chromium)")
+    return [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+            "--disable-background-networking", "--user-data-dir=" + str(tmp / "chromium"),
+            "--virtual-time-budget=30000", "--window-size=1400,1000"]
+
+
+@pytest.mark.slow
+def test_mlflow_experiment_opens_on_its_runs_table_in_headless_chromium(mlflow_sweep):
+    base, experiment, tmp = mlflow_sweep
+    dom = subprocess.run(_chromium(tmp) + ["--dump-dom", f"{base}/#/experiments/{experiment}"],
+                         capture_output=True, text=True, timeout=300).stdout
+    for r in _runs(base, experiment, "job"):
+        name = next(t["value"] for t in r["data"]["tags"] if t["key"] == "mlflow.runName")
+        assert name in dom, name  # the runs table, not the GenAI traces overview
+
+
+@pytest.mark.slow
+def test_mlflow_compare_view_renders_the_runs_in_headless_chromium(mlflow_sweep):
     base, experiment, tmp = mlflow_sweep
     jobs = _runs(base, experiment, "job")
     ids = [r["info"]["run_id"] for r in jobs]
     url = f"{base}/#/compare-runs?" + urllib.parse.urlencode(
         {"runs": json.dumps(ids), "experiments": json.dumps([experiment])})
-    flags = [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-             "--user-data-dir=" + str(tmp / "chromium"), "--virtual-time-budget=30000", "--window-size=1400,1000"]
+    flags = _chromium(tmp)
     dom = subprocess.run(flags + ["--dump-dom", url], capture_output=True, text=True, timeout=300).stdout
     names = [next(t["value"] for t in r["data"]["tags"] if t["key"] == "mlflow.runName") for r in jobs]
     for name in names:

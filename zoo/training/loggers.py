@@ -1,11 +1,14 @@
 """Metric loggers for a run (conf/logger/): built from the config, named after the sweep and the run's
 overrides, and finished with the run's summary, so dashboards can compare the runs of a sweep.
 
-- wandb: one group per sweep (its directory), a run per variant named by its overrides, the full config.
-- MLflow: one experiment per sweep (its directory; `zoo` for single runs) holding a parent run for the
-  sweep and one nested run per job; the varied factors are params and the run name, the seed a tag;
-  summary.json and config.yaml are artifacts, and `MLflowSweep` logs the sweep's report to the parent.
-- TensorBoard: the varied factors and the final metrics go to the HParams view.
+Every dashboard gets what a comparison needs and nothing else: the factors the sweep varies (each once, under its
+override's name: `ffn`) and the seed as params, the metrics' histories, the final and best (`best/val_loss`)
+values; the resolved config is a file (config.yaml), never params.
+- wandb: one group per sweep (its directory), a run per variant named by its overrides.
+- MLflow: one experiment per sweep (its directory; `zoo` for single runs, a model-training experiment that opens on
+  its runs) holding a parent run for the sweep and one nested run per job; the factors are also the run name, the
+  seed a tag; summary.json and config.yaml are artifacts, and `MLflowSweep` logs the sweep's report to the parent.
+- TensorBoard: the factors and seed against the final and best metrics in the HParams view.
 
 MLflow and W&B talk to a server: each request waits at most zoo.net's bound (ZOO_NET_TIMEOUT_S), and a server that
 stops answering mid-run costs the run one bounded wait, not the run (`Dashboard`).
@@ -30,6 +33,8 @@ from zoo.training.safety import instantiate_allowed
 
 DEFAULT_EXPERIMENT = "zoo"  # MLflow experiment of runs outside a multirun
 ROLE_TAG, SWEEP_TAG = "zoo.role", "zoo.sweep_dir"
+# MLflow 3's UI opens an experiment by its kind: without one it lands on the GenAI "Traces" overview, not the runs.
+KIND_TAG, MODEL_TRAINING = "mlflow.experimentKind", "custom_model_development"
 STORE_SCHEMES = ("sqlite", "http", "https", "postgresql", "mysql", "mssql", "databricks", "file", "")  # MLflow's
 
 
@@ -129,33 +134,42 @@ def _reason(e: BaseException) -> str:
 
 
 def log_config(loggers: list, plain: dict) -> None:
-    """The resolved config as flat keys; MLflow also gets the run's factors (`ffn`: `relu`) as params."""
-    flat = flatten_config(plain)
+    """The dashboards' params are what a comparison needs: the job's factors (`ffn`: `relu`) and its seed, each
+    once under its override's name. The whole resolved config is config.yaml, logged as a file at the end."""
+    params = {**job_factors(), "seed": plain["seed"]}
     for lg in loggers:
-        if _is(lg, "MLFlowLogger"):
-            lg.log_hyperparams({**{k: v for k, v in job_factors().items() if k not in flat}, **flat})
-            # Lightning logs the module's nested copy ({"cfg": ...}) when fit starts: it would double
-            # every param (cfg/model/d_model beside model.d_model) in MLflow's tables and plots.
-            lg.log_hyperparams = lambda *args, **kwargs: None
-        else:
-            lg.log_hyperparams(flat)
+        if not any(_is(lg, name) for name in DASHBOARDS):
+            lg.log_hyperparams(flatten_config(plain))  # the CSV logger's hparams.yaml: the whole config
+            continue
+        if not _is(lg, "TensorBoardLogger"):  # TensorBoard's HParams get them with the final metrics
+            lg.log_hyperparams(params)
+        # Lightning logs the module's nested config ({"cfg": ...}) when fit starts: every key of it would
+        # become a param (an axis of a compare view) beside the factors.
+        lg.log_hyperparams = lambda *args, **kwargs: None
+
+
+DASHBOARDS = ("MLFlowLogger", "WandbLogger", "TensorBoardLogger")
 
 
 def finish_loggers(loggers: list, summary: dict, run_dir: Path) -> None:
-    """After summary.json is written: final metrics and files to the dashboards, then close the runs."""
+    """After summary.json is written: final and best metrics and files to the dashboards, then close the runs."""
     final = summary.get("final") or {}
     logged = set((summary.get("history") or [{}])[-1])
     derived = {k: v for k, v in final.items() if k not in logged}  # computed for the summary (val_ppl, val_bpc)
+    best = {f"best/{k}": v["value"] for k, v in (summary.get("best") or {}).items()}  # each metric's best value
     step = summary.get("steps", 0)
     for lg in loggers:
         dashboard = getattr(lg, "zoo_dashboard", None)
         if _is(lg, "WandbLogger"):  # closing makes an offline run's files (config, history) complete
+            dashboard.call("the final metrics", lg.experiment.summary.update, {**derived, **best})
+            if (run_dir / "config.yaml").is_file():  # an artifact: W&B's own files/config.yaml holds the params
+                dashboard.call("config.yaml", _wandb_files, lg.experiment, run_dir, ("config.yaml", "summary.json"))
             dashboard.call("the run's end", lg.experiment.finish)
         elif _is(lg, "TensorBoardLogger"):
-            _tensorboard_hparams(lg, final, derived, step, summary.get("seed"))
+            _tensorboard_hparams(lg, {**final, **best}, {**derived, **best}, step, summary.get("seed"))
         elif _is(lg, "MLFlowLogger"):
-            if derived:
-                dashboard.call("the final metrics", lg.log_metrics.__wrapped__, derived, step=step)
+            if derived or best:
+                dashboard.call("the final metrics", lg.log_metrics.__wrapped__, {**derived, **best}, step=step)
             for name in ("summary.json", "config.yaml"):
                 if (run_dir / name).is_file():
                     dashboard.call(name, lg.experiment.log_artifact, lg.run_id, str(run_dir / name))
@@ -165,26 +179,55 @@ def finish_loggers(loggers: list, summary: dict, run_dir: Path) -> None:
             print(line, file=sys.stderr, flush=True)
 
 
+def _wandb_files(run: Any, run_dir: Path, names: tuple[str, ...]) -> None:
+    import wandb
+
+    artifact = wandb.Artifact(f"run-{run.id}-files", type="run-files")
+    for name in names:
+        if (run_dir / name).is_file():
+            artifact.add_file(str(run_dir / name), name=name)
+    run.log_artifact(artifact)
+
+
 def _is(logger: Any, name: str) -> bool:
     return type(logger).__name__ == name
 
 
 def job_factors() -> dict[str, str]:
-    """What this job varies: its command-line and sweep overrides without the seed and the logger
-    settings (key -> value as written). Empty outside Hydra."""
+    """What this job varies (key -> value as written): in a sweep, the overrides whose value differs between
+    the sweep's jobs (as its multirun.yaml plans them); in a single run, its command-line overrides. Never the
+    seed (a param of its own) nor a setting that cannot change the result (where to log, threads, paths, ...:
+    those a resume may change). Empty outside Hydra."""
     try:
         from hydra.core.hydra_config import HydraConfig
 
         hc = HydraConfig.get()
     except ValueError:
         return {}
+    from zoo.training.runner import RESUME_MAY_CHANGE
+
     exclude = set(hc.job.config.override_dirname.exclude_keys or []) | {"seed"}
+    varying = _varying_keys(Path(str(hc.sweep.dir))) if str(hc.mode) == "RunMode.MULTIRUN" else None
     factors = {}
     for override in hc.overrides.task:
         key, _, value = override.lstrip("+~").partition("=")
-        if key not in exclude and not key.startswith(("hydra.", "logger")):  # where to log is no factor
+        if key in exclude or key.startswith("hydra.") or any(key == k or key.startswith(k + ".")
+                                                               for k in RESUME_MAY_CHANGE):
+            continue
+        if varying is None or key in varying:
             factors[key] = value
     return dict(sorted(factors.items()))
+
+
+def _varying_keys(sweep_dir: Path) -> set[str] | None:
+    """The override keys whose value differs between the jobs a sweep planned; None if its plan is unknown."""
+    from zoo.report.runs import parse_overrides, planned_jobs
+
+    planned, _ = planned_jobs(sweep_dir)
+    if not planned:
+        return None
+    jobs = [parse_overrides(job) for job in planned]
+    return {k for k in set().union(*jobs) if len({job.get(k) for job in jobs}) > 1}
 
 
 def _sweep_dir() -> str | None:
@@ -293,9 +336,11 @@ def _experiment_id(client, name: str, artifact_location: str | None) -> str:
     if found is not None:
         if found.lifecycle_stage == "deleted":
             client.restore_experiment(found.experiment_id)
+        if KIND_TAG not in found.tags:
+            client.set_experiment_tag(found.experiment_id, KIND_TAG, MODEL_TRAINING)
         return found.experiment_id
     try:
-        return client.create_experiment(name, artifact_location=artifact_location)
+        return client.create_experiment(name, artifact_location=artifact_location, tags={KIND_TAG: MODEL_TRAINING})
     except MlflowException:
         found = client.get_experiment_by_name(name)
         if found is None:
@@ -389,20 +434,20 @@ class MLflowSweep(Callback):
 
 
 
-def _tensorboard_hparams(logger: Any, final: dict, derived: dict, step: int, seed: Any) -> None:
-    """Write the HParams plugin's summaries: the job's factors and seed against its final metrics.
+def _tensorboard_hparams(logger: Any, metrics: dict, unlogged: dict, step: int, seed: Any) -> None:
+    """Write the HParams plugin's summaries: the job's factors and seed against its final and best metrics.
 
     The plugin shows, for each metric named here, the last value of that scalar in the run, so the
-    metrics computed only for the summary are logged as scalars first."""
+    metrics computed only for the summary (`unlogged`) are logged as scalars first."""
     from torch.utils.tensorboard.summary import hparams
 
     writer = logger.experiment
-    for k, v in derived.items():
+    for k, v in unlogged.items():
         writer.add_scalar(k, v, step)
     params = {k: _number(v) for k, v in job_factors().items()}
     if seed is not None:
         params["seed"] = seed
-    for summary in hparams(params, dict(final)):  # experiment, session start, session end
+    for summary in hparams(params, dict(metrics)):  # experiment, session start, session end
         writer._get_file_writer().add_summary(summary)
     writer.flush()
 
