@@ -189,6 +189,12 @@ def _wandb_files(run: Any, run_dir: Path, names: tuple[str, ...]) -> None:
     run.log_artifact(artifact)
 
 
+def experiment_url(server: str, experiment_id: str) -> str:
+    """An experiment's page in MLflow's UI, opened on its runs table (MLflow 3 opens on GenAI traces unless the
+    address names the model-training workflow)."""
+    return f"{server.rstrip('/')}/#/experiments/{experiment_id}?workflowType=machine_learning"
+
+
 def _is(logger: Any, name: str) -> bool:
     return type(logger).__name__ == name
 
@@ -390,6 +396,7 @@ class MLflowSweep(Callback):
     def __init__(self):
         self.run_id: str | None = None
         self.client = None
+        self.experiment: str | None = None
 
     def on_multirun_start(self, config, **kwargs) -> None:
         cfg = (config.get("logger") or {}).get("mlflow")
@@ -410,6 +417,7 @@ class MLflowSweep(Callback):
                                             _artifact_location(uri, cfg.get("artifact_location")))
                 run = self.client.create_run(experiment, run_name=f"sweep {sweep}",
                                              tags={ROLE_TAG: "sweep", SWEEP_TAG: sweep})
+                self.experiment = experiment
         except ConfigError as e:  # before any job starts: one line and exit code 2, as a job would
             print(f"error: {e}", file=sys.stderr, flush=True)
             sys.exit(2)
@@ -428,6 +436,12 @@ class MLflowSweep(Callback):
                 elif path.is_dir() and path.name.startswith("report"):
                     self.client.log_artifacts(self.run_id, str(path), artifact_path=path.name)
             self.client.set_terminated(self.run_id, "FINISHED")
+            uri = str(self.client.tracking_uri)
+            if uri.startswith("http"):
+                print(f"mlflow: the sweep's runs: {experiment_url(uri, self.experiment)}", flush=True)
+            else:  # a local store: its runs are served by `mlflow ui`, on port 5000 by default
+                print(f"mlflow: the sweep's runs: {experiment_url('http://127.0.0.1:5000', self.experiment)} once "
+                      f"`mlflow ui --backend-store-uri {uri}` serves them", flush=True)
         except Exception as e:  # the server stopped answering during the sweep: its files are all on disk
             print(f"warning: mlflow: the sweep's report and end status not logged ({_reason(e)}); they are in "
                   f"{root}", file=sys.stderr, flush=True)
