@@ -48,14 +48,16 @@ def load_model(source: str):
             from zoo.convert import ConversionError, from_pretrained
         except ImportError:
             raise EvalError("hf:<name> needs the 'transformers' package: pip install -e '.[hf]'") from None
+        what = "it"
         try:
-            model = from_pretrained(name)
+            model = from_pretrained(name)  # a local directory is checked first (zoo.convert.check_pretrained)
+            what = "its tokenizer"
             tok = AutoTokenizer.from_pretrained(name)
         except ConversionError as e:
             raise EvalError(f"{source}: {e}") from None
-        except (OSError, ValueError) as e:  # not on disk and not reachable on the hub, or not a model folder
+        except Exception as e:  # not on the hub, or a damaged tokenizer file: one line, whatever the library raised
             first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-            raise EvalError(f"{source}: cannot load it ({first[:200]})") from None
+            raise EvalError(f"{source}: cannot load {what} ({first[:200]})") from None
         return model.eval(), lambda text: tok(text, verbose=False)["input_ids"], None, None
     from zoo.training.checkpoint import CheckpointError, load_checkpoint
 
