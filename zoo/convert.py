@@ -292,7 +292,8 @@ def _fail(path: Path | str, problem: str) -> NoReturn:
     raise ConversionError(f"{path}: {problem}")
 
 
-def _first_line(e: BaseException) -> str:
+def first_line(e: BaseException) -> str:
+    """An exception as one short line: its message's first line (200 characters at most), else its type's name."""
     text = str(e).strip()
     return text.splitlines()[0][:200] if text else type(e).__name__
 
@@ -341,7 +342,7 @@ def _read_json(path: Path, what: str) -> Any:
     try:
         return json.loads(raw)
     except (ValueError, RecursionError) as e:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
-        _fail(path, f"not valid JSON ({_first_line(e)})")
+        _fail(path, f"not valid JSON ({first_line(e)})")
 
 
 def _weight_files(directory: Path) -> tuple[list[Path], dict[str, str] | None]:
@@ -404,7 +405,7 @@ class _Safetensors:
                     raise ConversionError("zoo.convert needs safetensors >= 0.8 (its pread backend): "
                                           "pip install -U 'safetensors>=0.8'") from None
                 except Exception as e:  # SafetensorError (not an OSError): the header does not fit the file
-                    _fail(path, f"not a valid safetensors file ({_first_line(e)})")
+                    _fail(path, f"not a valid safetensors file ({first_line(e)})")
                 self.handles.append(handle)
                 for name in handle.keys():
                     info = handle.get_slice(name)
@@ -444,7 +445,7 @@ class _Safetensors:
         try:
             t = handle.get_tensor(name)
         except Exception as e:  # SafetensorError: the file changed after it was opened and checked
-            _fail(path, f"cannot read tensor {name!r} ({_first_line(e)})")
+            _fail(path, f"cannot read tensor {name!r} ({first_line(e)})")
         if t.dtype in self.FINITE and t.numel() and not all(math.isfinite(v) for v in torch.aminmax(t)):
             _fail(path, f"tensor {name!r} holds NaN or infinite values: the file is damaged")
         if out is None:
@@ -926,7 +927,7 @@ def _local_config(directory: Path) -> Any:
     try:
         return transformers.AutoConfig.from_pretrained(directory)
     except Exception as e:  # a value the config class rejects: whatever transformers raises, one line
-        _fail(directory / CONFIG, f"transformers cannot read it ({_first_line(e)})")
+        _fail(directory / CONFIG, f"transformers cannot read it ({first_line(e)})")
 
 
 def _skeleton(directory: Path, config: Any) -> nn.Module:
@@ -936,7 +937,7 @@ def _skeleton(directory: Path, config: Any) -> nn.Module:
         with _parameters_on_meta():
             return getattr(_transformers(), cls_name)(config)
     except Exception as e:  # sizes the model code rejects (heads that do not divide the width, ...)
-        _fail(directory / CONFIG, f"transformers cannot build {cls_name} from it ({_first_line(e)})")
+        _fail(directory / CONFIG, f"transformers cannot build {cls_name} from it ({first_line(e)})")
 
 
 def check_pretrained(directory: str | os.PathLike) -> Any:

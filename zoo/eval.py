@@ -45,7 +45,7 @@ def load_model(source: str):
         try:
             from transformers import AutoTokenizer
 
-            from zoo.convert import ConversionError, from_pretrained
+            from zoo.convert import ConversionError, first_line, from_pretrained
         except ImportError:
             raise EvalError("hf:<name> needs the 'transformers' package: pip install -e '.[hf]'") from None
         what = "it"
@@ -56,8 +56,7 @@ def load_model(source: str):
         except ConversionError as e:
             raise EvalError(f"{source}: {e}") from None
         except Exception as e:  # not on the hub, or a damaged tokenizer file: one line, whatever the library raised
-            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-            raise EvalError(f"{source}: cannot load {what} ({first[:200]})") from None
+            raise EvalError(f"{source}: cannot load {what} ({first_line(e)})") from None
         return model.eval(), lambda text: tok(text, verbose=False)["input_ids"], None, None
     from zoo.training.checkpoint import CheckpointError, load_checkpoint
 

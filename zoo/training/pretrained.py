@@ -120,11 +120,12 @@ def _base_config(source: str) -> dict:
 
 
 def _hub_config(transformers: Any, source: str) -> Any:
+    from zoo.convert import first_line
+
     try:
         return transformers.AutoConfig.from_pretrained(_path(source))
-    except Exception as e:  # offline hub misses, folders without config.json: one line, whatever was raised
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise ConfigError(f"init_from: cannot load 'hf:{source}' ({first[:200]})") from None
+    except Exception as e:  # offline hub misses: one line, whatever was raised
+        raise ConfigError(f"init_from: cannot load 'hf:{source}' ({first_line(e)})") from None
 
 
 def _explicit(overrides: list[str]) -> dict[str, set[str]]:
@@ -249,12 +250,13 @@ def special_rows(source: str) -> dict[int, tuple[int, str]]:
     take the mean row."""
     import transformers
 
+    from zoo.convert import first_line
+
     try:
         tok = transformers.AutoTokenizer.from_pretrained(_path(source))
         config = transformers.AutoConfig.from_pretrained(_path(source))
     except Exception as e:  # a damaged tokenizer file: one line, whatever the library raised
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise ConfigError(f"init_from: 'hf:{source}': cannot load its tokenizer ({first[:200]})") from None
+        raise ConfigError(f"init_from: 'hf:{source}': cannot load its tokenizer ({first_line(e)})") from None
     vocab = tok.get_vocab()
     out: dict[int, tuple[int, str]] = {}
     for zoo_id, special in enumerate(SPECIALS):
