@@ -6,7 +6,8 @@ a truncated file, flipped bytes) goes through every entry point: zoo.convert.fro
 zoo.eval's loader (EvalError) and init_from's checks before any data (ConfigError, or DataError from the
 tokenizer). Each ends in one line naming the problem, or, where the entry point does not read that file, in a
 model that loads. A few rows run the real CLIs (exit code 2, one `error:` line). A marker directory outside holds
-the targets of the links: nothing in it is opened (inotify) or changed.
+the targets of the links: nothing in it is opened (inotify) or changed; nothing is written into the pretrained
+directory either (zoo only reads it, so a read-only or full disk there changes nothing).
 
 The models are tiny GPT-2s with random weights and a BPE trained on the spot: nothing is downloaded."""
 
@@ -79,7 +80,12 @@ class Watch:
 
 
 def snapshot(directory: Path) -> dict:
-    return {p.name: (p.read_bytes(), p.stat().st_mtime_ns) for p in sorted(directory.iterdir())}
+    """Every entry's content (a link's target, a directory's names) and modification time."""
+    def content(p: Path):
+        if p.is_symlink():
+            return str(p.readlink())
+        return sorted(c.name for c in p.iterdir()) if p.is_dir() else p.read_bytes()
+    return {p.name: (content(p), p.lstat().st_mtime_ns) for p in sorted(directory.iterdir())}
 
 
 # ---- damages: each takes (the file, the marker directory outside) and changes the file in place
@@ -200,7 +206,7 @@ def test_each_damaged_file_is_one_line_or_loads_where_unread(pristine, tmp_path,
                                                              message):
     directory, outside = damaged_copy(pristine, layout, tmp_path)
     damage(directory / file, outside)
-    before = snapshot(outside)
+    before, inside = snapshot(outside), snapshot(directory)
     watch = Watch(outside)
     for name, (call, error) in ENTRY_POINTS.items():
         if name in readers:
@@ -211,6 +217,7 @@ def test_each_damaged_file_is_one_line_or_loads_where_unread(pristine, tmp_path,
     assert not watch.touched(), "a file outside the directory was opened"
     watch.close()
     assert snapshot(outside) == before
+    assert snapshot(directory) == inside, "zoo wrote into the pretrained directory: it only reads it"
 
 
 # ---- crafted directories: the issue's cases, and the ones each rule exists for
