@@ -512,18 +512,49 @@ def test_from_pretrained_reads_a_base_model_checkpoint_without_the_prefix(tmp_pa
         torch.testing.assert_close(zoo_model(ids), hf(ids).logits, atol=ATOL, rtol=0)
 
 
-def test_from_pretrained_without_safetensors_or_with_other_arguments_uses_transformers(tmp_path, ids):
+def test_pickled_weights_are_refused_in_one_line_and_never_unpickled(tmp_path, monkeypatch):
+    """A directory with pytorch_model.bin and no safetensors: unpickling can run code, so nothing loads it."""
+    import pickle
+
     from zoo.convert import from_pretrained
 
     hf = hf_bart()
     torch.save(hf.state_dict(), tmp_path / "pytorch_model.bin")
     hf.config.save_pretrained(tmp_path)
-    zoo_model = from_pretrained(tmp_path)
-    tgt = ids[:, :7]
-    with torch.no_grad():
-        torch.testing.assert_close(zoo_model(ids, tgt), hf(input_ids=ids, decoder_input_ids=tgt).logits,
-                                   atol=ATOL, rtol=0)
-    hf.to(torch.bfloat16).save_pretrained(tmp_path / "st")
+
+    def unpickled(*a, **kw):
+        raise AssertionError("a pickle was loaded")
+
+    monkeypatch.setattr(torch, "load", unpickled)
+    monkeypatch.setattr(pickle, "load", unpickled)
+    monkeypatch.setattr(pickle, "Unpickler", unpickled)
+    with pytest.raises(ConversionError, match=r": has pytorch_model.bin but no model.safetensors: zoo never loads "
+                                              r"pickled weights .*save_pretrained\(dir, safe_serialization=True\)$"):
+        from_pretrained(tmp_path)
+    with pytest.raises(ConversionError, match="has pytorch_model.bin"):  # through transformers too
+        from_pretrained(tmp_path, dtype=torch.float32)
+
+
+def test_a_hub_model_is_asked_for_safetensors_only(monkeypatch):
+    """transformers' loader would fall back to a hub repository's pytorch_model.bin (a pickle) without it."""
+    from zoo.convert import from_pretrained
+
+    hf, calls = hf_gpt2(), []
+
+    def loaded(cls, name, **kw):
+        calls.append((name, kw))
+        return hf
+
+    monkeypatch.setattr(transformers.AutoConfig, "from_pretrained", lambda name, **kw: hf.config)
+    monkeypatch.setattr(transformers.PreTrainedModel, "from_pretrained", classmethod(loaded))
+    from_pretrained("some-org/some-model")
+    assert calls == [("some-org/some-model", {"use_safetensors": True})]
+
+
+def test_from_pretrained_with_other_arguments_uses_transformers(tmp_path):
+    from zoo.convert import from_pretrained
+
+    hf_bart().to(torch.bfloat16).save_pretrained(tmp_path / "st")
     as_float = from_pretrained(tmp_path / "st", dtype=torch.float32)  # transformers casts: float32 out
     assert {p.dtype for p in as_float.parameters()} == {torch.float32}
 
@@ -543,7 +574,8 @@ def test_a_tensor_missing_from_the_file_is_named_in_a_one_line_error(tmp_path):
 
 
 def test_safetensors_reader_equals_the_safetensors_library(tmp_path):
-    """zoo's own header parsing and reads, against the safetensors library on every dtype and odd shapes."""
+    """zoo's reader (the library's pread backend, zoo's dtype table, whole reads and reads into rows of a larger
+    tensor) against the library's load_file on every dtype and odd shapes."""
     from safetensors.torch import load_file, save_file
 
     from zoo.convert import _Safetensors
@@ -561,3 +593,9 @@ def test_safetensors_reader_equals_the_safetensors_library(tmp_path):
         got = files.read(name)
         assert got.dtype == t.dtype and got.shape == t.shape and torch.equal(got.view(-1).view(torch.uint8),
                                                                               t.view(-1).view(torch.uint8)), name
+        if t.ndim and t.numel():  # into the middle rows of a larger tensor, as take_rows reads a fused projection
+            rows = torch.zeros((t.shape[0] + 2, *t.shape[1:]), dtype=t.dtype)
+            files.read(name, out=rows[1:-1])
+            assert torch.equal(rows[1:-1].view(-1).view(torch.uint8), t.view(-1).view(torch.uint8)), name
+            assert not rows[0].view(torch.uint8).any() and not rows[-1].view(torch.uint8).any(), name
+    files.close()

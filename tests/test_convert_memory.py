@@ -47,6 +47,7 @@ def test_probe_converts_by_both_paths_in_bf16(tmp_path):
         assert r["dtypes"] == ["bfloat16"] and r["params"] == params
         assert r["hwm_mib"] >= r["baseline_mib"] > 0 and r["maxrss_mib"] > 0 and r["wall_s"] > 0
         assert r["peak_mib"] == r["hwm_mib"]  # VmHWM, reset before converting (Linux)
+        assert r["anon_growth_mib"] >= 0 and r["file_growth_mib"] >= 0  # sampled peaks over their baselines
 
 
 @pytest.mark.slow
@@ -58,5 +59,5 @@ def test_convert_section_reports_both_paths():
     assert [r[0].strip() for r in rows] == ["direct", "transformers"], md
     params = sum(p.numel() for p in bench.random_llama("tiny").parameters())
     for r in rows:
-        assert r[6].strip() == "bfloat16" and int(r[7]) == params, md
+        assert r[8].strip() == "bfloat16" and int(r[9]) == params, md
     assert "Quick run" in md

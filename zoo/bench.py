@@ -1620,8 +1620,42 @@ def save_random_llama(model: nn.Module, directory: Path, shard: str = "500MB") -
     model.save_pretrained(directory, max_shard_size=shard)
 
 
+class RssSampler:
+    """The peak anonymous and file-backed resident memory (RssAnon, RssFile) of this process, read from
+    /proc/self/status by a thread every `interval` seconds. VmHWM counts both kinds together, but they do not
+    cost the same: file-backed pages (a memory-mapped file) are the kernel's to drop and read again, allocations
+    are not."""
+
+    def __init__(self, interval: float = 0.001):
+        import threading
+
+        self.interval, self.peak = interval, {"RssAnon": 0, "RssFile": 0}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def sample(self) -> None:
+        text = Path("/proc/self/status").read_text()
+        for key in self.peak:
+            self.peak[key] = max(self.peak[key], int(re.search(rf"^{key}:\s+(\d+)", text, re.M).group(1)))
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            self.sample()
+
+    def __enter__(self) -> RssSampler:
+        self.sample()
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.sample()
+
+
 def convert_probe(directory: str, path: str) -> dict:
-    """Run in a fresh process: RSS before and at the peak of one conversion of `directory` by `path`."""
+    """Run in a fresh process: RSS before and at the peak of one conversion of `directory` by `path` (VmHWM, and
+    the anonymous and file-backed parts apart, sampled: RssSampler)."""
     import transformers
 
     from zoo.convert import convert, from_pretrained
@@ -1630,22 +1664,25 @@ def convert_probe(directory: str, path: str) -> dict:
     transformers.LlamaForCausalLM  # noqa: B018 (imports the model code before the baseline)
     gc.collect()
     baseline = _status_kib("VmRSS")
+    anon, file = _status_kib("RssAnon"), _status_kib("RssFile")
     try:  # "5" resets VmHWM to the current RSS; ru_maxrss is never reset (it holds the imports' peak too)
         Path("/proc/self/clear_refs").write_text("5")
         reset = True
     except OSError:
         reset = False
     t0 = time.perf_counter()
-    if path == "direct":
-        model = from_pretrained(directory)
-    else:
-        model = convert(transformers.LlamaForCausalLM.from_pretrained(directory).eval())
-    wall = time.perf_counter() - t0
+    with RssSampler() as rss:
+        if path == "direct":
+            model = from_pretrained(directory)
+        else:
+            model = convert(transformers.LlamaForCausalLM.from_pretrained(directory).eval())
+        wall = time.perf_counter() - t0
     hwm, maxrss = _status_kib("VmHWM") / 1024, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     # The peak is VmHWM once reset: Linux keeps ru_maxrss across fork and exec, so in a child of a large process
     # (a test session) it can hold the parent's RSS rather than anything this conversion did.
     return dict(baseline_mib=baseline / 1024, hwm_mib=hwm, maxrss_mib=maxrss, peak_mib=hwm if reset else maxrss,
-                wall_s=wall,
+                anon_growth_mib=(rss.peak["RssAnon"] - anon) / 1024,
+                file_growth_mib=(rss.peak["RssFile"] - file) / 1024, wall_s=wall,
                 dtypes=sorted({str(p.dtype).removeprefix("torch.") for p in model.parameters()}),
                 params=sum(p.numel() for p in model.parameters()))
 
@@ -1683,12 +1720,13 @@ def section_convert(sess: Session) -> str:
         for path in CONVERT_PATHS:
             r = run_probe(["--convert-probe", f"{path}:{tmp}"], s, timeout=1200)
             if isinstance(r, str):
-                rows.append([path, "-", "-", "-", "-", "-", "-", "-", r])
+                rows.append([path, "-", "-", "-", "-", "-", "-", "-", "-", "-", r])
                 continue
             results[path] = r
             r["ratio"] = (r["peak_mib"] - r["baseline_mib"]) / size_mib
             rows.append([path, num(r["baseline_mib"]), num(r["maxrss_mib"]), num(r["hwm_mib"]),
-                         f"{r['ratio']:.2f}x", f"{r['wall_s']:.1f}", ", ".join(r["dtypes"]), r["params"], ""])
+                         f"{r['ratio']:.2f}x", f"{r['anon_growth_mib'] / size_mib:.2f}x", num(r["file_growth_mib"]),
+                         f"{r['wall_s']:.1f}", ", ".join(r["dtypes"]), r["params"], ""])
     verdict = ""
     if s.quick:
         verdict = " Quick run: at this size the growth is fixed overhead, and the ratio means nothing."
@@ -1705,10 +1743,14 @@ def section_convert(sess: Session) -> str:
         "transformers (with the Llama model code) and zoo.convert, read the resident set size (`baseline`), reset "
         "the kernel's peak counter (VmHWM), convert, read VmHWM and `ru_maxrss`. `growth / weights` = (VmHWM - "
         "baseline) / the weights' size; `ru_maxrss` is shown but not used: it is never reset, holds the imports' "
-        "peak and, as Linux keeps it across fork and exec, can hold the parent process's RSS." + verdict, "",
+        "peak and, as Linux keeps it across fork and exec, can hold the parent process's RSS. VmHWM counts "
+        "allocations and file-backed pages (a memory-mapped file) alike, though the kernel can drop the latter: "
+        "`anon growth / weights` is the peak of RssAnon (allocations) over its baseline and `file growth` the "
+        "peak of RssFile over its baseline, both sampled every millisecond by a thread (zoo.bench.RssSampler)."
+        + verdict, "",
         "\n".join(f"- {k}: {v}" for k, v in CONVERT_PATHS.items()), "",
-        table(["path", "baseline RSS MiB", "peak ru_maxrss MiB", "peak VmHWM MiB", "growth / weights", "wall s",
-               "result dtype", "params", "notes"], rows), ""])
+        table(["path", "baseline RSS MiB", "peak ru_maxrss MiB", "peak VmHWM MiB", "growth / weights",
+               "anon growth / weights", "file growth MiB", "wall s", "result dtype", "params", "notes"], rows), ""])
 
 
 RUNNERS: dict[str, Callable[[Session], str]] = {

@@ -11,8 +11,19 @@ API
   name); per model: `gpt2_from_hf` (GPT2LMHeadModel), `bert_from_hf` (BertForMaskedLM),
   `llama_from_hf` (LlamaForCausalLM), `bart_from_hf` (BartForConditionalGeneration),
   `t5_from_hf` (T5ForConditionalGeneration: the original T5 and T5 v1.1).
-- `from_pretrained(name_or_path, **kw)`: a local directory of safetensors is read directly (below);
-  anything else (a hub name, `pytorch_model.bin`, extra `kw`) is loaded with transformers, then converted.
+- `from_pretrained(name_or_path, **kw)`: a local directory of safetensors is checked, then read directly
+  (below); a hub name or extra `kw` goes through transformers (safetensors only), then `convert`.
+- `check_pretrained(directory)`: every check from_pretrained makes on a local directory, reading no weight.
+
+Trust: a local directory is checked before any weight is read, each problem one `ConversionError` line:
+no entry may be a symbolic link out of it (`check_directory`; a Hugging Face cache snapshot may link into
+its repository folder), a file read by name must be a regular file, config.json valid JSON naming a supported
+model_type, a shard index may name only files inside the directory, and the weights must be safetensors:
+pickled weights (`pytorch_model.bin`) are refused and never unpickled. The safetensors library validates each
+file's header against the file before anything is allocated (so a truncated file, or a header claiming 4 TiB,
+is an error, not an allocation), and every parameter the config implies must be stored with its shape. The
+format has no checksum: changed data bytes are read as they are, except that NaN or infinity in a float
+tensor is refused.
 
 Every zoo parameter must be written exactly once and every HF parameter read (or explicitly set
 aside, see below), so a missed weight is an error, never a silent random init. A config the zoo
@@ -44,12 +55,13 @@ Mapping notes
   `model.safetensors.index.json`) never makes the HF model: it builds its skeleton with parameters on
   meta (its own init is then a no-op; persistent buffers such as BART's final_logits_bias are read
   from the file), and each tensor is read when the converter takes it (by parameter name, or without
-  the `base_model_prefix`; tied parameters by any of their names), with plain file reads into a new
-  tensor of the file's dtype (no mmap, so nothing of the file stays resident). The parts of a fused
-  projection (q, k, v) are read straight into their rows of one tensor; a tensor read whole becomes the
-  zoo parameter as it is (no second copy); nothing read is kept after it is written. Peak memory is
-  the weights once: RSS growth over the imports 1.01x the weights for a 1.1B Llama in bf16 (`python -m
-  zoo.bench --only convert`; transformers' path + convert: 2.01x). A tensor missing from the files is
+  the `base_model_prefix`; tied parameters by any of their names), by the safetensors library with plain
+  reads (its pread backend: no mmap, so nothing of the file stays mapped and a file changed afterwards
+  cannot touch the model) into a new tensor of the file's dtype. The parts of a fused
+  projection (q, k, v) are copied into their rows of one tensor as each is read (one part alive at a
+  time); a tensor read whole becomes the zoo parameter as it is (no second copy); nothing read is kept
+  after it is written. Peak memory is the weights once (`python -m zoo.bench --only convert` measures
+  the peak RSS and the peak of allocations alone against transformers' path). A tensor missing from the files is
   an error naming it (transformers would initialise it randomly). Ties follow the checkpoint, as in
   transformers: two tied names stored with different values are untied.
 - Dropout: zoo has one rate for every site; it is set from the model's main (residual) dropout.
@@ -61,13 +73,12 @@ Mapping notes
 from __future__ import annotations
 
 import json
+import math
 import os
-import struct
-import sys
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 from torch import nn
@@ -76,7 +87,7 @@ from zoo.build import resolve_config
 from zoo.registry import MODEL
 
 __all__ = [
-    "ConversionError", "config_from_hf", "from_hf", "convert", "from_pretrained",
+    "ConversionError", "config_from_hf", "from_hf", "convert", "from_pretrained", "check_pretrained", "check_directory",
     "gpt2_config_from_hf", "gpt2_from_hf", "bert_config_from_hf", "bert_from_hf",
     "llama_config_from_hf", "llama_from_hf", "bart_config_from_hf", "bart_from_hf", "t5_config_from_hf", "t5_from_hf",
 ]
@@ -264,65 +275,198 @@ def config_from_hf(hf_config: Any) -> dict:
     return _CONFIGS[model_type](hf_config)
 
 
-# ---------------------------------------------------------------------------------- weight copying
+# ----------------------------------------------------------------------------- a pretrained directory
+
+# A pretrained directory, as save_pretrained writes it.
+CONFIG, INDEX, SINGLE = "config.json", "model.safetensors.index.json", "model.safetensors"
+# Every file a Hugging Face loader reads by name (config, weights, shard index, tokenizer, generation config) ends
+# in one of these: such an entry must be a regular file, never a directory, FIFO (a read would wait forever) or device.
+READ_SUFFIXES = (".json", ".safetensors", ".txt", ".model", ".jinja")
+# Pickled weights: loading them can run code, so zoo never does; safetensors holds only tensors.
+PICKLES = ("pytorch_model.bin", "pytorch_model.bin.index.json", "model.ckpt.index", "tf_model.h5",
+           "flax_model.msgpack")
+MAX_JSON_BYTES = 64 << 20  # a config or shard index is kilobytes: a larger file is not what its name says
+
+
+def _fail(path: Path | str, problem: str) -> NoReturn:
+    raise ConversionError(f"{path}: {problem}")
+
+
+def first_line(e: BaseException) -> str:
+    """An exception as one short line: its message's first line (200 characters at most), else its type's name."""
+    text = str(e).strip()
+    return text.splitlines()[0][:200] if text else type(e).__name__
+
+
+def _root(directory: Path) -> Path:
+    """Where the files of a pretrained directory may lead: inside it, or, for a snapshot in Hugging Face's cache
+    (<repo>/snapshots/<revision>/, whose files are links to <repo>/blobs/), inside its repository folder."""
+    real = directory.resolve()
+    return real.parent.parent if real.parent.name == "snapshots" else real
+
+
+def check_directory(directory: Path) -> None:
+    """A pretrained directory's entries stay inside it: a symbolic link out of it is refused (never followed),
+    and each file a loader reads by name (READ_SUFFIXES) is a regular file. One ConversionError line each."""
+    if not directory.is_dir():
+        _fail(directory, "no such directory (a save_pretrained folder)" if not directory.exists() else
+              "not a directory (hf:<dir> names a save_pretrained folder)")
+    root = _root(directory)
+    try:
+        entries = sorted(directory.iterdir())
+    except OSError as e:
+        _fail(directory, f"cannot list it ({e.strerror or e})")
+    for entry in entries:
+        if entry.is_symlink():
+            try:
+                target = entry.resolve(strict=False)
+            except (OSError, RuntimeError):  # a loop of links
+                _fail(entry, "a symbolic link that does not resolve")
+            if not target.is_relative_to(root):
+                _fail(entry, f"a symbolic link to {target}, outside {root}; zoo reads no file outside a pretrained "
+                      "directory: copy the file in, or link the whole directory instead")
+        if entry.name.endswith(READ_SUFFIXES) and entry.exists() and not entry.is_file():
+            _fail(entry, "not a regular file (a directory, FIFO or device where a file belongs)")
+
+
+def _read_json(path: Path, what: str) -> Any:
+    if not path.is_file():
+        _fail(path.parent, f"no {path.name} ({what})")
+    try:
+        size = path.stat().st_size
+        raw = path.read_bytes() if size <= MAX_JSON_BYTES else None
+    except OSError as e:
+        _fail(path, f"cannot read it ({e.strerror or e})")
+    if raw is None:
+        _fail(path, f"{size} bytes, too large for {what}")
+    try:
+        return json.loads(raw)
+    except (ValueError, RecursionError) as e:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        _fail(path, f"not valid JSON ({first_line(e)})")
+
+
+def _weight_files(directory: Path) -> tuple[list[Path], dict[str, str] | None]:
+    """The safetensors files of a checked directory (model.safetensors, or the shards its index names, each a file
+    name inside the directory) and the index's map from tensor names to shards (None without an index)."""
+    index = directory / INDEX
+    if not index.exists():
+        if (directory / SINGLE).is_file():
+            return [directory / SINGLE], None
+        pickle = next((n for n in PICKLES if (directory / n).exists()), None)
+        if pickle is not None:
+            _fail(directory, f"has {pickle} but no {SINGLE}: zoo never loads pickled weights (unpickling can run "
+                  "code); convert them to safetensors where you trust the file: transformers' "
+                  "from_pretrained(dir), then save_pretrained(dir, safe_serialization=True)")
+        _fail(directory, f"no {SINGLE} or {INDEX} (the weights of a save_pretrained folder)")
+    raw = _read_json(index, "the shard index")
+    weight_map = raw.get("weight_map") if isinstance(raw, dict) else None
+    if not isinstance(weight_map, dict) or not weight_map or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in weight_map.items()):
+        _fail(index, "no weight_map from tensor names to shard file names")
+    shards = sorted(set(weight_map.values()))
+    for name in shards:
+        if name in ("", ".", "..") or "/" in name or "\\" in name:
+            _fail(index, f"names shard {name!r}, which is not a file name inside the directory")
+        if not (directory / name).is_file():
+            _fail(index, f"names shard {name!r}, which is missing or not a regular file")
+    return [directory / name for name in shards], weight_map
 
 
 class _Safetensors:
-    """The tensors of a checkpoint directory's safetensors file(s) (one, or shards listed in
-    `model.safetensors.index.json`), each read on demand into a fresh tensor of the file's dtype.
+    """The tensors of a pretrained directory's safetensors file(s) (one, or the shards listed in
+    `model.safetensors.index.json`), read with the safetensors library.
 
-    The format: an 8-byte little-endian header length, a JSON header giving each tensor's dtype, shape
-    and data_offsets (counted from the end of the header), then the raw little-endian bytes. Plain file
-    reads, no mmap: once a tensor is read, nothing of the file stays in the process."""
+    Opening a file validates its header against the file before anything is allocated (the header's size, its
+    JSON, each tensor's dtype, and byte ranges that match its shape, lie inside the file and cover it without
+    gaps or overlaps), so a truncated file, flipped header bytes or a header claiming terabytes is one line.
+    Each tensor is then read when asked, with plain reads (the library's pread backend, not mmap: nothing of the
+    file stays mapped, and a file changed after loading cannot change or crash the model) into a fresh tensor of
+    the file's dtype. The format holds no checksum: changed data bytes are read as they are, except that a
+    float tensor holding NaN or infinity is refused (no trained checkpoint holds one)."""
 
-    INDEX, SINGLE = "model.safetensors.index.json", "model.safetensors"
     DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
               "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
               "BOOL": torch.bool, "F8_E4M3": torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2}
-
-    @classmethod
-    def present(cls, directory: Path) -> bool:
-        return (directory / cls.INDEX).is_file() or (directory / cls.SINGLE).is_file()
+    FINITE = (torch.float64, torch.float32, torch.float16, torch.bfloat16)  # checked for NaN and infinity
 
     def __init__(self, directory: Path):
+        from safetensors import safe_open
+
         self.directory = directory
-        index = directory / self.INDEX
-        files = sorted(set(json.loads(index.read_text())["weight_map"].values())) if index.is_file() else [self.SINGLE]
-        # name -> (file, byte offset, dtype, shape, byte count)
-        self.entries: dict[str, tuple[Path, int, torch.dtype, tuple[int, ...], int]] = {}
-        for file in files:
-            path = directory / file
-            with open(path, "rb") as f:
-                (n,) = struct.unpack("<Q", f.read(8))
-                header = json.loads(f.read(n))
-            for name, e in header.items():
-                if name == "__metadata__":
-                    continue
-                _need(e["dtype"] in self.DTYPES, str(path), f"tensor {name!r} has dtype {e['dtype']}; "
-                      f"supported: {', '.join(self.DTYPES)}")
-                begin, end = e["data_offsets"]
-                self.entries[name] = (path, 8 + n + begin, self.DTYPES[e["dtype"]], tuple(e["shape"]), end - begin)
+        files, index = _weight_files(directory)
+        self.handles: list[Any] = []
+        # name -> (file, its open handle, dtype, shape)
+        self.entries: dict[str, tuple[Path, Any, torch.dtype, tuple[int, ...]]] = {}
+        try:
+            for path in files:
+                try:
+                    handle = safe_open(path, framework="pt", backend="pread")
+                except TypeError:  # no `backend` argument: the library predates 0.8
+                    raise ConversionError("zoo.convert needs safetensors >= 0.8 (its pread backend): "
+                                          "pip install -U 'safetensors>=0.8'") from None
+                except Exception as e:  # SafetensorError (not an OSError): the header does not fit the file
+                    _fail(path, f"not a valid safetensors file ({first_line(e)})")
+                self.handles.append(handle)
+                for name in handle.keys():
+                    info = handle.get_slice(name)
+                    if info.get_dtype() not in self.DTYPES:
+                        _fail(path, f"tensor {name!r} has dtype {info.get_dtype()}; supported: "
+                              f"{', '.join(self.DTYPES)}")
+                    if name in self.entries:
+                        _fail(path, f"tensor {name!r} is also in {self.entries[name][0].name}")
+                    self.entries[name] = (path, handle, self.DTYPES[info.get_dtype()], tuple(info.get_shape()))
+            for name, shard in (index or {}).items():
+                if name not in self.entries or self.entries[name][0].name != shard:
+                    _fail(directory / INDEX, f"names tensor {name!r} in {shard}, which does not hold it")
+        except BaseException:
+            self.close()
+            raise
+
+    def close(self) -> None:
+        for handle in self.handles:
+            handle.__exit__(None, None, None)
+        self.handles.clear()
+
+    def __enter__(self) -> _Safetensors:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     def dtype(self, name: str) -> torch.dtype:
         return self.entries[name][2]
 
     def read(self, name: str, out: torch.Tensor | None = None) -> torch.Tensor:
-        """A new tensor holding `name`, or `out` (contiguous, of its shape and dtype) filled with it."""
-        path, offset, dtype, shape, size = self.entries[name]
-        t = torch.empty(shape, dtype=dtype) if out is None else out
-        if tuple(t.shape) != shape or t.dtype != dtype or not t.is_contiguous():
-            raise RuntimeError(f"conversion bug: reading {name} {list(shape)} {dtype} into {list(t.shape)} {t.dtype}")
-        _need(size == t.numel() * t.element_size(), str(path), f"tensor {name!r} has {size} bytes, "
-              f"its shape {list(shape)} and dtype need {t.numel() * t.element_size()}")
-        view = memoryview(t.reshape(-1).view(torch.uint8).numpy())
-        with open(path, "rb", buffering=0) as f:
-            f.seek(offset)
-            done = 0
-            while done < size:  # one read returns at most ~2 GiB on Linux
-                got = f.readinto(view[done:])
-                _need(bool(got), str(path), f"the file ends inside tensor {name!r}")
-                done += got
-        return t
+        """A new tensor holding `name`, or `out` (of its shape and dtype) filled with it."""
+        path, handle, dtype, shape = self.entries[name]
+        if out is not None and (tuple(out.shape) != shape or out.dtype != dtype):
+            raise RuntimeError(f"conversion bug: reading {name} {list(shape)} {dtype} into {list(out.shape)} "
+                               f"{out.dtype}")
+        try:
+            t = handle.get_tensor(name)
+        except Exception as e:  # SafetensorError: the file changed after it was opened and checked
+            _fail(path, f"cannot read tensor {name!r} ({first_line(e)})")
+        if t.dtype in self.FINITE and t.numel() and not all(math.isfinite(v) for v in torch.aminmax(t)):
+            _fail(path, f"tensor {name!r} holds NaN or infinite values: the file is damaged")
+        if out is None:
+            return t
+        out.copy_(t)
+        return out
+
+    def check(self, hf_model: nn.Module) -> None:
+        """Every parameter of a skeleton (parameters on meta) is in the files, with its shape: checked before any
+        tensor is read, so that a file that does not fit config.json costs nothing."""
+        prefix = hf_model.base_model_prefix + "."
+        groups: dict[int, tuple[nn.Parameter, list[str]]] = {}
+        for name, p in hf_model.named_parameters(remove_duplicate=False):  # tied parameters have several names
+            groups.setdefault(id(p), (p, []))[1].append(name)
+        for p, names in groups.values():
+            if self.key(names, prefix) is None:
+                _fail(self.directory, f"tensor {names[0]!r} is not in its safetensors file(s)")
+            for key in filter(None, (self.key([n], prefix) for n in names)):
+                path, _, _, shape = self.entries[key]
+                if shape != tuple(p.shape):
+                    _fail(path, f"tensor {key!r} has shape {list(shape)}; {CONFIG} makes it {list(p.shape)}")
 
     def key(self, names: list[str], prefix: str) -> str | None:
         """The file's name for a parameter known by `names` (tied parameters have several): the name
@@ -357,6 +501,9 @@ class _Safetensors:
                     module, _, leaf = name.rpartition(".")
                     setattr(hf_model.get_submodule(module), leaf,
                             nn.Parameter(torch.empty_like(p, device="meta"), requires_grad=p.requires_grad))
+
+
+# ---------------------------------------------------------------------------------- weight copying
 
 
 class _Copier:
@@ -415,15 +562,14 @@ class _Copier:
 
     def take_rows(self, ps: list[torch.Tensor]) -> torch.Tensor:
         """The row-wise concatenation of HF parameters (a fused projection's parts). Parts in the file are
-        read straight into their rows of one new tensor: no parts to free afterwards (freed parts leave
-        holes in the heap that later, larger tensors cannot reuse: about 10% more memory on a 1B Llama).
-        One part is taken as it is (no copy)."""
+        copied into their rows of one new tensor as each is read, so only one part is alive at a time
+        (torch.cat would hold them all next to the result). One part is taken as it is (no copy)."""
         if len(ps) == 1:
             return self.take(ps[0])
         if self.files is None or any(p.device.type != "meta" for p in ps):
             return torch.cat([self.take(p) for p in ps], dim=0)
         keys = [self._key(p) for p in ps]
-        parts = [self.files.entries[k] for k in keys]  # (file, offset, dtype, shape, bytes)
+        parts = [self.files.entries[k] for k in keys]  # (file, handle, dtype, shape)
         if len({(e[2], e[3][1:]) for e in parts}) > 1:  # mixed dtypes or widths: torch.cat's rules apply
             return torch.cat([self.take(p) for p in ps], dim=0)
         out = torch.empty((sum(e[3][0] for e in parts), *parts[0][3][1:]), dtype=parts[0][2])
@@ -748,29 +894,87 @@ _HUB_KWARGS = ("revision", "cache_dir", "local_files_only", "token", "subfolder"
 _DIRECT_KWARGS = {"local_files_only", "attn_implementation"}  # nothing to do when reading local files into zoo
 
 
-def from_pretrained(name_or_path: str | os.PathLike, **kw: Any) -> nn.Module:
-    """Load a GPT-2 / BERT / Llama / BART / T5 checkpoint (hub name or local directory) and convert it.
-
-    A local directory with `model.safetensors` (or shards and `model.safetensors.index.json`) is read
-    directly: the HF model is built as a skeleton with its parameters on the meta device, and each tensor
-    is read from the file when the converter takes it, in the file's dtype (see "Memory and precision").
-    Anything else (a hub name, only `pytorch_model.bin`, or `kw` other than local_files_only and
-    attn_implementation) is loaded by transformers' `from_pretrained(name_or_path, **kw)`, then converted."""
+def _transformers() -> Any:
     try:
         import transformers
     except ImportError as err:  # the optional `hf` extra
         raise ImportError("zoo.convert.from_pretrained needs transformers: pip install 'zoo[hf]'") from err
-    config = transformers.AutoConfig.from_pretrained(name_or_path, **{k: kw[k] for k in _HUB_KWARGS if k in kw})
-    cls_name = _CLASS_FOR_TYPE.get(config.model_type)
-    if cls_name is None:
-        raise ConversionError(f"cannot convert model_type={config.model_type!r}; supported: "
-                              f"{', '.join(_CLASS_FOR_TYPE)}")
-    cls, directory = getattr(transformers, cls_name), Path(name_or_path)
-    if directory.is_dir() and _Safetensors.present(directory) and set(kw) <= _DIRECT_KWARGS \
-            and sys.byteorder == "little":
-        files = _Safetensors(directory)
-        with _parameters_on_meta():  # HF's own init runs on meta: a no-op
-            skeleton = cls(config)
-        files.prepare(skeleton)
-        return _CONVERTERS[cls_name](skeleton.eval(), files)
-    return convert(cls.from_pretrained(name_or_path, **kw).eval())
+    return transformers
+
+
+def _class_name(model_type: Any) -> str:
+    if model_type not in _CLASS_FOR_TYPE:
+        raise ConversionError(f"cannot convert model_type={model_type!r}; supported: {', '.join(_CLASS_FOR_TYPE)}")
+    return _CLASS_FOR_TYPE[model_type]
+
+
+def _local(name_or_path: str | os.PathLike, kw: dict) -> Path | None:
+    """The directory `name_or_path` names on this machine (in its `subfolder`), or None for a hub id."""
+    path = Path(name_or_path).expanduser()
+    if not path.exists() and not str(name_or_path).startswith(("/", ".", "~")):
+        return None
+    return path / kw["subfolder"] if kw.get("subfolder") else path
+
+
+def _local_config(directory: Path) -> Any:
+    """The transformers config of a local directory, once the directory and its config.json are checked."""
+    transformers = _transformers()
+    check_directory(directory)
+    raw = _read_json(directory / CONFIG, "the model's config")
+    if not isinstance(raw, dict):
+        _fail(directory / CONFIG, "not a JSON object")
+    _class_name(raw.get("model_type"))
+    try:
+        return transformers.AutoConfig.from_pretrained(directory)
+    except Exception as e:  # a value the config class rejects: whatever transformers raises, one line
+        _fail(directory / CONFIG, f"transformers cannot read it ({first_line(e)})")
+
+
+def _skeleton(directory: Path, config: Any) -> nn.Module:
+    """The HF model of `config` with its parameters on the meta device (its own init is then a no-op)."""
+    cls_name = _class_name(config.model_type)
+    try:
+        with _parameters_on_meta():
+            return getattr(_transformers(), cls_name)(config)
+    except Exception as e:  # sizes the model code rejects (heads that do not divide the width, ...)
+        _fail(directory / CONFIG, f"transformers cannot build {cls_name} from it ({first_line(e)})")
+
+
+def check_pretrained(directory: str | os.PathLike) -> Any:
+    """Check a local save_pretrained directory as from_pretrained reads it, without reading a weight: its entries
+    stay inside it (check_directory), config.json is valid JSON naming a supported model_type, the weights are
+    safetensors (a pickle is refused, never loaded), each file's header fits the file, a shard index names only
+    files inside the directory, and every parameter the config implies is stored with its shape. Returns the
+    transformers config; raises ConversionError (one line) on the first problem."""
+    directory = Path(directory).expanduser()
+    config = _local_config(directory)
+    with _Safetensors(directory) as files:
+        files.check(_skeleton(directory, config))
+    return config
+
+
+def from_pretrained(name_or_path: str | os.PathLike, **kw: Any) -> nn.Module:
+    """Load a GPT-2 / BERT / Llama / BART / T5 checkpoint (hub name or local directory) and convert it.
+
+    A local directory is checked first (check_pretrained's checks; ConversionError, one line), then its
+    safetensors weights are read directly: the HF model is built as a skeleton with its parameters on the meta
+    device, and each tensor is read from the file when the converter takes it, in the file's dtype (see "Memory
+    and precision"). A hub name, or `kw` other than local_files_only and attn_implementation, is loaded by
+    transformers' `from_pretrained(name_or_path, use_safetensors=True, **kw)`, then converted: pickled weights
+    (pytorch_model.bin) are never loaded."""
+    transformers = _transformers()
+    directory = _local(name_or_path, kw)
+    if directory is None:  # a hub id
+        config = transformers.AutoConfig.from_pretrained(name_or_path, **{k: kw[k] for k in _HUB_KWARGS if k in kw})
+        cls = getattr(transformers, _class_name(config.model_type))
+        return convert(cls.from_pretrained(name_or_path, **{"use_safetensors": True, **kw}).eval())
+    config = _local_config(directory)
+    cls_name = _class_name(config.model_type)
+    with _Safetensors(directory) as files:
+        if set(kw) <= _DIRECT_KWARGS:
+            skeleton = _skeleton(directory, config)
+            files.check(skeleton)
+            files.prepare(skeleton)
+            return _CONVERTERS[cls_name](skeleton.eval(), files)
+    cls = getattr(transformers, cls_name)
+    return convert(cls.from_pretrained(name_or_path, **{"use_safetensors": True, **kw}).eval())

@@ -45,19 +45,20 @@ def load_model(source: str):
         try:
             from transformers import AutoTokenizer
 
-            from zoo.convert import ConversionError, from_pretrained
+            from zoo.convert import ConversionError, first_line, from_pretrained
             from zoo.net import bound_network
         except ImportError:
             raise EvalError("hf:<name> needs the 'transformers' package: pip install -e '.[hf]'") from None
+        what = "it"
         try:
             bound_network()  # a hub that never answers: ZOO_NET_TIMEOUT_S, not forever
-            model = from_pretrained(name)
+            model = from_pretrained(name)  # a local directory is checked first (zoo.convert.check_pretrained)
+            what = "its tokenizer"
             tok = AutoTokenizer.from_pretrained(name)
         except ConversionError as e:
             raise EvalError(f"{source}: {e}") from None
-        except (OSError, ValueError) as e:  # not on disk and not reachable on the hub, or not a model folder
-            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-            raise EvalError(f"{source}: cannot load it ({first[:200]})") from None
+        except Exception as e:  # not on the hub, or a damaged tokenizer file: one line, whatever the library raised
+            raise EvalError(f"{source}: cannot load {what} ({first_line(e)})") from None
         return model.eval(), lambda text: tok(text, verbose=False)["input_ids"], None, None
     from zoo.training.checkpoint import CheckpointError, load_checkpoint
 

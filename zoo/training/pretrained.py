@@ -10,6 +10,10 @@ overrides) goes on top: `model=<lineage>` must be the checkpoint's own; a group 
 eps, ...) unless the preset or the command line sets them; `model.<key>=...` and `model.<component>.<option>=...`
 set that value.
 
+A local directory is checked whole when the run config is made, before any data (zoo.convert.check_pretrained: its
+files stay inside it, config.json, safetensors headers against their files, every parameter stored with its shape),
+each problem one ConfigError line.
+
 The weights (`load_weights`): the checkpoint is converted with zoo.convert.from_pretrained, and every zoo parameter
 whose name and shape match a converted one is loaded; the others (a swapped component's new weights) keep zoo's
 own initialisation. The run prints one line: how many tensors were loaded, which were fresh, which pretrained
@@ -95,25 +99,35 @@ def _path(source: str) -> str:
 
 def _base_config(source: str) -> dict:
     """The zoo model config of the checkpoint (config.json only)."""
-    if source.startswith(("/", ".", "~")) and not Path(source).expanduser().is_dir():
-        raise ConfigError(f"init_from: 'hf:{source}': no such directory (a save_pretrained folder or a hub id)")
+    path = Path(source).expanduser()
+    if source.startswith(("/", ".", "~")) and not path.is_dir():
+        what = "not a directory" if path.exists() else "no such directory"
+        raise ConfigError(f"init_from: 'hf:{source}': {what} (a save_pretrained folder or a hub id)")
     try:
         import transformers
     except ImportError:
         raise ConfigError("init_from: needs the 'transformers' package: pip install -e '.[hf]'") from None
-    from zoo.convert import ConversionError, config_from_hf
+    from zoo.convert import ConversionError, check_pretrained, config_from_hf
     from zoo.net import bound_network
 
     bound_network()  # a hub that never answers: ZOO_NET_TIMEOUT_S, not forever
     try:
-        hf_config = transformers.AutoConfig.from_pretrained(_path(source))
-    except Exception as e:  # offline hub misses, folders without config.json: one line, whatever was raised
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise ConfigError(f"init_from: cannot load 'hf:{source}' ({first[:200]})") from None
-    try:
+        if Path(_path(source)).exists():  # a local directory: checked whole, weights too, before any data is read
+            hf_config = check_pretrained(_path(source))
+        else:
+            hf_config = _hub_config(transformers, source)
         return resolve_config(config_from_hf(hf_config))  # every option spelled out, with its default
     except ConversionError as e:
         raise ConfigError(f"init_from: 'hf:{source}': {e}") from None
+
+
+def _hub_config(transformers: Any, source: str) -> Any:
+    from zoo.convert import first_line
+
+    try:
+        return transformers.AutoConfig.from_pretrained(_path(source))
+    except Exception as e:  # offline hub misses: one line, whatever was raised
+        raise ConfigError(f"init_from: cannot load 'hf:{source}' ({first_line(e)})") from None
 
 
 def _explicit(overrides: list[str]) -> dict[str, set[str]]:
@@ -238,8 +252,13 @@ def special_rows(source: str) -> dict[int, tuple[int, str]]:
     take the mean row."""
     import transformers
 
-    tok = transformers.AutoTokenizer.from_pretrained(_path(source))
-    config = transformers.AutoConfig.from_pretrained(_path(source))
+    from zoo.convert import first_line
+
+    try:
+        tok = transformers.AutoTokenizer.from_pretrained(_path(source))
+        config = transformers.AutoConfig.from_pretrained(_path(source))
+    except Exception as e:  # a damaged tokenizer file: one line, whatever the library raised
+        raise ConfigError(f"init_from: 'hf:{source}': cannot load its tokenizer ({first_line(e)})") from None
     vocab = tok.get_vocab()
     out: dict[int, tuple[int, str]] = {}
     for zoo_id, special in enumerate(SPECIALS):
@@ -298,9 +317,12 @@ def _grouped(names: list[str]) -> str:
 def load_weights(model: nn.Module, source: str) -> str:
     """Copy the converted checkpoint into `model` (built and initialised by zoo) where names and shapes match.
     Returns the one-line report: loaded, fresh (zoo's init kept), unused pretrained tensors."""
-    from zoo.convert import from_pretrained
+    from zoo.convert import ConversionError, from_pretrained
 
-    converted = from_pretrained(_path(source))
+    try:
+        converted = from_pretrained(_path(source))
+    except ConversionError as e:  # the directory changed since apply() checked it
+        raise ConfigError(f"init_from: 'hf:{source}': {e}") from None
     specials = special_rows(source)
     theirs_token = _token_tensors(converted)
     theirs = dict(converted.named_parameters(remove_duplicate=False))  # a tied head by its own name too
