@@ -239,3 +239,20 @@ def test_cached_bpe_recovers_from_corrupt_cache(tmp_path, train_text):
     tok = cached_bpe(train_text[:20_000], cache, vocab_size=300)
     assert tok.decode(tok.encode("To be")) == "To be"
     assert json.loads(cache.read_text())["meta"]["vocab_size"] == 300
+
+
+def test_a_hf_tokenizer_directory_linking_out_is_refused_in_one_line(tmp_path):
+    """The same directory check as init_from=hf:<dir>: a file of the tokenizer read through a link out is refused."""
+    pytest.importorskip("transformers")
+    from tests.helpers import save_pretrained_tokenizer
+    from zoo.data import DataError
+    from zoo.data.tokenizers import HFTokenizer
+
+    directory = save_pretrained_tokenizer(tmp_path / "tok")
+    outside = tmp_path / "outside.json"
+    (directory / "tokenizer.json").rename(outside)
+    (directory / "tokenizer.json").symlink_to(outside)
+    before = outside.read_bytes()
+    with pytest.raises(DataError, match=r"^tokenizer: 'hf:.*tokenizer.json.*a symbolic link to .*outside"):
+        HFTokenizer(str(directory))
+    assert outside.read_bytes() == before

@@ -379,8 +379,16 @@ class HFTokenizer(Tokenizer):
     def __init__(self, source: str) -> None:
         self._init_empty()
         self.source = source
-        if source.startswith(("/", ".", "~")) and not Path(source).expanduser().is_dir():
+        local = Path(source).expanduser()
+        if source.startswith(("/", ".", "~")) and not local.is_dir():
             raise DataError(f"tokenizer: 'hf:{source}': no such directory (a save_pretrained folder or a hub name)")
+        if local.is_dir():  # as for init_from: no file read through a link out of it, no FIFO where a file belongs
+            from zoo.convert import ConversionError, check_directory
+
+            try:
+                check_directory(local)
+            except ConversionError as e:
+                raise DataError(f"tokenizer: 'hf:{source}': {e}") from None
         try:
             from transformers import AutoTokenizer
         except ImportError:
