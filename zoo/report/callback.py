@@ -8,6 +8,7 @@ from pathlib import Path
 
 from hydra.experimental.callback import Callback
 
+from zoo.io import WriteError
 from zoo.report.cli import build_report, console_summary, write_report
 from zoo.report.runs import ReportError
 from zoo.report.tables import Report
@@ -29,7 +30,7 @@ class ReportAfterSweep(Callback):
             try:
                 report = self._build(root, metric)
                 write_report(report, out)
-            except ReportError as e:
+            except (ReportError, WriteError) as e:
                 print(f"report ({metric}): {e}", file=sys.stderr)
                 continue
             print(f"\n{metric}:\n{console_summary(report)}\nreport: {out / 'report.md'}", flush=True)
