@@ -51,22 +51,48 @@ def atomic_write(path: str | os.PathLike, write: Callable[[IO], Any], mode: str 
     The rename replaces `path` itself, even a symbolic link there (never the link's target). Any OSError on
     the way is a WriteError naming `path`; the temp file is removed."""
     path = Path(path)
-    tmp = None
+    tmp, f = None, None
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
         os.fchmod(fd, 0o666 & ~_umask())  # mkstemp makes 0600; give what open() would give
-        with os.fdopen(fd, mode, **({} if "b" in mode else {"encoding": "utf-8"})) as f:
+        with os.fdopen(fd, mode, **({} if "b" in mode else {"encoding": "utf-8"})) as raw:
+            f = _Recording(raw)
             write(f)
-            f.flush()
-            os.fsync(f.fileno())
+            raw.flush()
+            os.fsync(raw.fileno())
         os.replace(tmp, path)
     except BaseException as e:
         if tmp is not None:
             Path(tmp).unlink(missing_ok=True)
-        if isinstance(e, OSError) and not isinstance(e, WriteError):
-            raise WriteError(path, e) from e
+        cause = e if isinstance(e, OSError) else getattr(f, "error", None)
+        if cause is not None and not isinstance(e, WriteError):
+            raise WriteError(path, cause) from e
         raise
+
+
+class _Recording:
+    """The temp file as atomic_write's caller sees it, remembering the first OSError of a write: torch.save's zip
+    writer reports a failed write (a full disk) as a RuntimeError about file positions."""
+
+    def __init__(self, f: IO):
+        self._f, self.error = f, None
+
+    def write(self, data):
+        return self._call(self._f.write, data)
+
+    def flush(self):
+        return self._call(self._f.flush)
+
+    def _call(self, method, *args):
+        try:
+            return method(*args)
+        except OSError as e:
+            self.error = self.error or e
+            raise
+
+    def __getattr__(self, name: str):
+        return getattr(self._f, name)
 
 
 def _umask() -> int:
@@ -220,7 +246,7 @@ def write_marker(run_dir: str | os.PathLike, replace: bool = False) -> dict:
         os.link(tmp, path)
     except FileExistsError:
         return read_marker(run_dir) or marker
-    except OSError as e:
+    except OSError as e:  # said of the marker, not of its temp name
         raise WriteError(path, e) from e
     finally:
         tmp.unlink(missing_ok=True)
@@ -291,11 +317,9 @@ def lock_run_dir(run_dir: str | os.PathLike) -> IO | None:
     except BlockingIOError:
         f.close()
         return None
-    try:
-        f.seek(0)
-        f.truncate()
-        f.write(f"{os.getpid()}\n")
-        f.flush()
+    try:  # unbuffered: nothing is left to flush (and fail again) when the file closes
+        os.ftruncate(f.fileno(), 0)
+        os.write(f.fileno(), f"{os.getpid()}\n".encode())
     except OSError as e:
         f.close()
         raise WriteError(path, e) from e
