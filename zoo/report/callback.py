@@ -27,6 +27,9 @@ class ReportAfterSweep(Callback):
         root = Path(config.hydra.sweep.dir)
         for i, metric in enumerate(self.metrics):
             out = root if i == 0 else root / f"report_{metric}"
+            if out.is_symlink():  # a directory zoo names itself: never written through a link
+                print(f"report ({metric}): '{out}' is a symbolic link; remove it to get this report", file=sys.stderr)
+                continue
             try:
                 report = self._build(root, metric)
                 write_report(report, out)
