@@ -168,6 +168,13 @@ def test_overwrite_removes_only_what_zoo_wrote(finished, tmp_path, capsys):
     assert torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)["hyper_parameters"]["cfg"]["seed"] == 1
 
 
+def test_a_run_directory_below_a_file(tmp_path, capsys):
+    (tmp_path / "file").write_text("a file")
+    code, err = _main(capsys, [], tmp_path / "file" / "run")
+    assert code == 2
+    _one_line(err, f"could not write '{tmp_path / 'file' / 'run'}': Not a directory")
+
+
 def test_a_marker_that_is_a_link_or_a_directory_is_no_marker(tmp_path, outside, capsys):
     for make in (lambda p: p.symlink_to(outside / "marker.txt"), lambda p: p.mkdir()):
         run_dir = tmp_path / f"run{len(list(tmp_path.iterdir()))}"
@@ -286,7 +293,7 @@ def _train_py(*args: str) -> subprocess.CompletedProcess:
                           text=True, timeout=300)
 
 
-@pytest.mark.parametrize("case", ["file", "file-overwrite", "sweep-file", "hydra-link", "multirun-link",
+@pytest.mark.parametrize("case", ["file", "file-overwrite", "below-a-file", "sweep-file", "hydra-link", "multirun-link",
                                   "job-hydra-link", "read-only", "sweep-read-only", "look-alike"])
 def test_train_py_refuses_an_unusable_output_directory_before_hydra_writes(tmp_path, outside, case):
     target = tmp_path / "out"
@@ -296,6 +303,10 @@ def test_train_py_refuses_an_unusable_output_directory_before_hydra_writes(tmp_p
         target.write_text("a file")
         args += ["overwrite=true"] if case == "file-overwrite" else []
         words = [f"hydra.run.dir: '{target}' is a file, not a directory"]
+    elif case == "below-a-file":
+        target.write_text("a file")
+        args = [f"hydra.run.dir={target / 'run'}"]
+        words = [f"hydra.run.dir: '{target / 'run'}' cannot be written ('{target}' is not a directory)"]
     elif case == "sweep-file":
         target.write_text("a file")
         args = ["-m", f"hydra.sweep.dir={target}", "seed=0,1"]

@@ -123,7 +123,10 @@ def _own_and_run(cfg: DictConfig, run_dir: Path, start: float) -> int:
     if is_secondary_rank():  # a DDP worker started by the first process, which owns the directory
         return _run(cfg, run_dir, start, {"owner": False, "held_run": [], "training": False})
     marker, _ = check_run_dir(run_dir)  # nothing is written into a directory zoo cannot tell is its own
-    run_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as e:  # a file in the way above it, a read-only parent
+        raise WriteError(run_dir, e) from e
     if marker is None:
         write_marker(run_dir)  # the run's first write
     lock = lock_run_dir(run_dir)
