@@ -55,7 +55,7 @@ def test_help_answers_without_torch_and_hides_the_study_base():
 
 @pytest.mark.parametrize("args", [
     ["model.d_model=64", "trainer.max_steps=10"],
-    ["data=text_file", "data.path=x.txt", "data.context=8"],
+    ["data=text_file", "data.path=README.md", "data.context=8"],
     ["-m", "attention=mha,gqa", "model.attention.n_kv_heads=2"],  # a key only one choice of a sweep has
     ["+trainer.enable_progress_bar=false", "hydra.run.dir=x", "~logger"],
     ["data=hf", "data.dataset=text"],

@@ -96,3 +96,65 @@ def test_sampling_filters():
     hot = sample_next(logits, 100.0, generator=g)
     cold = sample_next(logits, 0.1, generator=g)
     assert (hot == 4).sum() > 200 and (cold == 0).float().mean() > 0.99
+
+
+BAD_SAMPLING = [  # (keyword, value, the one line: the same from every entry point)
+    ("temperature", -1.0, "temperature: got -1.0; valid: a finite number >= 0 (0 = greedy)"),
+    ("temperature", float("inf"), "temperature: got inf; valid: a finite number >= 0 (0 = greedy)"),
+    ("top_k", 0, "top_k: got 0; valid: an integer >= 1, or none"),
+    ("top_k", -3, "top_k: got -3; valid: an integer >= 1, or none"),
+    ("top_p", 0.0, "top_p: got 0.0; valid: a number in (0, 1], or none"),
+    ("top_p", 1.5, "top_p: got 1.5; valid: a number in (0, 1], or none"),
+]
+
+
+@pytest.mark.parametrize("key, value, error", BAD_SAMPLING, ids=[f"{k}={v}" for k, v, _ in BAD_SAMPLING])
+def test_the_library_checks_sampling_values_where_it_uses_them(key, value, error, capsys):
+    """sample_next and generate refuse what the CLI and the config refuse, with the same line."""
+    with pytest.raises(ValueError) as err:
+        sample_next(torch.tensor([[4.0, 3.0, 2.0]]), **{"temperature": 1.0, key: value})
+    assert str(err.value) == error
+    with pytest.raises(ValueError) as err:
+        generate(build_model(tiny_cfg()), torch.zeros(1, 2, dtype=torch.long), 3, **{key: value})
+    assert str(err.value) == error
+    from zoo.sample import main as sample_main
+
+    assert sample_main(["no.ckpt", f"--{key.replace('_', '-')}", str(value)]) == 2  # before reading the file
+    assert capsys.readouterr().err == f"error: --{key.replace('_', '-')}{error.removeprefix(key)}\n"
+
+
+def test_generate_checks_its_tensors_and_ids():
+    model = build_model(tiny_cfg())
+    vocab = model.cfg["vocab_size"]
+    cases = [
+        (torch.zeros(3, dtype=torch.long), {}, "prompt: expected an integer tensor (batch >= 1, length >= 1), got "
+                                               "torch.int64 of shape (3,)"),
+        (torch.zeros(1, 2), {}, "prompt: expected an integer tensor (batch >= 1, length >= 1), got torch.float32 of "
+                                "shape (1, 2)"),
+        (torch.zeros(1, 0, dtype=torch.long), {}, "prompt: expected an integer tensor (batch >= 1, length >= 1), got "
+                                                  "torch.int64 of shape (1, 0)"),
+        (torch.full((1, 2), vocab), {}, f"prompt: id {vocab} is outside the model's vocabulary (0..{vocab - 1})"),
+        (torch.full((1, 2), -1), {}, f"prompt: id -1 is outside the model's vocabulary (0..{vocab - 1})"),
+        (torch.zeros(1, 2, dtype=torch.long), {"eos_id": vocab},
+         f"eos_id: got {vocab}; valid: an id of the model's vocabulary, or None"),
+        (torch.zeros(1, 2, dtype=torch.long), {"max_new_tokens": -1}, "max_new_tokens: got -1; valid: an integer >= 0"),
+    ]
+    for prompt, kw, error in cases:
+        with pytest.raises(ValueError) as err:
+            generate(model, prompt, **{"max_new_tokens": 3, **kw})
+        assert str(err.value) == error
+    with pytest.raises(ValueError, match=r"^logits: expected a float tensor \(batch, vocab\), got torch.int64"):
+        sample_next(torch.zeros(2, 5, dtype=torch.long))
+
+
+def test_sample_given_a_run_directory_says_which_file_to_give(tmp_path, capsys):
+    from zoo.sample import main as sample_main
+
+    assert sample_main([str(tmp_path)]) == 2
+    assert capsys.readouterr().err == (f"error: checkpoint: '{tmp_path}' is a directory; give a checkpoint file "
+                                       "(<run dir>/checkpoints/best.ckpt or last.ckpt)\n")
+    (tmp_path / "checkpoints").mkdir()
+    (tmp_path / "checkpoints" / "last.ckpt").write_bytes(b"")
+    assert sample_main([str(tmp_path)]) == 2
+    assert capsys.readouterr().err == (f"error: checkpoint: '{tmp_path}' is a directory; give a checkpoint file "
+                                       f"(e.g. '{tmp_path / 'checkpoints' / 'last.ckpt'}')\n")

@@ -46,9 +46,11 @@ def load_model(source: str):
             from transformers import AutoTokenizer
 
             from zoo.convert import ConversionError, from_pretrained
+            from zoo.net import bound_network
         except ImportError:
             raise EvalError("hf:<name> needs the 'transformers' package: pip install -e '.[hf]'") from None
         try:
+            bound_network()  # a hub that never answers: ZOO_NET_TIMEOUT_S, not forever
             model = from_pretrained(name)
             tok = AutoTokenizer.from_pretrained(name)
         except ConversionError as e:

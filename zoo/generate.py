@@ -16,10 +16,12 @@ from zoo.layers.position import unlimited_positions
 from zoo.registry import MODEL
 
 
-def sampling_error(max_new_tokens: Any, temperature: Any, top_k: Any = None, top_p: Any = None,
+def sampling_error(max_new_tokens: Any = 0, temperature: Any = 1.0, top_k: Any = None, top_p: Any = None,
                    num_samples: Any = 1, names: dict[str, str] | None = None) -> str | None:
-    """The first bad sampling setting as one line `<name>: got <value>; valid: <range>`, else None.
-    `names` renames the settings (sample.temperature in a config, --temperature on a command line)."""
+    """The first bad sampling setting as one line `<name>: got <value>; valid: <range>`, else None: the one check
+    of these values, made where they are used (sample_next, generate) and, before anything loads, by the CLI
+    (zoo.sample) and the run's config (sample.*). `names` renames the settings (sample.temperature in a config,
+    --temperature on a command line)."""
     def name(key: str) -> str:
         return (names or {}).get(key, key)
 
@@ -40,6 +42,10 @@ def sampling_error(max_new_tokens: Any, temperature: Any, top_k: Any = None, top
 def sample_next(logits: torch.Tensor, temperature: float = 1.0, top_k: int | None = None,
                 top_p: float | None = None, generator: torch.Generator | None = None) -> torch.Tensor:
     """logits (B, V) -> next token ids (B,). temperature 0 means greedy (argmax)."""
+    if error := sampling_error(temperature=temperature, top_k=top_k, top_p=top_p):
+        raise ValueError(error)
+    if not isinstance(logits, torch.Tensor) or logits.dim() != 2 or not logits.is_floating_point():
+        raise ValueError(f"logits: expected a float tensor (batch, vocab), got {_describe(logits)}")
     if temperature == 0:
         return logits.argmax(dim=-1)
     logits = logits.float() / temperature
@@ -54,6 +60,21 @@ def sample_next(logits: torch.Tensor, temperature: float = 1.0, top_k: int | Non
         logits = logits.scatter(-1, order, sorted_logits.masked_fill(drop, float("-inf")))
     probs = logits.softmax(dim=-1)
     return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+
+
+def _describe(x: Any) -> str:
+    return f"{x.dtype} of shape {tuple(x.shape)}" if isinstance(x, torch.Tensor) else type(x).__name__
+
+
+def check_ids(name: str, ids: Any, vocab_size: int | None) -> None:
+    """`ids` must be a (batch >= 1, length >= 1) integer tensor of ids in [0, vocab_size)."""
+    if not isinstance(ids, torch.Tensor) or ids.dim() != 2 or ids.is_floating_point() or ids.is_complex() \
+            or ids.dtype == torch.bool or 0 in ids.shape:
+        raise ValueError(f"{name}: expected an integer tensor (batch >= 1, length >= 1), got {_describe(ids)}")
+    low, high = int(ids.min()), int(ids.max())
+    if low < 0 or (vocab_size is not None and high >= vocab_size):
+        raise ValueError(f"{name}: id {low if low < 0 else high} is outside the model's vocabulary "
+                         f"(0..{vocab_size - 1 if vocab_size is not None else ''})")
 
 
 def position_limit(model: nn.Module) -> int | None:
@@ -91,8 +112,14 @@ def generate(model: nn.Module, prompt: torch.Tensor, max_new_tokens: int, temper
     decoder_only: prompt is the text so far. encoder_decoder: `src` (B, S) is the source and
     `prompt` the decoder's start (e.g. a BOS column). Stops early once every row has produced
     eos_id; rows that finished earlier are padded with eos_id."""
-    if error := sampling_error(max_new_tokens, temperature, top_k, top_p, prompt.shape[0], {"num_samples": "prompt"}):
+    if error := sampling_error(max_new_tokens, temperature, top_k, top_p):
         raise ValueError(error)
+    vocab_size = getattr(model, "cfg", {}).get("vocab_size")
+    check_ids("prompt", prompt, vocab_size)
+    if src is not None:
+        check_ids("src", src, vocab_size)
+    if eos_id is not None and not (is_int(eos_id) and 0 <= eos_id and (vocab_size is None or eos_id < vocab_size)):
+        raise ValueError(f"eos_id: got {eos_id!r}; valid: an id of the model's vocabulary, or None")
     name = getattr(model, "cfg", {}).get("name")
     if not getattr(model, "generates", False):
         raise ValueError(f"model '{name}' does not generate; generation needs {', '.join(generating_models())}")

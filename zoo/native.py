@@ -32,8 +32,9 @@ FLAGS = ("-O3", "-march=native", "-ffp-contract=off", "-fno-math-errno", "-fopen
 
 
 def cache_dir() -> Path:
-    root = os.environ.get("ZOO_CACHE") or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "zoo"
-    return Path(root) / "native"
+    from zoo.data.corpus import cache_dir as zoo_cache
+
+    return zoo_cache() / "native"
 
 
 def build_command(source: Path, out: Path, cxx: str) -> list[str]:

@@ -43,8 +43,9 @@ import numpy as np
 
 from zoo.data.corpus import DataError
 from zoo.data.tokenizers import HF_PREFIX, Tokenizer, build_tokenizer, tokenizer_from_state
-from zoo.data.tokens import FORMAT, MANIFEST, SPLITS, dtype_for, shard_name
-from zoo.io import atomic_write, atomic_write_json, remove_temp_files
+from zoo.data.tokens import FORMAT, MANIFEST, SPLITS, dtype_for, write_shard
+from zoo.io import atomic_write_json, remove_temp_files
+from zoo.net import bound_network
 
 SAMPLE_BY = ("document", "paragraph", "line")
 LOCK = ".zoo-prepare.lock"
@@ -131,6 +132,7 @@ def _dataset_documents(source: dict) -> Iterator[str]:
         import datasets
     except ImportError:
         raise DataError("--dataset needs the 'datasets' package: pip install -e '.[hf]'") from None
+    bound_network()  # the hub and datasets' retries: ZOO_NET_TIMEOUT_S, not forever
     kw = {"data_files": source["data_files"]} if source["data_files"] else {}
     try:  # streaming: rows arrive as they are read, nothing is held whole
         ds = datasets.load_dataset(source["dataset"], source["config"], split=source["split"], streaming=True, **kw)
@@ -179,6 +181,30 @@ def chunks(docs: Iterator[str], shard_bytes: int) -> Iterator[tuple[list[str], s
         yield chunk, h.hexdigest()
 
 
+def no_text(source: dict) -> DataError:
+    """The sources hold no document (empty files, whitespace only, an empty dataset)."""
+    if "dataset" in source:
+        return DataError(f"--dataset: '{source['dataset']}' (split {source['split']}) has no text in field "
+                         f"'{source['text_field']}'")
+    names = [f"'{f['path']}'" for f in source["files"]]
+    more = f" and {len(names) - 3} more" if len(names) > 3 else ""
+    return DataError(f"sources: no text in {', '.join(names[:3])}{more} (empty or only whitespace)")
+
+
+def split_error(name: str, n: int, source: dict) -> DataError:
+    """A split that received no document: the advice depends on why."""
+    if n == 0:
+        return no_text(source)
+    if n == 1:  # no --val-fraction can put one document in both splits
+        plain_text = "files" in source and not any(_is_jsonl(Path(f["path"])) for f in source["files"])
+        finer = {"document": "--sample-by paragraph (or line)", "paragraph": "--sample-by line"}.get(
+            source.get("sample_by")) if plain_text else None
+        fix = f"split it into more with {finer}" if finer else "add documents"
+        return DataError(f"sources: a single document, which cannot be both training and validation; {fix}")
+    return DataError(f"--val-fraction: no document of {n} fell into the {name} split; "
+                     + ("raise it or add documents" if name == "validation" else "lower it"))
+
+
 # ----------------------------------------------------------------------------------------------
 # The tokenizer, fixed once before any shard
 
@@ -196,7 +222,8 @@ def fit_tokenizer(spec: str, source: dict, vocab_size: int, sample_mb: float, va
                 if size >= sample_mb * 1e6:
                     break
         if not sample:
-            raise DataError("sources: no training text to train the bpe tokenizer on")
+            raise no_text(source) if not any(True for _ in documents(source)) else \
+                DataError("sources: no training text to train the bpe tokenizer on; lower --val-fraction")
         return tok.fit("\n".join(sample))
     tok = build_tokenizer(spec)
     if spec == "char":
@@ -204,7 +231,7 @@ def fit_tokenizer(spec: str, source: dict, vocab_size: int, sample_mb: float, va
         for doc in documents(source):
             alphabet.update(doc)
         if not alphabet:
-            raise DataError("sources: no text to take the char alphabet from")
+            raise no_text(source)
         return tok.fit("".join(sorted(alphabet)))
     return tok
 
@@ -238,10 +265,7 @@ def _process_chunk(index: int, chunk: list[str], text_hash: str) -> dict:
         entry = {"file": None, "tokens": n, "documents": len(docs), "characters": sum(len(d) for d in docs),
                  "bytes": sum(len(d.encode("utf-8", errors="surrogatepass")) for d in docs), "sha256": None}
         if n:
-            entry["file"] = shard_name(split, index)
-            data = flat.astype(flat.dtype.newbyteorder("<"), copy=False).tobytes()
-            atomic_write(w["out"] / entry["file"], lambda f, data=data: f.write(data), mode="wb")
-            entry["sha256"] = hashlib.sha256(data).hexdigest()
+            entry.update(write_shard(w["out"], split, index, flat))
         record[split] = entry
     return record
 
@@ -258,8 +282,15 @@ def _file_sha256(path: Path) -> str | None:
 
 
 def _shards_intact(out: Path, record: dict) -> bool:
-    return all(record[s]["file"] is None or _file_sha256(out / record[s]["file"]) == record[s]["sha256"]
+    """Whether a finished chunk's shards are still the regular files it wrote (a link is redone: replaced)."""
+    return all(record[s]["file"] is None or (_is_regular(out / record[s]["file"])
+                                             and _file_sha256(out / record[s]["file"]) == record[s]["sha256"])
                for s in SPLITS)
+
+
+def _is_regular(path: Path) -> bool:
+    """A regular file itself: not a link (which zoo would write through), a directory or a FIFO (which blocks)."""
+    return path.is_file() and not path.is_symlink()
 
 
 # ----------------------------------------------------------------------------------------------
@@ -281,28 +312,68 @@ def describe_source(sources: list[str], dataset: str | None, dataset_config: str
     return {"files": files, "text_field": text_field, "sample_by": sample_by}
 
 
-def _claim(out: Path) -> Any:
-    """Lock the output directory (one zoo-prepare at a time) and clear an interrupted run's temp files."""
+def _claim(out: Path) -> int:
+    """Lock the output directory (one zoo-prepare at a time); returns the lock's descriptor (see _release)."""
     import fcntl
 
+    if out.exists() and not out.is_dir():
+        raise DataError(f"--out: '{out}' is a file; give a directory (new, empty, or an earlier zoo-prepare's --out)")
     out.mkdir(parents=True, exist_ok=True)
-    lock = (out / LOCK).open("a+")
+    path = out / LOCK
+    try:  # O_NOFOLLOW: a link named like the lock is refused, never written through
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK, 0o666)
+    except OSError as e:
+        what = "is a link" if path.is_symlink() else f"cannot be created ({e.strerror})"
+        raise DataError(f"--out: '{path}' {what}; zoo-prepare locks '{out}' with a regular file of its own "
+                        "there") from None
     try:
-        fcntl.flock(lock.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
-        lock.close()
+        os.close(fd)
         raise DataError(f"--out: '{out}' is being prepared by another running zoo-prepare") from None
-    remove_temp_files(out)
-    return lock
+    if not _same_file(fd, path):  # the previous holder removed it between our open and our lock: take it anew
+        os.close(fd)
+        return _claim(out)
+    return fd
+
+
+def _same_file(fd: int, path: Path) -> bool:
+    try:
+        a, b = os.fstat(fd), os.stat(path, follow_symlinks=False)
+    except OSError:
+        return False
+    return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
+
+
+def _release(fd: int, out: Path) -> None:
+    """Remove the lock file, then unlock: the directory holds only the corpus once zoo-prepare ends. Removing it
+    while held is safe: a zoo-prepare that opened it meanwhile finds it is no longer the file at LOCK (_claim)."""
+    try:
+        if _same_file(fd, out / LOCK):
+            (out / LOCK).unlink(missing_ok=True)
+    except OSError:  # a directory that became read-only: the lock file stays, harmless (the next run reuses it)
+        pass
+    os.close(fd)
+
+
+# the temp files an interrupted zoo-prepare leaves (zoo.io.atomic_write's, of the names it writes)
+_OWN_TEMP = re.compile(r"^\.(manifest\.json|(train|val)_\d{6}\.bin)\.[A-Za-z0-9_]{8}\.tmp$")
 
 
 def _previous(out: Path, plan: dict) -> dict | None:
     """The manifest of an earlier run of this same plan (to resume), None for an empty directory; another
-    corpus is refused."""
+    corpus is refused. Then, the directory being zoo-prepare's, an interrupted run's temp files are removed."""
+    manifest = _read_previous(out, plan)
+    remove_temp_files(out)
+    return manifest
+
+
+def _read_previous(out: Path, plan: dict) -> dict | None:
     file = out / MANIFEST
+    if file.is_symlink() or (file.exists() and not file.is_file()):
+        raise DataError(f"--out: '{file}' is not a regular file; delete it, or choose another --out")
     if not file.is_file():
-        ours = {MANIFEST, LOCK}
-        others = [p.name for p in out.iterdir() if p.name not in ours]
+        others = [p.name for p in out.iterdir() if p.name != LOCK and not _OWN_TEMP.match(p.name)]
         if others:
             raise DataError(f"--out: '{out}' is not empty and holds no {MANIFEST} (e.g. '{others[0]}'); "
                             "choose an empty or new directory")
@@ -328,6 +399,8 @@ def prepare(sources: list[str], out: str | os.PathLike, tokenizer: str = "byte",
         raise DataError(f"--val-fraction: must be between 0 and 1 (exclusive), got {val_fraction}")
     if not shard_mb > 0:
         raise DataError(f"--shard-mb: must be positive, got {shard_mb}")
+    if not bpe_sample_mb > 0:
+        raise DataError(f"--bpe-sample-mb: must be positive, got {bpe_sample_mb}")
     workers = workers or os.cpu_count() or 1
     if workers < 1:
         raise DataError(f"--workers: must be a positive integer, got {workers}")
@@ -340,11 +413,18 @@ def prepare(sources: list[str], out: str | os.PathLike, tokenizer: str = "byte",
     if tokenizer == "bpe":
         plan.update(vocab_size=vocab_size, bpe_sample_mb=bpe_sample_mb)
     out = Path(out).expanduser().resolve()
-    lock = _claim(out)
     try:
-        return _run(out, plan, source, workers, progress)
-    finally:
-        lock.close()
+        lock = _claim(out)
+        try:
+            return _run(out, plan, source, workers, progress)
+        finally:
+            _release(lock, out)
+    except DataError:
+        raise
+    except OSError as e:  # a full disk, a read-only file system, no permission: one line, finished shards kept
+        where = f"'{e.filename}'" if e.filename else f"in '{out}'"
+        raise DataError(f"--out: cannot write {where} ({e.strerror or e}); finished shards are kept: fix that "
+                        "and rerun the same command") from None
 
 
 def _run(out: Path, plan: dict, source: dict, workers: int, progress: bool) -> dict:
@@ -411,6 +491,8 @@ def _run(out: Path, plan: dict, source: dict, workers: int, progress: bool) -> d
         if pool is not None:  # a shard half written stays a temp file, which the next run removes
             pool.terminate()
         raise
+    else:  # the bar counts documents' text, its total the files' bytes (with separators and blank lines): fill it
+        bar.update(max(0, (bar.total or 0) - bar.n))
     finally:
         bar.close()
     if pool is not None:
@@ -422,9 +504,7 @@ def _run(out: Path, plan: dict, source: dict, workers: int, progress: bool) -> d
               for s in SPLITS}
     for s, name in (("train", "training"), ("val", "validation")):
         if not splits[s]["tokens"]:
-            n = splits["train"]["documents"] + splits["val"]["documents"]
-            raise DataError(f"--val-fraction: no document of {n} fell into the {name} split; "
-                            + ("raise it or add documents" if s == "val" else "lower it"))
+            raise split_error(name, splits["train"]["documents"] + splits["val"]["documents"], source)
     manifest.update(complete=True, splits=splits, shards=shards)
     atomic_write_json(out / MANIFEST, manifest)
     return {"manifest": manifest, "seconds": encode_s, "fit_seconds": fit_s, **stats}

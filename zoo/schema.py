@@ -98,6 +98,11 @@ class ZooConfig:
     overwrite: bool = False  # true: a fresh run may replace the run already in its directory (else refused)
     budget: str | None = None  # params: resize d_ff so every FFN / attention variant matches the baseline's size;
     # active_params: the same for the parameters one token uses (ffn=moe: router + top_k experts)
+    # Training length as a rule of the model's size (the ladders, conf/ladder/): trainer.max_steps becomes
+    # ceil(tokens_per_param * parameters / tokens per step), the parameters counted as budget counts them
+    # (active ones for ffn=moe); null: trainer.max_steps as set.
+    tokens_per_param: float | None = None
+    evals_per_run: int | None = None  # with tokens_per_param: trainer.val_check_interval = max_steps / evals_per_run
 
 
 def model_defaults() -> dict:

@@ -3,6 +3,7 @@
 import hashlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -134,14 +135,14 @@ def test_bpe_is_trained_on_a_sample_of_the_training_documents(corpus, tmp_path):
 def test_interrupted_then_rerun_is_byte_identical(corpus, tmp_path, monkeypatch):
     """An interruption while writing the fourth shard, a temp file left as a SIGKILL leaves it and a damaged
     shard: the rerun redoes exactly what is missing and the directory equals an uninterrupted run's."""
-    import zoo.prepare
+    import zoo.data.tokens
 
     args = dict(sample_by="paragraph", val_fraction=0.1, shard_mb=0.004, workers=1, progress=False)
     sources = [str(p) for p in corpus]
     prepare(sources, tmp_path / "full", "bpe", vocab_size=300, **args)
     full = files_of(tmp_path / "full")
 
-    real = zoo.prepare.atomic_write
+    real = zoo.data.tokens.atomic_write  # the shard writer's
 
     def half_then_interrupted(f):
         f.write(b"\0" * 10)
@@ -150,7 +151,7 @@ def test_interrupted_then_rerun_is_byte_identical(corpus, tmp_path, monkeypatch)
     def dying(path, write, mode="w"):  # the fourth shard: half written, then the interruption
         real(path, half_then_interrupted if Path(path).name == "train_000003.bin" else write, mode)
 
-    monkeypatch.setattr(zoo.prepare, "atomic_write", dying)
+    monkeypatch.setattr(zoo.data.tokens, "atomic_write", dying)
     with pytest.raises(KeyboardInterrupt):
         prepare(sources, tmp_path / "part", "bpe", vocab_size=300, **args)
     monkeypatch.undo()
@@ -215,11 +216,22 @@ def test_jsonl_and_a_streamed_dataset_give_the_same_shards(tmp_path):
      "error: --sample-by: unknown 'sentence'; valid: document, paragraph, line"),
     (["{corpus}/part0.txt", "--val-fraction", "1.5"],
      "error: --val-fraction: must be between 0 and 1 (exclusive), got 1.5"),
-    (["{corpus}/part0.txt"],  # one file, one document: nothing left for validation
-     "error: --val-fraction: no document of 1 fell into the validation split; raise it or add documents"),
+    (["{corpus}/part0.txt"],  # one file, one document: no --val-fraction puts it in both splits
+     "error: sources: a single document, which cannot be both training and validation; split it into more with "
+     "--sample-by paragraph (or line)"),
+    (["{one_paragraph}", "--sample-by", "paragraph"],
+     "error: sources: a single document, which cannot be both training and validation; split it into more with "
+     "--sample-by line"),
+    (["{empty}", "{blank}"], "error: sources: no text in '{empty}', '{blank}' (empty or only whitespace)"),
+    (["{empty}", "--tokenizer", "char"], "error: sources: no text in '{empty}' (empty or only whitespace)"),
+    (["{blank}", "--tokenizer", "bpe"], "error: sources: no text in '{blank}' (empty or only whitespace)"),
 ])
 def test_bad_input_is_one_line(corpus, tmp_path, capsys, args, error):
-    names = {"missing": str(tmp_path / "nope.txt"), "corpus": str(corpus[0].parent)}
+    names = {"missing": str(tmp_path / "nope.txt"), "corpus": str(corpus[0].parent), "empty": str(tmp_path / "e.txt"),
+             "blank": str(tmp_path / "b.txt"), "one_paragraph": str(tmp_path / "p.txt")}
+    Path(names["empty"]).write_text("")
+    Path(names["blank"]).write_text(" \n\n\t\n")
+    Path(names["one_paragraph"]).write_text("a whole file\nof lines\nwith no blank line between them\n")
     assert main([a.format(**names) for a in args] + ["--out", str(tmp_path / "out"), "--quiet"]) == 2
     err = capsys.readouterr().err
     assert err == error.format(**names) + "\n"
@@ -245,3 +257,16 @@ def test_console_script_is_declared():
 
     scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
     assert scripts["zoo-prepare"] == "zoo.prepare:main"
+
+
+def test_the_progress_bar_ends_at_100_percent_and_the_lock_goes(corpus, tmp_path, capsys):
+    """The bar counts documents' text against the files' bytes (blank lines between paragraphs included): it is
+    filled when the last chunk is done. The lock file is removed once zoo-prepare ends, however it ends."""
+    out = tmp_path / "out"
+    assert main([str(corpus[0]), "--out", str(out), "--sample-by", "paragraph", "--val-fraction", "0.2"]) == 0
+    bar = capsys.readouterr().err.split("\r")[-1]
+    done, total = re.search(r"^zoo-prepare: 100%\|█+\| (\S+)/(\S+) ", bar).groups()
+    assert done == total, bar
+    assert not (out / ".zoo-prepare.lock").exists()
+    assert main([str(corpus[0]), "--out", str(out), "--tokenizer", "char", "--quiet"]) == 2  # refused: another corpus
+    assert not (out / ".zoo-prepare.lock").exists()

@@ -1,13 +1,17 @@
 """Dashboards: TensorBoard's HParams view and MLflow (a local store, a real server, its web UI)."""
 
 import contextlib
+import csv
+import http.server
 import json
 import os
+import re
 import shutil
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.parse
 import urllib.request
@@ -238,3 +242,219 @@ def test_ddp_run_is_one_mlflow_run(tmp_path):
     [experiment] = [e for e in client.search_experiments() if e.name == "zoo"]
     [run] = client.search_runs([experiment.experiment_id])
     assert run.info.status == "FINISHED" and "val_loss" in run.data.metrics
+
+
+# --- Servers that stop answering: every network wait ends within zoo.net's bound ------------------------------
+# ZOO_NET_TIMEOUT_S=2 keeps these tests short; the bound they check is the one the README states for any value.
+
+QUICK = {"ZOO_NET_TIMEOUT_S": "2"}
+STARTUP_S = 120  # a generous margin for the interpreter, torch and Lightning to load on a busy machine
+
+
+def _env(tmp_path: Path, **extra: str) -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("MLFLOW_", "HF_HUB_", "WANDB_"))}
+    return {**env, "PYTHONPATH": str(ROOT), "HF_HOME": str(tmp_path / "hf"), "OMP_NUM_THREADS": "1", **QUICK, **extra}
+
+
+def _within_bound(requests: int) -> float:
+    """A subprocess's timeout: start-up and `requests` calls, each within the bound zoo.net documents."""
+    from zoo.net import request_bound_s
+
+    return STARTUP_S + requests * request_bound_s(float(QUICK["ZOO_NET_TIMEOUT_S"]))
+
+
+@pytest.fixture
+def silent_server():
+    """A server on loopback that accepts connections and never answers."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(128)
+    held, stop = [], threading.Event()
+
+    def accept():
+        listener.settimeout(0.2)
+        while not stop.is_set():
+            with contextlib.suppress(OSError):
+                held.append(listener.accept()[0])
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{listener.getsockname()[1]}"
+    stop.set()
+    thread.join()
+    for s in [*held, listener]:
+        s.close()
+
+
+class _MlflowThatStops(http.server.BaseHTTPRequestHandler):
+    """Just enough of MLflow's REST API for a run; after `answered_batches` metric batches it never answers again."""
+
+    answered_batches = 1
+    run = {"info": {"run_id": "r1", "run_uuid": "r1", "experiment_id": "1", "status": "RUNNING",
+                    "lifecycle_stage": "active", "artifact_uri": "mlflow-artifacts:/1/r1/artifacts"}, "data": {}}
+
+    def do_GET(self):
+        self._answer()
+
+    def do_POST(self):
+        self._answer()
+
+    def _answer(self):
+        server = self.server
+        body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        with server.lock:
+            server.requests.append(self.path)
+            if server.stopped is None and self.path.endswith("runs/log-batch") and b'"metrics"' in body:
+                server.batches += 1
+                if server.batches > self.answered_batches:
+                    server.stopped = len(server.requests) - 1  # the index of the first unanswered request
+        if server.stopped is not None:
+            server.release.wait()  # never answers (until the test ends)
+            return
+        if "experiments/get-by-name" in self.path:
+            reply = {"experiment": {"experiment_id": "1", "name": "zoo", "lifecycle_stage": "active"}}
+        elif "runs/create" in self.path or "runs/get" in self.path:
+            reply = {"run": self.run}
+        else:
+            reply = {}
+        data = json.dumps(reply).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def mlflow_that_stops():
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _MlflowThatStops)
+    server.daemon_threads = True
+    server.lock, server.requests, server.batches, server.stopped = threading.Lock(), [], 0, None
+    server.release = threading.Event()
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield server
+    server.release.set()
+    server.shutdown()
+    server.server_close()
+
+
+def test_mlflow_server_that_never_answers_is_one_line_within_the_bound(tmp_path, silent_server):
+    """It accepts the connection (the old TCP probe passed) and never answers: MLflow alone retried for minutes."""
+    pytest.importorskip("mlflow")
+    cmd = [sys.executable, "train.py", "logger=mlflow", f"logger.mlflow.tracking_uri={silent_server}", "debug=fast",
+           f"hydra.run.dir={tmp_path / 'run'}", *TINY]
+    proc = subprocess.run(cmd, cwd=ROOT, env=_env(tmp_path), capture_output=True, text=True,
+                          timeout=_within_bound(1))
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    [line] = proc.stderr.strip().splitlines()
+    assert line.startswith(f"error: logger.mlflow.tracking_uri: {silent_server}: no answer within 2 s, 2 tries "
+                           "(ZOO_NET_TIMEOUT_S); valid: "), line
+    assert not (tmp_path / "run" / "checkpoints").exists()  # refused before training
+
+
+def test_mlflow_server_that_stops_answering_mid_run_costs_one_wait_and_one_line(tmp_path, mlflow_that_stops):
+    """The run goes on and completes: metrics.csv and the checkpoints hold every step; the dashboard is not called
+    again after its first unanswered request, and the run ends with one line saying what it did not get."""
+    pytest.importorskip("mlflow")
+    uri = f"http://127.0.0.1:{mlflow_that_stops.server_address[1]}"
+    run_dir = tmp_path / "run"
+    cmd = [sys.executable, "train.py", "logger=mlflow", f"logger.mlflow.tracking_uri={uri}",
+           "sample.max_new_tokens=0", f"hydra.run.dir={run_dir}", *TINY]
+    proc = subprocess.run(cmd, cwd=ROOT, env=_env(tmp_path), capture_output=True, text=True,
+                          timeout=_within_bound(1))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    [line] = [x for x in proc.stderr.splitlines() if x.strip()]
+    assert line.startswith("warning: mlflow: ") and " not logged (" in line, line
+    missed = line.removeprefix("warning: mlflow: ").partition(" not logged (")[0].split(", ")
+    assert re.fullmatch(r"\d+ metric rows", missed[0]) and int(missed[0].split()[0]) >= 2, line  # this one and later
+    assert set(missed[1:]) == {"the final metrics", "summary.json", "config.yaml", "the end status"}, line
+    assert f"({uri} stopped answering at step " in line and "no answer within 2 s, 2 tries (ZOO_NET_TIMEOUT_S)" in line
+    assert line.endswith(f"the run's record is in {run_dir} (metrics.csv, summary.json, checkpoints/)"), line
+    stopped = mlflow_that_stops.stopped
+    assert stopped is not None and len(mlflow_that_stops.requests) - stopped <= 2, mlflow_that_stops.requests[stopped:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["steps"] == 4
+    with open(run_dir / "metrics.csv") as f:
+        steps = {int(row["step"]) for row in csv.DictReader(f) if row.get("train_loss")}
+    assert steps == {0, 1, 2, 3}, steps
+    assert (run_dir / "checkpoints" / "last.ckpt").is_file() and (run_dir / "checkpoints" / "best.ckpt").is_file()
+
+
+def test_hub_that_never_answers_ends_init_from_hf_in_one_line_within_the_bound(tmp_path, silent_server):
+    """huggingface_hub's client has no timeout of its own: without zoo's bound this waited forever."""
+    pytest.importorskip("transformers")
+    cmd = [sys.executable, "train.py", "init_from=hf:gpt2", "debug=fast", f"hydra.run.dir={tmp_path / 'run'}"]
+    proc = subprocess.run(cmd, cwd=ROOT, env=_env(tmp_path, HF_ENDPOINT=silent_server), capture_output=True,
+                          text=True, timeout=_within_bound(2))
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    [line] = proc.stderr.strip().splitlines()
+    assert line.startswith("error: init_from: cannot load 'hf:gpt2' ("), line
+
+
+def test_hub_that_never_answers_ends_a_hub_tokenizer_in_zoo_prepare_in_one_line(tmp_path, silent_server):
+    pytest.importorskip("transformers")
+    (tmp_path / "a.txt").write_text("some text\n\nmore text\n")
+    cmd = [sys.executable, "-m", "zoo.prepare", str(tmp_path / "a.txt"), "--tokenizer", "hf:gpt2",
+           "--out", str(tmp_path / "corpus")]
+    proc = subprocess.run(cmd, cwd=ROOT, env=_env(tmp_path, HF_ENDPOINT=silent_server), capture_output=True,
+                          text=True, timeout=_within_bound(2))
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    [line] = proc.stderr.strip().splitlines()
+    assert line.startswith("error: tokenizer: cannot load Hugging Face tokenizer 'hf:gpt2' ("), line
+
+
+def test_network_bound_reaches_each_library_and_leaves_the_users_own_settings(monkeypatch):
+    from zoo import net
+
+    monkeypatch.setattr(os, "environ", {k: v for k, v in os.environ.items()
+                                        if not k.startswith(("MLFLOW_", "WANDB_", "ZOO_NET"))})
+    monkeypatch.setenv("ZOO_NET_TIMEOUT_S", "7")
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "99")  # the user's: kept
+    assert net.bound_network() == 7
+    assert os.environ["MLFLOW_HTTP_REQUEST_TIMEOUT"] == "99"
+    assert os.environ["MLFLOW_HTTP_REQUEST_MAX_RETRIES"] == str(net.RETRIES)
+    assert os.environ["WANDB_INIT_TIMEOUT"] == "28" and os.environ["WANDB__FILE_STREAM_RETRY_MAX"] == "1"
+    from mlflow.environment_variables import MLFLOW_HTTP_REQUEST_MAX_RETRIES, MLFLOW_HTTP_REQUEST_TIMEOUT
+
+    assert MLFLOW_HTTP_REQUEST_TIMEOUT.get() == 99 and MLFLOW_HTTP_REQUEST_MAX_RETRIES.get() == 1
+
+
+@pytest.mark.parametrize("value", ["abc", "0", "-1", "inf", "nan"])
+def test_bad_network_timeout_is_one_line_naming_the_variable(monkeypatch, value):
+    from zoo.build import ConfigError
+    from zoo.data.corpus import DataError
+    from zoo.net import timeout_s
+
+    monkeypatch.setenv("ZOO_NET_TIMEOUT_S", value)
+    with pytest.raises(ConfigError) as e:
+        timeout_s()
+    assert isinstance(e.value, DataError)  # zoo-prepare reports DataError, train.py both
+    assert str(e.value) == f"ZOO_NET_TIMEOUT_S: got '{value}'; valid: a number of seconds > 0 (default 10)"
+
+
+def test_wandb_online_with_a_server_that_never_answers_is_one_error_line_within_the_bound(tmp_path, silent_server):
+    """W&B online (an account's key, its own server address): the run's start is bounded, then one line."""
+    pytest.importorskip("wandb")
+    cmd = [sys.executable, "train.py", "logger=wandb", "debug=fast", f"hydra.run.dir={tmp_path / 'run'}"]
+    env = _env(tmp_path, WANDB_MODE="online", WANDB_BASE_URL=silent_server, WANDB_API_KEY="0" * 40,
+               WANDB_DIR=str(tmp_path))
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=_within_bound(6))
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    errors = [ln for ln in proc.stderr.splitlines() if ln.startswith("error:")]
+    assert len(errors) == 1 and errors[0].startswith("error: logger.wandb: cannot start the run on W&B ("), \
+        proc.stderr[-2000:]
+    assert not (tmp_path / "run" / "checkpoints").exists()  # refused before training
+
+
+def test_a_hub_dataset_that_never_answers_ends_zoo_prepare_in_one_line(tmp_path, silent_server):
+    pytest.importorskip("datasets")
+    cmd = [sys.executable, "-m", "zoo.prepare", "--dataset", "someone/some-corpus", "--out", str(tmp_path / "c")]
+    proc = subprocess.run(cmd, cwd=ROOT, env=_env(tmp_path, HF_ENDPOINT=silent_server), capture_output=True,
+                          text=True, timeout=_within_bound(4))
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    [line] = [ln for ln in proc.stderr.splitlines() if "error" in ln.lower()]  # beside the progress bar
+    assert line.startswith("error: --dataset: cannot load 'someone/some-corpus' ("), line

@@ -27,6 +27,12 @@ def too_big(what: str, size: int, prepare_args: str) -> str:
             "data=tokens data.path=corpus.tokens")
 
 
+def cache_dir() -> Path:
+    """zoo's per-user cache: `$ZOO_CACHE`, else `$XDG_CACHE_HOME/zoo`, else `~/.cache/zoo`."""
+    root = os.environ.get("ZOO_CACHE") or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "zoo"
+    return Path(root).expanduser()
+
+
 class DataError(ValueError):
     """Bad data or data settings; the message is one line naming the config key to change."""
 
@@ -43,17 +49,23 @@ def load_default_corpus() -> str:
         return f.read().decode("utf-8")
 
 
+def check_text_file(path: str | os.PathLike[str]) -> Path:
+    """The path of an existing file (not a directory) for data.path, else a one-line DataError."""
+    p = Path(path).expanduser()
+    if not p.exists():
+        raise DataFileNotFoundError(f"data.path: no such file '{p}'")
+    if p.is_dir():
+        raise DataError(f"data.path: '{p}' is a directory; point it at a text file")
+    return p
+
+
 def read_text_file(path: str | os.PathLike[str]) -> str:
     """Read a UTF-8 text file for training, with one-line errors for the usual mistakes.
 
     Line endings are normalised to ``\\n`` and a leading byte-order mark is dropped, so the same
     text saved on Windows or Unix tokenizes identically.
     """
-    p = Path(path).expanduser()
-    if not p.exists():
-        raise DataFileNotFoundError(f"data.path: no such file '{p}'")
-    if p.is_dir():
-        raise DataError(f"data.path: '{p}' is a directory; point it at a text file")
+    p = check_text_file(path)
     size = p.stat().st_size
     if size > MAX_TEXT_BYTES:
         raise DataError(too_big(f"data.path: '{p}'", size, shlex.quote(str(p))))

@@ -385,6 +385,9 @@ class HFTokenizer(Tokenizer):
             from transformers import AutoTokenizer
         except ImportError:
             raise DataError("tokenizer: hf:<name> needs the 'transformers' package: pip install -e '.[hf]'") from None
+        from zoo.net import bound_network
+
+        bound_network()  # a hub that never answers: ZOO_NET_TIMEOUT_S, not forever
         try:
             pretrained = AutoTokenizer.from_pretrained(str(Path(source).expanduser()))
         except Exception as e:  # offline hub misses, bad directories: one line, whatever the library raised

@@ -8,10 +8,11 @@ import sys
 from pathlib import Path
 
 from zoo.io import WriteError, atomic_write_text
-from zoo.report.plots import plot_curves, plot_final
+from zoo.report.ladder import build_ladder
+from zoo.report.plots import plot_curves, plot_final, plot_ladder
 from zoo.report.runs import ReportError, load_runs, match_jobs, metric_direction
 from zoo.report.stats import mean_std
-from zoo.report.tables import Report, comparisons, find_baseline, group_variants, make_rows, table
+from zoo.report.tables import Report, comparisons, find_baseline, group_variants, make_rows, parse_baseline, table
 
 EXIT_OK, EXIT_ERROR = 0, 2
 
@@ -29,7 +30,8 @@ def build_report(root: Path, metric: str = "val_loss", target: float | None = No
     if not any(r.final(metric) is not None for r in runs) and any(r.summary for r in runs):
         raise ReportError(f"--metric: no run has '{metric}'; available: {', '.join(have) or 'none'}")
     higher = metric_direction(runs, metric)
-    base = find_baseline(variants, baseline) if baseline else None
+    ladder = build_ladder(runs, factors, metric, higher, parse_baseline(baseline) if baseline else None)
+    base = find_baseline(variants, baseline) if baseline and ladder is None else None
     means = [m for v in variants if math.isfinite(m := mean_std(v.finals(metric))[0])]
     if target is not None:
         note = "given with --target"
@@ -38,9 +40,12 @@ def build_report(root: Path, metric: str = "val_loss", target: float | None = No
     else:
         target, note = math.nan, "no completed run"
     rows = make_rows(variants, metric, target, higher)
-    intro, sentences = comparisons(rows, metric, base, higher)
+    if ladder is None:
+        intro, sentences = comparisons(rows, metric, base, higher)
+    else:  # a ladder compares each variant with the baseline across sizes: its verdicts
+        intro, sentences = f"each variant against {ladder.baseline} across sizes", ladder.sentences()
     return Report(root, metric, higher, target, note, factors, rows, table(rows, factors, metric, target, higher),
-                  intro, sentences, len(runs), match_jobs(root, runs))
+                  intro, sentences, len(runs), match_jobs(root, runs), ladder=ladder)
 
 
 def write_report(report: Report, out_dir: Path) -> list[Path]:
@@ -55,6 +60,9 @@ def write_report(report: Report, out_dir: Path) -> list[Path]:
         report.plots = [("curves.png", plot_curves(report.rows, report.metric, report.target, out_dir / "curves.png")),
                         ("final.png", plot_final(report.rows, report.metric, out_dir / "final.png"))]
         written += [out_dir / "curves.png", out_dir / "final.png"]
+        if report.ladder is not None:
+            report.plots.insert(0, ("ladder.png", plot_ladder(report.ladder, out_dir / "ladder.png")))
+            written.insert(0, out_dir / "ladder.png")
     atomic_write_text(out_dir / "report.md", report.markdown())
     atomic_write_text(out_dir / "report.html", report.html(out_dir))
     return [out_dir / "report.md", out_dir / "report.html"] + written

@@ -1,4 +1,5 @@
-"""The report's two figures: curves per variant, and final values with intervals and seeds."""
+"""The report's figures: curves per variant, final values with intervals and seeds, and a ladder's final values
+against compute."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from pathlib import Path
 import numpy as np
 
 from zoo.io import atomic_write
+from zoo.report.stats import confidence_interval
 from zoo.report.tables import Row, fmt
 
 MIN_EVALS = 3  # fewer evaluations than this make no curve: plot the training loss instead
@@ -97,3 +99,48 @@ def plot_final(rows: list[Row], metric: str, path: Path) -> str:
     fig.tight_layout()
     atomic_write(path, lambda f: fig.savefig(f, format="png"), mode="wb")
     return f"Final {metric}: mean per variant, error bars = 95% CI (Student t), dots = seeds."
+
+
+def plot_ladder(ladder, path: Path) -> str:
+    """Final metric against training compute, log-log: per variant the mean at each size with its 95% interval,
+    the seeds as dots, and the fitted power law."""
+    from matplotlib.ticker import FormatStrFormatter
+
+    from zoo.report.ladder import compute
+
+    fig = _figure(7.5, 4.8)
+    ax = fig.add_subplot()
+    for i, arm in enumerate(ladder.arms):
+        color, xs, ys, errs = f"C{i % 10}", [], [], []
+        for rung in ladder.rungs:
+            runs = ladder.cells.get((arm, rung), [])
+            pts = [(c, r.final(ladder.metric)) for r in runs if (c := compute(r))]
+            if not pts:
+                continue
+            ax.scatter([p[0] for p in pts], [p[1] for p in pts], color=color, s=10, alpha=0.5)
+            ci = confidence_interval([p[1] for p in pts])
+            xs.append(float(np.mean([p[0] for p in pts])))
+            ys.append(float(np.mean([p[1] for p in pts])))
+            errs.append((ci[1] - ci[0]) / 2 if ci else 0.0)
+        if not xs:
+            continue
+        ax.errorbar(xs, ys, yerr=errs, color=color, fmt="o", capsize=5, label=arm)
+        fit = ladder.fits.get(arm)
+        if fit is not None and len(xs) > 1:
+            grid = np.geomspace(min(xs), max(xs), 50)
+            ax.plot(grid, fit(grid), color=color, lw=1, ls="--")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    plain = FormatStrFormatter("%.2f")  # losses read as numbers, not as powers of ten
+    ax.yaxis.set_major_formatter(plain)
+    ax.yaxis.set_minor_formatter(plain)
+    ax.set_xlabel("training compute (FLOPs)")
+    ax.set_ylabel(f"final {ladder.metric}")
+    ax.set_title(f"final {ladder.metric} against compute: mean and 95% CI per size, dashed: fitted power law",
+                 fontsize=9)
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    atomic_write(path, lambda f: fig.savefig(f, format="png"), mode="wb")
+    return (f"Final {ladder.metric} against training compute (log-log) per variant: mean over seeds at each size "
+            "with its 95% CI (Student t), seeds as dots, the fitted power law dashed.")

@@ -244,6 +244,9 @@ def load_run(path: Path) -> Run:
             status = "diverged"
             step = summary.get("diverged_step")
             detail = f"non-finite loss at step {step}" if step is not None else "non-finite loss"
+    resumes = (summary or {}).get("resumes")
+    if isinstance(resumes, int) and not isinstance(resumes, bool) and resumes > 0:
+        detail = "; ".join(filter(None, [detail, f"resumed {resumes}x from a checkpoint"]))
     csv_path = path / "metrics.csv"
     evals, train = _read_metrics_csv(csv_path) if csv_path.is_file() and not problem else ([], [])
     return Run(path, status, overrides, summary, evals, train, detail)

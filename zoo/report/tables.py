@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from zoo.report.ladder import Ladder
 from zoo.report.runs import FAILED, JOB_STATES, Plan, ReportError, Run, parse_overrides
 from zoo.report.stats import ALPHA, confidence_interval, mean_std, steps_to_target, welch_test
 
@@ -60,10 +61,16 @@ def group_variants(runs: list[Run]) -> tuple[list[str], list[Variant]]:
     return factors, list(variants.values())
 
 
-def find_baseline(variants: list[Variant], spec: str) -> Variant:
+def parse_baseline(spec: str) -> dict[str, str]:
+    """--baseline's overrides: 'ffn=gelu' or 'ffn=gelu, seed=0'."""
     want = parse_overrides(re.split(r"[\s,]+", spec.strip()))
     if not want:
         raise ReportError(f"--baseline: expected overrides like 'ffn=gelu', got '{spec}'")
+    return want
+
+
+def find_baseline(variants: list[Variant], spec: str) -> Variant:
+    want = parse_baseline(spec)
     matches = [v for v in variants if all(dict(v.key).get(k) == val for k, val in want.items())]
     if len(matches) != 1:
         labels = "; ".join(v.label for v in variants)
@@ -252,6 +259,15 @@ METHOD = ("Each cell is over the seeds of a variant that completed: mean ± samp
           "Comparisons use Welch's two-sided t-test on the final {metric} (unequal variances, Welch–Satterthwaite "
           "degrees of freedom, p from the Student t distribution): a difference is larger than seed noise when "
           "p < 0.05. With one seed in a group the noise cannot be estimated.")
+FITS = ("Final {metric} of every seed against its training compute C (train FLOPs per token x tokens seen): "
+        "E + A·C^-α (E: the irreducible part) where four or more sizes pin every parameter down, else A·C^-α, "
+        "a straight line in log-log by least squares. Intervals: 95%, Student t.")
+VERDICT_TEXT = ("Each variant's gap to {baseline} (mean final {metric} of the variant minus the baseline's) at the "
+                "smallest size ({small}) and the largest ({large}), each tested with Welch's t-test, and the change of "
+                "the gap between them, tested with a t-test over the four groups of seeds (Welch-Satterthwaite). "
+                "flips: beyond seed noise at both ends, with opposite signs; grows / shrinks: the change is beyond "
+                "noise; holds: the same sign beyond noise at both ends and a change within noise; else "
+                "inconclusive. Beyond noise: p < 0.05.")
 BUSY = ("tok/s marked (busy): at least one of the runs averaged ended while the machine's 1-minute load average "
         "exceeded its core count, so its speed was shared with other work.")
 
@@ -276,6 +292,20 @@ class Report:
     n_runs: int
     plan: Plan
     plots: list[tuple[str, str]] = field(default_factory=list)  # (file name, caption)
+    ladder: Ladder | None = None  # a sweep over sizes (zoo.report.ladder)
+
+    def ladder_sections(self) -> list[tuple[str, str, pd.DataFrame]]:
+        """(heading, what it shows, table) for a ladder's ranking, fits and verdicts."""
+        lad = self.ladder
+        if lad is None:
+            return []
+        return [("Ranking at each size", f"Mean final {self.metric} over seeds, its 95% interval (Student t) and "
+                 "its rank at that size; ranks whose intervals overlap are not told apart by these seeds.",
+                 lad.ranking_table()),
+                ("Fits against compute", FITS.format(metric=self.metric), lad.fits_table()),
+                ("Does it transfer?", VERDICT_TEXT.format(metric=self.metric, baseline=lad.baseline,
+                                                         small=lad.rungs[0], large=lad.rungs[-1]),
+                 lad.verdicts_table())]
 
     @property
     def busy(self) -> bool:
@@ -298,6 +328,8 @@ class Report:
                   "Diverged and failed runs (failed, interrupted, killed, or an unreadable summary.json) are "
                   "counted, not averaged; running ones are neither."]
         lines += ["", BUSY] if self.busy else []
+        for head, text, df in self.ladder_sections():
+            lines += ["", f"## {head}", "", text, "", _markdown_table(df)]
         lines += ["", "## Jobs", "", self.jobs_line(), "", _markdown_table(jobs_table(self.plan, self.root))]
         lines += ["", "## Method", "", METHOD.format(metric=self.metric), "", "## Comparisons", ""]
         if self.sentences:
@@ -323,6 +355,8 @@ class Report:
                  f"<p>Target: {e(self.metric)} {op} {e(fmt(self.target))} ({e(self.target_note)}); steps "
                  "interpolated between evaluations.</p>"]
         parts += [f"<p>{e(BUSY)}</p>"] if self.busy else []
+        for head, text, df in self.ladder_sections():
+            parts += [f"<h2>{e(head)}</h2>", f"<p>{e(text)}</p>", df.to_html(index=False, border=0, classes="ladder")]
         parts += ["<h2>Jobs</h2>", f"<p>{e(self.jobs_line())}</p>",
                   jobs_table(self.plan, self.root).to_html(index=False, border=0, classes="jobs"),
                   "<h2>Method</h2>", f"<p>{e(METHOD.format(metric=self.metric))}</p>", "<h2>Comparisons</h2>"]

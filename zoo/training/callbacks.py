@@ -34,6 +34,7 @@ class Throughput(L.Callback):
         self.train_time = 0.0
         self.eval_time = 0.0  # validation passes, across resumes: their share of the wall time is reported
         self.earlier_wall_time = 0.0  # wall time of the processes before a resume, up to their checkpoint
+        self.resumes = 0  # how many times the run was resumed from a checkpoint (the report lists them)
         self._t0 = 0.0
         self._window: list[tuple[float, int]] = []
 
@@ -44,12 +45,13 @@ class Throughput(L.Callback):
 
     def state_dict(self) -> dict:  # saved in checkpoints: a resumed run's summary counts the whole run
         return {"tokens": self.tokens, "train_time": self.train_time, "wall_time": self.wall_time,
-                "eval_time": self.eval_time}
+                "eval_time": self.eval_time, "resumes": self.resumes}
 
     def load_state_dict(self, state: dict) -> None:  # checked by zoo.training.checkpoint first
         self.tokens, self.train_time = state["tokens"], state["train_time"]
         # absent in checkpoints of older zoo versions
         self.earlier_wall_time, self.eval_time = state.get("wall_time", 0.0), state.get("eval_time", 0.0)
+        self.resumes = state.get("resumes", 0) + 1  # loading a state is resuming
 
     def on_validation_start(self, trainer, module):
         self._v0 = time.perf_counter()

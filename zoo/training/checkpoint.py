@@ -25,6 +25,10 @@ class CheckpointError(ValueError):
 
 def read_checkpoint(path: str | Path) -> dict:
     path = Path(path)
+    if path.is_dir():  # a run directory given for its checkpoint
+        found = [p for p in (path / "checkpoints" / "best.ckpt", path / "checkpoints" / "last.ckpt") if p.is_file()]
+        hint = f"e.g. '{found[0]}'" if found else "<run dir>/checkpoints/best.ckpt or last.ckpt"
+        raise CheckpointError(f"checkpoint: '{path}' is a directory; give a checkpoint file ({hint})")
     if not path.is_file():
         raise CheckpointError(f"checkpoint: no such file '{path}'")
     if not zipfile.is_zipfile(path):  # torch.save writes a zip archive; a cut one loses its directory
@@ -129,10 +133,10 @@ def _metrics(d, key: str) -> dict:
 
 def check_throughput_state(state) -> dict:
     if not isinstance(state, dict) or not {"tokens", "train_time"} <= set(state) or \
-            set(state) - {"tokens", "train_time", "wall_time", "eval_time"}:
+            set(state) - {"tokens", "train_time", "wall_time", "eval_time", "resumes"}:
         raise CheckpointError("checkpoint: callback state Throughput must hold tokens, train_time "
-                              "(and wall_time, eval_time)")
-    return {k: _number(v, f"Throughput.{k}", integer=k == "tokens") for k, v in state.items()}
+                              "(and wall_time, eval_time, resumes)")
+    return {k: _number(v, f"Throughput.{k}", integer=k in ("tokens", "resumes")) for k, v in state.items()}
 
 
 def check_best_metrics_state(state) -> dict:

@@ -158,7 +158,7 @@ def check_keys(args: list[str], conf_dir: Path) -> str | None:
             extra = "; a Lightning Trainer argument not in conf/trainer is added with +trainer.<name>=..." \
                 if parent == "trainer" else ""
             return f"{key}: unknown key{hint}; valid: {where}{extra}"
-    if error := _check_types(args, configs, conf_dir):
+    if error := _check_types(args, configs, conf_dir) or _check_data_path(args, configs):
         return error
     from omegaconf import OmegaConf
 
@@ -177,7 +177,7 @@ def _check_types(args: list[str], configs: list, conf_dir: Path) -> str | None:
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.core.override_parser.types import ChoiceSweep, RangeSweep
     from hydra.errors import HydraException
-    from omegaconf import BooleanNode, OmegaConf
+    from omegaconf import AnyNode, BooleanNode, ListConfig, OmegaConf
     from omegaconf.errors import OmegaConfBaseException
 
     from zoo.schema import one_line
@@ -202,6 +202,11 @@ def _check_types(args: list[str], configs: list, conf_dir: Path) -> str | None:
                 node = (OmegaConf.select(probe, parent) if parent else probe)._get_node(last)
                 if isinstance(node, BooleanNode) and not isinstance(value, bool):  # OmegaConf reads 5 as true
                     return f"{key}: got {value!r}; valid: true or false"
+                # trainer.* and data.* are untyped (Any): their value in the composed config says the type
+                default = node._value() if isinstance(node, AnyNode) else \
+                    [] if isinstance(node, ListConfig) else _ABSENT
+                if default is not _ABSENT and (valid := _untyped_mismatch(key, default, value)):
+                    return f"{key}: got {value!r}; valid: {valid}"
                 try:
                     OmegaConf.update(probe, key, value, merge=True)
                 except OmegaConfBaseException as e:
@@ -211,6 +216,68 @@ def _check_types(args: list[str], configs: list, conf_dir: Path) -> str | None:
 
 
 _ABSENT = object()
+
+
+def _check_data_path(args: list[str], configs: list) -> str | None:
+    """data.path's one-line error (a missing text file, a directory that is not a prepared corpus), before
+    torch loads: the run would say the same after seconds of imports. The configs hold the group choices;
+    a data.path on the command line replaces theirs."""
+    from omegaconf import OmegaConf
+
+    from zoo.data.corpus import DataError, check_text_file
+    from zoo.data.tokens import read_manifest
+
+    given = [a.partition("=")[2] for a in overrides(args) if a.partition("=")[0].lstrip("+") == "data.path"]
+    for cfg in configs:
+        kind = OmegaConf.select(cfg, "data.kind", default=None)
+        path = given[-1] if given else OmegaConf.select(cfg, "data.path", default=None, throw_on_missing=False)
+        if path in (None, "", "null", "???") or "," in str(path):  # a sweep's paths are each checked by the run
+            continue
+        try:
+            if kind == "text":
+                check_text_file(path)
+            elif kind == "tokens":
+                read_manifest(path)
+        except DataError as e:
+            return str(e)
+    return None
+
+
+# Untyped keys (trainer.*, data.*: Lightning's arguments and the data kinds' own) whose values may take more
+# than their default's type, and those whose default, null, says nothing of their type.
+_ANY_OF = {"trainer.devices": "an integer, a list of device ids, or auto"}
+_NULL_DEFAULT = {"data.long_context": 0}  # an example value of the type each takes
+
+
+def _untyped_mismatch(key: str, default, value) -> str | None:
+    """What a key of the untyped sections accepts, judged by the type of its value in the composed config
+    (conf/trainer/*.yaml, conf/data/*.yaml), if `value` does not fit it; else None. null is left to the run."""
+    if value is None or key in _ANY_OF and isinstance(value, (int, str, list)) and not isinstance(value, bool):
+        return None
+    if key in _ANY_OF:
+        return _ANY_OF[key]
+    if default is None and key in _NULL_DEFAULT:
+        valid = _untyped_mismatch(key, _NULL_DEFAULT[key], value)
+        return valid and f"{valid}, or null"
+    kind = _kind_of(default)
+    if kind is None:  # text, or null: any value, checked by the run
+        return None
+    accepted, valid = kind
+    fits = isinstance(value, accepted) and (bool in accepted or not isinstance(value, bool))  # True is an int
+    return None if fits else valid
+
+
+def _kind_of(default) -> tuple[tuple[type, ...], str] | None:
+    """(the types a value may have, their name in an error) for a key whose default is `default`."""
+    if isinstance(default, bool):
+        return (bool,), "true or false"
+    if isinstance(default, int):
+        return (int,), "an integer"
+    if isinstance(default, float):
+        return (int, float), "a number"
+    if isinstance(default, list):
+        return (list,), "a list"
+    return None
 
 
 def asks_for_sweep(args: list[str]) -> bool:

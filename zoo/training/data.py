@@ -19,10 +19,11 @@ import torch
 from torch.utils.data import DataLoader
 
 from zoo.data import corpus
-from zoo.data.corpus import DataError, load_default_corpus, read_text_file, split_text
+from zoo.data.corpus import DataError, cache_dir, load_default_corpus, read_text_file, split_text
 from zoo.data.tasks import TASK_ALPHABET, get_task, sequence_len, task_splits
 from zoo.data.tokenizers import Tokenizer, build_tokenizer, cached_bpe, tokenizer_from_state
-from zoo.data.tokens import open_shards, read_manifest
+from zoo.data.tokens import check_verify, open_shards, read_manifest
+from zoo.net import bound_network
 from zoo.registry import Registry
 from zoo.training.objectives import Objective
 
@@ -196,7 +197,7 @@ class TextData(WindowData):
     def _bpe_cache_path(self) -> Path:
         path = self.cfg.get("path")
         if path is None:
-            return Path.home() / ".cache" / "zoo" / "shakespeare.bpe.json"
+            return cache_dir() / "shakespeare.bpe.json"
         return Path(path).with_suffix(Path(path).suffix + ".bpe.json")  # cached next to the data
 
 @DATA.register("hf")
@@ -208,6 +209,7 @@ class HFTextData(TextData):
             import datasets
         except ImportError:
             raise DataError("data=hf needs the 'datasets' package: pip install -e '.[hf]'") from None
+        bound_network()  # the hub and datasets' retries: ZOO_NET_TIMEOUT_S, not forever
         kw = {k: v for k, v in (self.cfg.get("load_kwargs") or {}).items()}
         name, split = self.cfg["dataset"], self.cfg.get("split", "train")
         info = datasets.load_dataset_builder(name, **kw).info.splits or {}  # sizes hub datasets declare
@@ -229,7 +231,7 @@ class HFTextData(TextData):
             raise DataError(corpus.too_big(f"data.dataset: '{self.cfg['dataset']}'", size, args))
 
     def _bpe_cache_path(self) -> Path:
-        return Path.home() / ".cache" / "zoo" / f"{self.cfg['dataset'].replace('/', '_')}.bpe.json"
+        return cache_dir() / f"{self.cfg['dataset'].replace('/', '_')}.bpe.json"
 
 
 @DATA.register("tokens")
@@ -242,13 +244,15 @@ class TokenData(WindowData):
         path = cfg.get("path")
         if not isinstance(path, str) or not path:
             raise DataError("data.path: the directory zoo-prepare wrote (data=tokens data.path=<dir>)")
+        verify = cfg.get("verify", "once")
+        check_verify(verify)
         manifest = read_manifest(path)
         self.tokenizer = tokenizer_from_state(manifest["tokenizer"])
         if self.tokenizer.vocab_size != manifest["vocab_size"]:
             raise DataError(f"data.path: '{path}' records vocab {manifest['vocab_size']} but its tokenizer has "
                             f"{self.tokenizer.vocab_size}; prepare it again")
-        self.train_tokens = TokenSplit(open_shards(path, manifest, "train"))
-        self.val_tokens = TokenSplit(open_shards(path, manifest, "val"))
+        self.train_tokens = TokenSplit(open_shards(path, manifest, "train", verify=verify))
+        self.val_tokens = TokenSplit(open_shards(path, manifest, "val", verify=verify))
         val = manifest["splits"]["val"]
         # the end-of-text id after each document counts as one character, as a newline between them would
         self.tokens_per_char = val["tokens"] / (val["characters"] + val["documents"])

@@ -6,10 +6,14 @@ overrides, and finished with the run's summary, so dashboards can compare the ru
   sweep and one nested run per job; the varied factors are params and the run name, the seed a tag;
   summary.json and config.yaml are artifacts, and `MLflowSweep` logs the sweep's report to the parent.
 - TensorBoard: the varied factors and the final metrics go to the HParams view.
+
+MLflow and W&B talk to a server: each request waits at most zoo.net's bound (ZOO_NET_TIMEOUT_S), and a server that
+stops answering mid-run costs the run one bounded wait, not the run (`Dashboard`).
 """
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import fcntl
 import socket
@@ -21,6 +25,7 @@ from typing import Any
 from hydra.experimental.callback import Callback
 
 from zoo.build import ConfigError, flatten_config
+from zoo.net import RETRIES, bound_network, timeout_s
 from zoo.training.safety import instantiate_allowed
 
 DEFAULT_EXPERIMENT = "zoo"  # MLflow experiment of runs outside a multirun
@@ -34,12 +39,93 @@ def build_loggers(plain: dict, run_dir: Path) -> list:
     for key, cfg in (plain.get("logger") or {}).items():
         target = str(cfg.get("_target_", ""))
         extra = {}
+        if target.endswith(REMOTE):
+            bound_network()
         if target.endswith("WandbLogger"):
             extra = _wandb_naming(cfg)
         elif target.endswith("MLFlowLogger"):
             extra = _mlflow_run(cfg, f"logger.{key}", plain["seed"])
-        loggers.append(instantiate_allowed(cfg, f"logger.{key}", save_dir=str(run_dir), **extra))
+        logger = instantiate_allowed(cfg, f"logger.{key}", save_dir=str(run_dir), **extra)
+        if target.endswith(REMOTE):
+            _start(logger, cfg, f"logger.{key}")
+            Dashboard(logger, key, str(cfg.get("tracking_uri") or "W&B"), run_dir)
+        loggers.append(logger)
     return loggers
+
+
+REMOTE = ("WandbLogger", "MLFlowLogger")  # the loggers that talk to a server
+
+
+def _start(logger: Any, cfg: dict, key: str) -> None:
+    """Attach to the dashboard's run now, while a failure is still a config error (one line, exit code 2):
+    MLflow reads the run made above, W&B starts one (in its offline mode, with no server)."""
+    from lightning.pytorch.utilities import rank_zero_only
+
+    if rank_zero_only.rank != 0:  # DDP: Lightning logs from rank 0 only
+        return
+    try:
+        _ = logger.experiment
+    except Exception as e:
+        raise ConfigError(f"{key}: cannot start the run on {cfg.get('tracking_uri') or 'W&B'} ({_reason(e)}); valid: "
+                          "a server that answers, or another logger (csv, tensorboard, none)") from None
+
+
+class Dashboard:
+    """A remote logger (MLflow, W&B) whose server may stop answering mid-run. Each of its calls waits at most zoo.net's
+    bound; one that fails is counted, not raised, and the dashboard is not called again for the rest of the run (a
+    server that stopped answering would cost the bound at every step). The run goes on: metrics.csv, the checkpoints
+    and summary.json are its record, and `report()` says in one line what the dashboard did not get."""
+
+    CALLS = {"log_metrics": "metric rows", "log_hyperparams": "params", "after_save_checkpoint": "checkpoints",
+             "save": None, "finalize": "the end status"}  # Lightning's calls, and what each one logs
+    COUNTED = ("metric rows", "checkpoints")  # said with their number; the others by name
+
+    def __init__(self, logger: Any, name: str, where: str, run_dir: Path):
+        self.name, self.where, self.run_dir = name, where, run_dir
+        self.failure: str | None = None  # why the first failed call failed
+        self.step: int | None = None  # the last step it was given, when it failed
+        self.missed: collections.Counter = collections.Counter()
+        for method, what in self.CALLS.items():
+            if method == "after_save_checkpoint" and not getattr(logger, "_log_model", False):
+                what = None  # checkpoints go to the dashboard only with log_model
+            setattr(logger, method, self._guarded(getattr(logger, method), what))
+        logger.zoo_dashboard = self
+
+    def _guarded(self, method, what: str | None):
+        def call(*args, **kwargs):
+            if self.failure is None:  # the step it stopped answering at
+                self.step = kwargs.get("step", self.step)
+            return self.call(what, method, *args, **kwargs)
+        call.__wrapped__ = method
+        return call
+
+    def call(self, what: str | None, fn, *args, **kwargs) -> Any:
+        """fn(*args, **kwargs), or None, counting `what` as not logged, once the dashboard has failed."""
+        if self.failure is None:
+            try:
+                return fn(*args, **kwargs)
+            except Exception as e:  # a timeout after zoo.net's bound, a refused connection, the server's error
+                self.failure = _reason(e)
+        if what:
+            self.missed[what] += 1
+        return None
+
+    def report(self) -> str | None:
+        """One line on what this dashboard missed, or None when it got everything."""
+        if self.failure is None:
+            return None
+        missed = ", ".join(f"{n} {what}" if what in self.COUNTED else what for what, n in self.missed.items())
+        at = f" at step {self.step}" if self.step is not None else ""
+        return (f"warning: {self.name}: {missed or 'nothing'} not logged ({self.where} stopped answering{at}: "
+                f"{self.failure}); the run's record is in {self.run_dir} (metrics.csv, summary.json, checkpoints/)")
+
+
+def _reason(e: BaseException) -> str:
+    """An exception as a short reason: a timeout says the bound it ran into."""
+    text = (str(e).strip().splitlines() or [type(e).__name__])[0]
+    if "timed out" in text.lower() or "timeout" in type(e).__name__.lower():
+        return f"no answer within {timeout_s():g} s, {1 + RETRIES} tries (ZOO_NET_TIMEOUT_S)"
+    return text[:200]
 
 
 def log_config(loggers: list, plain: dict) -> None:
@@ -62,18 +148,21 @@ def finish_loggers(loggers: list, summary: dict, run_dir: Path) -> None:
     derived = {k: v for k, v in final.items() if k not in logged}  # computed for the summary (val_ppl, val_bpc)
     step = summary.get("steps", 0)
     for lg in loggers:
+        dashboard = getattr(lg, "zoo_dashboard", None)
         if _is(lg, "WandbLogger"):  # closing makes an offline run's files (config, history) complete
-            lg.experiment.finish()
+            dashboard.call("the run's end", lg.experiment.finish)
         elif _is(lg, "TensorBoardLogger"):
             _tensorboard_hparams(lg, final, derived, step, summary.get("seed"))
         elif _is(lg, "MLFlowLogger"):
             if derived:
-                lg.log_metrics(derived, step=step)
+                dashboard.call("the final metrics", lg.log_metrics.__wrapped__, derived, step=step)
             for name in ("summary.json", "config.yaml"):
                 if (run_dir / name).is_file():
-                    lg.experiment.log_artifact(lg.run_id, str(run_dir / name))
+                    dashboard.call(name, lg.experiment.log_artifact, lg.run_id, str(run_dir / name))
             status = {"completed": "FINISHED", "diverged": "FAILED"}.get(summary.get("status"), "KILLED")
-            lg.experiment.set_terminated(lg.run_id, status)
+            dashboard.call("the end status", lg.experiment.set_terminated, lg.run_id, status)
+        if dashboard is not None and (line := dashboard.report()):
+            print(line, file=sys.stderr, flush=True)
 
 
 def _is(logger: Any, name: str) -> bool:
@@ -165,6 +254,7 @@ def _checked_uri(cfg: dict, key: str) -> str:
     except ImportError:
         raise ConfigError(f'{key}: the mlflow package is not installed; valid: pip install -e ".[mlflow]", '
                           "or another logger (csv, tensorboard, wandb, none)") from None
+    bound_network()  # MLflow's own wait: 120 s per request, 7 retries
     uri = tracking_uri(cfg.get("tracking_uri"))
     valid = "valid: sqlite:///<file>, http://<host>:<port> of a running server"
     if not uri:
@@ -191,7 +281,7 @@ def _store_errors(key: str, uri: str):
     try:
         yield
     except MlflowException as e:
-        raise ConfigError(f"{key}.tracking_uri: {uri}: {str(e).splitlines()[0]}; valid: sqlite:///<file>, "
+        raise ConfigError(f"{key}.tracking_uri: {uri}: {_reason(e)}; valid: sqlite:///<file>, "
                           "http://<host>:<port> of a running server") from None
 
 
@@ -284,14 +374,18 @@ class MLflowSweep(Callback):
         if self.run_id is None:
             return
         root = Path(str(config.hydra.sweep.dir))
-        for path in sorted(root.glob("*")) if root.is_dir() else []:
-            if path.name.startswith(".") or path.name.endswith(".lock"):
-                continue
-            if path.is_file():
-                self.client.log_artifact(self.run_id, str(path))
-            elif path.is_dir() and path.name.startswith("report"):
-                self.client.log_artifacts(self.run_id, str(path), artifact_path=path.name)
-        self.client.set_terminated(self.run_id, "FINISHED")
+        try:
+            for path in sorted(root.glob("*")) if root.is_dir() else []:
+                if path.name.startswith(".") or path.name.endswith(".lock"):
+                    continue
+                if path.is_file():
+                    self.client.log_artifact(self.run_id, str(path))
+                elif path.is_dir() and path.name.startswith("report"):
+                    self.client.log_artifacts(self.run_id, str(path), artifact_path=path.name)
+            self.client.set_terminated(self.run_id, "FINISHED")
+        except Exception as e:  # the server stopped answering during the sweep: its files are all on disk
+            print(f"warning: mlflow: the sweep's report and end status not logged ({_reason(e)}); they are in "
+                  f"{root}", file=sys.stderr, flush=True)
 
 
 

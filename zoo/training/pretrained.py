@@ -102,7 +102,9 @@ def _base_config(source: str) -> dict:
     except ImportError:
         raise ConfigError("init_from: needs the 'transformers' package: pip install -e '.[hf]'") from None
     from zoo.convert import ConversionError, config_from_hf
+    from zoo.net import bound_network
 
+    bound_network()  # a hub that never answers: ZOO_NET_TIMEOUT_S, not forever
     try:
         hf_config = transformers.AutoConfig.from_pretrained(_path(source))
     except Exception as e:  # offline hub misses, folders without config.json: one line, whatever was raised

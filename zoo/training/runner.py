@@ -152,11 +152,22 @@ def _run(cfg: DictConfig, run_dir: Path, start: float, state: dict) -> int:
     overwrite = plain.get("overwrite", False)
     if not isinstance(overwrite, bool):
         raise ConfigError(f"overwrite: must be true or false, got {overwrite!r}")
-    if state["held_run"] and plain.get("ckpt_path") is None and not overwrite:
+    # A sweep run again in its own directory continues: each job's directory holds the run to go on with.
+    continuing = bool(state["held_run"]) and plain.get("ckpt_path") is None and not overwrite and _in_sweep()
+    if state["held_run"] and plain.get("ckpt_path") is None and not overwrite and not continuing:
         raise RunDirRefused(f"overwrite: '{run_dir}' already holds a run ({', '.join(state['held_run'])}); "
                             "valid: ckpt_path=last to resume it, overwrite=true to replace it, or another "
                             "hydra.run.dir")
     data = _prepare(plain)  # raises ConfigError / DataError before any training
+    if continuing:
+        kept = _finished_earlier(plain, run_dir)
+        if kept is not None:
+            print(f"kept: {run_dir} finished earlier ({kept}); not run again", flush=True)
+            return EXIT_DIVERGED if kept == "diverged" else EXIT_OK
+        if (run_dir / "checkpoints" / "last.ckpt").is_file():
+            plain["ckpt_path"] = "last"  # interrupted or killed: resume from its last checkpoint
+        else:
+            overwrite = True  # stopped before its first checkpoint: start it again
     if plain.get("threads"):  # e.g. 1 per run when a parallel sweep runs one run per core
         torch.set_num_threads(plain["threads"])
     ckpt, ckpt_step, ckpt_precision = _checkpoint_path(plain, run_dir, data)
@@ -238,6 +249,37 @@ def tf32_matmuls(enabled: bool):
         torch.backends.cuda.matmul.allow_tf32 = before
 
 
+def _in_sweep() -> bool:
+    try:
+        from hydra.core.hydra_config import HydraConfig
+
+        return HydraConfig.get().mode.name == "MULTIRUN"
+    except ValueError:  # not running under Hydra
+        return False
+
+
+def _finished_earlier(plain: dict, run_dir: Path) -> str | None:
+    """A sweep job's earlier run that finished (its summary's status: completed or diverged) with this job's
+    settings; None if it did not finish. Other settings are refused: a sweep directory holds one sweep."""
+    try:
+        summary = json.loads((run_dir / "summary.json").read_text())
+        status = summary["status"] if summary.get("status") in ("completed", "diverged") else None
+    except (OSError, ValueError, AttributeError, KeyError):
+        return None
+    if status is None:
+        return None
+    try:
+        saved = OmegaConf.to_container(OmegaConf.load(run_dir / "config.yaml"), resolve=False)
+    except Exception:  # a missing or broken config.yaml cannot show the run's settings
+        saved = None
+    difference = _settings_difference(plain, saved, saved.get("trainer", {}).get("precision"), "earlier run") \
+        if isinstance(saved, dict) else "config.yaml: unreadable"
+    if difference:
+        raise RunDirRefused(f"hydra.sweep.dir: '{run_dir}' holds a finished run with other settings ({difference}); "
+                            "valid: the sweep's own command, another hydra.sweep.dir, or overwrite=true")
+    return status
+
+
 def _keep_history(loggers: list) -> KeepHistory:
     """CSV loggers append to metrics.csv (Lightning's writer would delete it first) and flush before
     every checkpoint."""
@@ -289,8 +331,23 @@ def _prepare(plain: dict):
         raise ConfigError(f"budget: unknown '{budget}'; valid: {', '.join(BUDGETS)}, null")
     if budget is not None:
         plain["model"], plain["budget"] = match_params(plain["model"], count=BUDGETS[budget])
+    if plain.get("tokens_per_param") is not None:
+        apply_token_rule(plain, data)
     check_memory(plain["model"], trainer)
     return data
+
+
+def apply_token_rule(plain: dict, data) -> None:
+    """tokens_per_param: trainer.max_steps from the model's size, so every rung of a ladder trains on the same
+    number of tokens per parameter (and evals_per_run spaces the evaluations alike). Parameters are counted as
+    the budget counts them: the active ones, where experts make them fewer than all."""
+    trainer, accumulate = plain["trainer"], plain["trainer"].get("accumulate_grad_batches", 1)
+    tokens_per_step = data.batch_size * data.required_len() * accumulate
+    params = count_params(plain["model"])["active"]
+    trainer["max_steps"] = max(1, math.ceil(plain["tokens_per_param"] * params / tokens_per_step))
+    if plain.get("evals_per_run"):
+        trainer["val_check_interval"] = max(1, trainer["max_steps"] * accumulate // plain["evals_per_run"])  # batches
+    data.steps = trainer["max_steps"] * accumulate
 
 
 # budget=<key> -> the count_params entry match_params equalises: all parameters, or those a token uses
@@ -327,7 +384,7 @@ def match_params(model_cfg: dict, tolerance: float = 0.01, count: str = "total")
 
 # Keys a resume may change: where output goes and how it is shown, never what is computed.
 RESUME_MAY_CHANGE = ("ckpt_path", "overwrite", "threads", "logger", "sample", "optimized_metric",
-                     "trainer.enable_progress_bar")
+                     "trainer.enable_progress_bar", "data.verify")
 
 
 def _checkpoint_path(plain: dict, run_dir: Path, data) -> tuple[str | None, int, str | None]:
@@ -344,32 +401,43 @@ def _checkpoint_path(plain: dict, run_dir: Path, data) -> tuple[str | None, int,
         raise ConfigError(f"ckpt_path: no checkpoint at '{path}'{hint}")
     saved_ckpt = read_checkpoint(path)
     saved_cfg = (saved_ckpt.get("hyper_parameters") or {}).get("cfg") or {}
-    ours, theirs = _result_settings(plain), _result_settings(saved_cfg)
     # what it trained in: recorded by ZooModule since precision auto, else the config's (then always explicit)
-    used = saved_ckpt.get("precision") or theirs.get("trainer.precision", "32-true")
-    for key in sorted(set(ours) | set(theirs)):
-        if key == "trainer.precision" and ours.get(key) in ("auto", used):
-            continue  # auto resumes in the checkpoint's precision; an explicit one must be the same
-        # a key the schema gained after the checkpoint was written (optim.eps) counts as its default there
-        if ours.get(key, _MISSING) != theirs.get(key, default_of(key, _MISSING)):
-            key = key if key in ours and key in theirs else _first_difference(key, plain, saved_cfg)
-            raise ConfigError(f"ckpt_path: '{path}' was trained with other settings ({key}: checkpoint "
-                              f"{_lookup(saved_cfg, key)!r}, this run {_lookup(plain, key)!r}); a resume "
-                              f"may change only {', '.join(RESUME_MAY_CHANGE)}")
-    saved, model_cfg = saved_cfg.get("model"), plain["model"]
-    if saved != model_cfg:
-        ours, theirs = flatten_config(model_cfg), flatten_config(saved or {})
-        diff = next((k for k in ours if theirs.get(k) != ours[k]), "name")
-        raise ConfigError(f"ckpt_path: '{path}' holds a different architecture (model.{diff}: checkpoint "
-                          f"{theirs.get(diff)!r}, this run {ours.get(diff)!r})")
+    used = saved_ckpt.get("precision") or _result_settings(saved_cfg).get("trainer.precision", "32-true")
+    if difference := _settings_difference(plain, saved_cfg, used):
+        if difference.startswith("model."):
+            raise ConfigError(f"ckpt_path: '{path}' holds a different architecture ({difference})")
+        raise ConfigError(f"ckpt_path: '{path}' was trained with other settings ({difference}); a resume may "
+                          f"change only {', '.join(RESUME_MAY_CHANGE)}")
+    saved = saved_cfg.get("model")
     check_weights(saved_ckpt.get("state_dict"), saved, path)  # weights that fit the architecture it names
     if saved_ckpt.get("tokenizer") not in (None, data.tokenizer.state_dict()):
         raise ConfigError(f"ckpt_path: '{path}' was trained with another tokenizer (data: the text or its "
                           "tokenizer changed since the checkpoint)")
-    if ours.get("trainer.precision") == "auto":  # the checkpoint's precision runs: judged as a config's would be
+    if plain["trainer"].get("precision") == "auto":  # the checkpoint's precision runs: judged as a config's would be
         check_trainer({**plain["trainer"], "precision": used})  # a known one; float16 only on a GPU
     step = saved_ckpt.get("global_step", 0)
     return str(path), step if isinstance(step, int) else 0, used
+
+
+def _settings_difference(plain: dict, saved_cfg: dict, saved_precision: str | None = None,
+                         saved_as: str = "checkpoint") -> str | None:
+    """The first setting that changes the result (all but RESUME_MAY_CHANGE, the architecture included) where
+    a saved run's config differs from this run's, as 'key: <saved_as> <v>, this run <v>'; None if none does.
+    saved_precision: what the saved run trained in, which `trainer.precision: auto` accepts."""
+    ours, theirs = _result_settings(plain), _result_settings(saved_cfg)
+    for key in sorted(set(ours) | set(theirs)):
+        if key == "trainer.precision" and ours.get(key) in ("auto", saved_precision):
+            continue  # auto resumes in the checkpoint's precision; an explicit one must be the same
+        # a key the schema gained after the run was saved (optim.eps) counts as its default there
+        if ours.get(key, _MISSING) != theirs.get(key, default_of(key, _MISSING)):
+            key = key if key in ours and key in theirs else _first_difference(key, plain, saved_cfg)
+            return f"{key}: {saved_as} {_lookup(saved_cfg, key)!r}, this run {_lookup(plain, key)!r}"
+    saved, model_cfg = saved_cfg.get("model"), plain["model"]
+    if saved != model_cfg:
+        ours, theirs = flatten_config(model_cfg), flatten_config(saved or {})
+        diff = next((k for k in ours if theirs.get(k) != ours[k]), "name")
+        return f"model.{diff}: {saved_as} {theirs.get(diff)!r}, this run {ours.get(diff)!r}"
+    return None
 
 
 class _Missing:
@@ -455,6 +523,7 @@ def _summary(plain, data, trainer, throughput, best, status, diverged_step, prec
         "train_time_s": throughput.train_time,
         "eval_time_s": throughput.eval_time,  # validation passes; history[i].wall_time_s: when each one ended
         "time_to_first_step_s": throughput.first_step_at,
+        "resumes": throughput.resumes,  # times this run was resumed from a checkpoint
         "tokens_per_second": throughput.tokens / max(throughput.train_time, 1e-9),
         "final": final,
         "best": best.best,

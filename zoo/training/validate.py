@@ -254,6 +254,12 @@ def check_memory(model_cfg: dict, trainer: dict | None = None, training: bool = 
                           "data.vocab_size)")
 
 
+def check_token_rule(tokens_per_param: Any, evals_per_run: Any) -> None:
+    if tokens_per_param is not None and (not is_number(tokens_per_param) or tokens_per_param <= 0):
+        _fail("tokens_per_param", tokens_per_param, "a positive number of training tokens per parameter, or null")
+    _optional_int_at_least("evals_per_run", evals_per_run, 1)
+
+
 def check_run(plain: dict) -> None:
     """Every value of a run config that the architecture check does not cover, in config order."""
     for section in ("model", "data", "trainer", "optim", "sample"):
@@ -263,6 +269,7 @@ def check_run(plain: dict) -> None:
     for key in ("compile", "tf32"):
         if not isinstance(plain.get(key, False), bool):
             _fail(key, plain.get(key), "true or false")
+    check_token_rule(plain.get("tokens_per_param"), plain.get("evals_per_run"))
     ckpt = plain.get("ckpt_path")
     if ckpt is not None and not isinstance(ckpt, str):
         _fail("ckpt_path", ckpt, "a .ckpt path, last, or null")

@@ -1,0 +1,219 @@
+"""Ladders: a study at several sizes (conf/ladder, conf/size, conf/climb), the token rule that sizes each rung's
+training, the report's fits and verdicts, and a sweep that continues when its command is run again."""
+
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.helpers import TINY, compose_cfg
+from zoo.build import count_params, resolve_config
+from zoo.report import build_report, write_report
+from zoo.report.ladder import Gap, fit_power_law, verdict
+
+ROOT = Path(__file__).resolve().parents[1]
+CLIMBED = {"ffn": "ffn", "position": "position", "attention": "attention", "norm_placement": "norm",
+           "norm_type": "norm"}
+
+
+def _compose(overrides: list[str]):
+    from hydra import compose, initialize_config_dir
+
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+        return compose("config", overrides=overrides, return_hydra_config=True)
+
+
+@pytest.mark.parametrize("study", CLIMBED)
+def test_cpu3_climbs_a_subset_of_its_study_at_three_sizes_in_a_fixed_directory(study):
+    alone, ladder = _compose([f"study={study}"]), _compose([f"study={study}", "ladder=cpu3"])
+    params = ladder.hydra.sweeper.params
+    assert params.size == "cpu_s,cpu_m,cpu_l" and params.seed == "0,1,2"
+    key = CLIMBED[study]
+    climbed, offered = set(params[key].split(",")), set(alone.hydra.sweeper.params[key].split(","))
+    assert 2 <= len(climbed) and climbed <= offered
+    assert ladder.hydra.sweep.dir == f"multirun/study-{study}/ladder-cpu3"  # no timestamp: a rerun continues
+    assert ladder.tokens_per_param == 2 and ladder.hydra.launcher.n_jobs == 2 and ladder.threads == 1
+
+
+def _params(overrides: list[str], vocab: int) -> int:
+    cfg = _compose(overrides)
+    model = {**__import__("omegaconf").OmegaConf.to_container(cfg.model, resolve=True), "vocab_size": vocab,
+             "max_seq_len": cfg.data.get("context") or 64}
+    return count_params(resolve_config(model))["total"]
+
+
+def test_cpu3_largest_rung_has_at_least_8x_the_smallest_and_the_middle_is_the_study():
+    small = _params(["study=ffn", "ladder=cpu3", "size=cpu_s"], 65)
+    middle = _params(["study=ffn", "ladder=cpu3", "size=cpu_m"], 65)
+    large = _params(["study=ffn", "ladder=cpu3", "size=cpu_l"], 65)
+    assert large >= 8 * small
+    assert middle == _params(["study=ffn"], 65)  # the studies' own shape is the middle rung
+
+
+def test_gpu_ladder_climbs_to_about_100m_parameters():
+    large = _params(["study=ffn", "ladder=gpu", "size=gpu_l"], 16_384)
+    small = _params(["study=ffn", "ladder=gpu", "size=gpu_s"], 16_384)
+    assert 80e6 <= large <= 130e6 and large >= 8 * small
+
+
+def test_gpu_ladder_runs_at_toy_size(tmp_path):
+    """ladder=gpu composed as written, its GPU trainer swapped for the CPU's and the sizes shrunk."""
+    cmd = [sys.executable, "train.py", "-m", "study=ffn", "ladder=gpu", "trainer=cpu", "tokens_per_param=null",
+           *TINY, "model.n_layers=1", "model.d_model=32", "model.n_heads=2", "hydra.sweeper.params.size=gpu_s",
+           "hydra.sweeper.params.ffn=gelu", "seed=0", f"hydra.sweep.dir={tmp_path}"]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = json.loads((tmp_path / "0" / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["data"]["context"] == 16
+
+
+def test_tokens_per_param_sets_the_steps_from_the_models_size(tmp_path):
+    from zoo.training import main
+
+    assert main(compose_cfg(TINY + ["tokens_per_param=0.05", "evals_per_run=3"]), tmp_path) == 0
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    tokens_per_step = 4 * 16  # data.batch_size x data.context
+    expected = math.ceil(0.05 * summary["params"]["active"] / tokens_per_step)
+    assert summary["steps"] == expected > 4  # not TINY's trainer.max_steps
+    assert summary["tokens_seen"] == expected * tokens_per_step
+    assert [h["step"] for h in summary["history"]][:3] == [expected // 3 * i for i in (1, 2, 3)]
+
+
+@pytest.mark.parametrize("override, error", [
+    ("tokens_per_param=0", "tokens_per_param: got 0.0; valid: a positive number"),
+    ("tokens_per_param=-2", "tokens_per_param: got -2.0"),
+    ("evals_per_run=0", "evals_per_run: got 0; valid: an integer >= 1, or null"),
+])
+def test_bad_token_rule_is_one_line(override, error, tmp_path, capsys):
+    from zoo.training import main
+
+    assert main(compose_cfg(TINY + [override]), tmp_path) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"error: {error}") and "\n" not in err
+
+
+# ----------------------------------------------------------------------------------------------
+# The report of a ladder, on sweeps written by hand with known answers
+# ----------------------------------------------------------------------------------------------
+
+def _write_run(path: Path, overrides: list[str], final: float, compute: float, params: float) -> None:
+    path.mkdir(parents=True)
+    summary = {"status": "completed", "diverged": False, "overrides": overrides, "final": {"val_loss": final},
+               "best": {"val_loss": {"value": final, "step": 10}}, "history": [{"step": 10, "val_loss": final}],
+               "params": {"total": params, "active": params}, "flops_per_token": {"train": 6 * params},
+               "tokens_seen": compute / (6 * params), "steps": 10, "seed": 0}
+    (path / "summary.json").write_text(json.dumps(summary))
+
+
+def _write_ladder(root: Path, arms: dict, sizes: dict, seeds: int = 3, noise: float = 0.004) -> None:
+    """arms: name -> f(compute) -> loss; sizes: name -> parameters. Compute = 20 tokens per parameter."""
+    rng, i = np.random.default_rng(0), 0
+    for arm, loss in arms.items():
+        for size, params in sizes.items():
+            for seed in range(seeds):
+                c = 6 * params * 20 * params
+                value = loss(c) + noise * rng.standard_normal()
+                _write_run(root / str(i), [f"ffn={arm}", f"size={size}", f"seed={seed}"], value, c, params)
+                i += 1
+
+
+SIZES = {"s": 2e5, "m": 8e5, "l": 1.8e6}
+
+
+def test_ladder_verdicts_on_known_gaps(tmp_path):
+    base = lambda c: 12.0 * c ** -0.06
+    gaps = {"holds": lambda c: -0.10, "grows": lambda c: -0.02 - 0.12 * math.log(c / 3.9e12) / math.log(81),
+            "flips": lambda c: 0.08 - 0.16 * math.log(c / 3.9e12) / math.log(81),
+            "shrinks": lambda c: -0.15 + 0.13 * math.log(c / 3.9e12) / math.log(81), "same": lambda c: 0.0}
+    arms = {"base": base, **{k: (lambda c, g=g: base(c) + g(c)) for k, g in gaps.items()}}
+    _write_ladder(tmp_path, arms, SIZES)
+    report = build_report(tmp_path, baseline="ffn=base")
+    lad = report.ladder
+    assert lad is not None and lad.rungs == ["s", "m", "l"] and lad.baseline == "base"
+    got = {v.arm: v.verdict for v in lad.verdicts}
+    assert got == {"holds": "holds", "grows": "grows", "flips": "flips", "shrinks": "shrinks", "same": "inconclusive"}
+    fit = lad.fits["base"]
+    assert fit.form == "A·C^-α" and fit.alpha_ci[0] < 0.06 < fit.alpha_ci[1] and abs(fit.alpha - 0.06) < 0.01
+    written = write_report(report, tmp_path)
+    assert tmp_path / "ladder.png" in written
+    md = (tmp_path / "report.md").read_text()
+    for heading in ("## Ranking at each size", "## Fits against compute", "## Does it transfer?"):
+        assert heading in md
+    assert "| flips " in md and "ladder.png" in md
+
+
+def test_a_four_size_ladder_fits_the_irreducible_term(tmp_path):
+    sizes = {f"r{i}": p for i, p in enumerate((1e5, 3e5, 1e6, 3e6, 1e7))}
+    _write_ladder(tmp_path, {"a": lambda c: 1.5 + 40.0 * c ** -0.15, "b": lambda c: 1.5 + 45.0 * c ** -0.15},
+                  sizes, noise=0.001)
+    fit = build_report(tmp_path).ladder.fits["a"]
+    assert fit.form == "E + A·C^-α"
+    assert abs(fit.e - 1.5) < 0.02 and abs(fit.alpha - 0.15) < 0.01  # recovered (a 95% CI misses 1 draw in 20)
+    assert fit.e_ci[0] < fit.e < fit.e_ci[1] and fit.alpha_ci[1] - fit.alpha_ci[0] < 0.02
+
+
+def test_verdict_needs_two_seeds_and_fit_needs_two_sizes():
+    one = Gap(-0.1, None)
+    assert verdict(one, one, one, higher=False)[0] == "inconclusive"
+    assert fit_power_law([(1e9, 3.0), (1e9, 3.1)], sizes=1) is None
+
+
+def test_ladder_baseline_must_match_a_variant(tmp_path):
+    from zoo.report import ReportError
+
+    _write_ladder(tmp_path, {"a": lambda c: 3.0, "b": lambda c: 3.1}, SIZES)
+    with pytest.raises(ReportError, match="--baseline: no variant matches"):
+        build_report(tmp_path, baseline="ffn=gelu")
+
+
+# ----------------------------------------------------------------------------------------------
+# A sweep run again in its directory continues
+# ----------------------------------------------------------------------------------------------
+
+SWEEP = ["-m", "hydra/launcher=parallel", "hydra.launcher.n_jobs=1", *TINY, "trainer.max_steps=40",
+         "trainer.val_check_interval=10", "sample.max_new_tokens=0", "logger=csv", "ffn=relu,gelu,swiglu", "seed=0"]
+
+
+def test_a_sweep_run_again_keeps_finished_jobs_resumes_the_interrupted_one_and_starts_the_missing(tmp_path):
+    cmd = [sys.executable, "train.py", *SWEEP, f"hydra.sweep.dir={tmp_path}"]
+    # The machine dies during job 1, after its first checkpoint: every process of the sweep is SIGKILLed.
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+    ckpt, deadline = tmp_path / "1" / "checkpoints" / "last.ckpt", time.monotonic() + 300
+    while not ckpt.is_file() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert ckpt.is_file() and (tmp_path / "0" / "summary.json").is_file()
+    assert not (tmp_path / "1" / "summary.json").exists() and not (tmp_path / "2").exists()
+    first = (tmp_path / "0" / "summary.json").read_bytes()
+
+    again = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)  # the same command
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert f"kept: {tmp_path / '0'} finished earlier (completed)" in again.stdout
+    assert (tmp_path / "0" / "summary.json").read_bytes() == first  # kept, not rerun
+    resumed, started = (json.loads((tmp_path / n / "summary.json").read_text()) for n in ("1", "2"))
+    assert resumed["status"] == started["status"] == "completed"
+    assert resumed["resumes"] == 1 and started["resumes"] == 0 and resumed["steps"] == 40
+    report = (tmp_path / "report.md").read_text() if (tmp_path / "report.md").exists() else ""
+    jobs = build_report(tmp_path).plan.jobs
+    assert [j.state for j in jobs] == ["finished"] * 3
+    assert [("resumed 1x" in j.detail) for j in jobs] == [False, True, False], report
+
+
+def test_a_sweep_directory_holding_another_sweeps_finished_run_is_refused(tmp_path):
+    cmd = [sys.executable, "train.py", *SWEEP[:-2], "ffn=relu", "seed=0", "trainer.max_steps=4",
+           f"hydra.sweep.dir={tmp_path}"]
+    assert subprocess.run(cmd, cwd=ROOT, capture_output=True, timeout=600).returncode == 0
+    before = (tmp_path / "0" / "summary.json").read_bytes()
+    other = subprocess.run(cmd[:-2] + ["trainer.max_steps=6", f"hydra.sweep.dir={tmp_path}"], cwd=ROOT,
+                           capture_output=True, text=True, timeout=600)
+    assert "holds a finished run with other settings (trainer.max_steps: earlier run 4, this run 6)" in other.stderr
+    assert (tmp_path / "0" / "summary.json").read_bytes() == before
