@@ -19,6 +19,7 @@ from zoo.training.cli import (  # no torch: fast answers
     asks_for_sweep,
     check_group_choices,
     check_keys,
+    check_output_dirs,
     check_run_dir_free,
     expand,
     help_text,
@@ -49,8 +50,9 @@ def check_arguments(args: list[str]) -> str | None:
     """The command line's mistakes as one line, before Hydra composes and before torch loads."""
     if "--hydra-help" in args:
         return None
-    # a busy hydra.run.dir is refused before Hydra writes .hydra/ into it
-    return check_group_choices(args, CONF) or check_keys(args, CONF) or check_run_dir_free(args)
+    # a busy or unusable hydra.run.dir (hydra.sweep.dir) is refused before Hydra writes .hydra/ into it
+    return check_group_choices(args, CONF) or check_keys(args, CONF) or check_run_dir_free(args) \
+        or check_output_dirs(args)
 
 
 if __name__ == "__main__":

@@ -1,35 +1,98 @@
-"""Atomic file writes (a reader, or the report, never sees half a file after an interruption), the run directory's
-lock, and a command's quick start and exit (the garbage collector kept off what lives for the whole run)."""
+"""Atomic file writes (a reader, or the report, never sees half a file after an interruption), what zoo owns in a
+run directory (its marker, its lock, the names it writes, never through a link), and a command's quick start and
+exit (the garbage collector kept off what lives for the whole run)."""
 
 from __future__ import annotations
 
 import atexit
+import contextlib
+import errno
 import gc
 import json
 import os
 import re
+import stat
 import tempfile
+import time
+import uuid
 from collections.abc import Callable
 from functools import cache
 from pathlib import Path
 from typing import IO, Any
 
+from zoo.component import ConfigError  # no torch
+
+
+class RunDirError(ConfigError):
+    """A directory zoo will not read or write as it stands (a link, a look-alike run, a file where a directory
+    belongs), or a write that failed (full disk, read-only location): one line, exit code 2 from the CLIs."""
+
+
+class WriteError(OSError):
+    """A write that failed (full disk, read-only file system, a directory in the way), said in one line with
+    its path. An OSError still, so callers that catch OSError keep working."""
+
+    def __init__(self, path: str | os.PathLike, cause: OSError):
+        super().__init__(cause.errno, cause.strerror or str(cause), str(path))
+        self.path = Path(path)
+
+    def __str__(self) -> str:
+        return f"could not write '{self.path}': {self.strerror}"
+
+
+# The errors of a write that the environment refused: no space, over a quota or the file size limit
+# (RLIMIT_FSIZE gives EFBIG: Python ignores SIGXFSZ), a read-only file system.
+DISK_ERRORS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS)
+
 
 def atomic_write(path: str | os.PathLike, write: Callable[[IO], Any], mode: str = "w") -> None:
-    """Call write(file) on a temp file in the same directory, fsync it, then rename it over `path`."""
+    """Call write(file) on a temp file in the same directory, fsync it, then rename it over `path`.
+
+    The rename replaces `path` itself, even a symbolic link there (never the link's target). Any OSError on
+    the way is a WriteError naming `path`; the temp file is removed."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    tmp, f = None, None
     try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
         os.fchmod(fd, 0o666 & ~_umask())  # mkstemp makes 0600; give what open() would give
-        with os.fdopen(fd, mode, **({} if "b" in mode else {"encoding": "utf-8"})) as f:
+        with os.fdopen(fd, mode, **({} if "b" in mode else {"encoding": "utf-8"})) as raw:
+            f = _Recording(raw)
             write(f)
-            f.flush()
-            os.fsync(f.fileno())
+            raw.flush()
+            os.fsync(raw.fileno())
         os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+    except BaseException as e:
+        if tmp is not None:
+            Path(tmp).unlink(missing_ok=True)
+        cause = e if isinstance(e, OSError) else getattr(f, "error", None)
+        if cause is not None and not isinstance(e, WriteError):
+            raise WriteError(path, cause) from e
         raise
+
+
+class _Recording:
+    """The temp file as atomic_write's caller sees it, remembering the first OSError of a write: torch.save's zip
+    writer reports a failed write (a full disk) as a RuntimeError about file positions."""
+
+    def __init__(self, f: IO):
+        self._f, self.error = f, None
+
+    def write(self, data):
+        return self._call(self._f.write, data)
+
+    def flush(self):
+        return self._call(self._f.flush)
+
+    def _call(self, method, *args):
+        try:
+            return method(*args)
+        except OSError as e:
+            self.error = self.error or e
+            raise
+
+    def __getattr__(self, name: str):
+        return getattr(self._f, name)
 
 
 def _umask() -> int:
@@ -55,7 +118,7 @@ def remove_temp_files(directory: str | os.PathLike) -> list[Path]:
     regular files). Call it only while owning the directory (its run lock), never while a write runs."""
     removed = []
     directory = Path(directory)
-    if not directory.is_dir():
+    if not directory.is_dir() or directory.is_symlink():  # a link's target is not the run's
         return removed
     for p in directory.iterdir():
         if _TEMP_FILE.match(p.name) and p.is_file() and not p.is_symlink():
@@ -72,40 +135,209 @@ def atomic_write_json(path: str | os.PathLike, data: Any) -> None:
     atomic_write_text(path, json.dumps(data, indent=2, default=str) + "\n")
 
 
+# --- What zoo owns in a run directory --------------------------------------------------------------------
+#
+# A run directory is zoo's when it holds RUN_MARKER, a small JSON file (run id, zoo version, creation time) that a
+# run writes before any other file of its own; zoo reads, writes, replaces and removes there only the names in
+# RUN_ENTRIES, each as what zoo makes it (a directory, or a regular file), never through a symbolic link. Files
+# with zoo's names but no marker are a look-alike (or a run of a zoo from before the marker): left alone.
+RUN_MARKER = ".zoo-run"
+RUN_LOCK = "run.lock"
+# What a run writes there, each "file" or "dir"; a parent comes before what it holds.
+RUN_ENTRIES = {RUN_MARKER: "file", RUN_LOCK: "file", "config.yaml": "file", "metrics.csv": "file",
+               "summary.json": "file", "hparams.yaml": "file", "checkpoints": "dir", "checkpoints/last.ckpt": "file",
+               "checkpoints/best.ckpt": "file", "tb": "dir", "wandb": "dir"}
+# Finding any of these means the directory holds a run (Hydra's .hydra/ and log do not count).
+RUN_FILES = ("config.yaml", "metrics.csv", "summary.json", "hparams.yaml", "checkpoints")
+
+
+def _problem(path: Path, kind: str) -> str | None:
+    """Why zoo may not read or write `path` as a `kind` ("file" or "dir"), or None (it is one, or absent)."""
+    try:
+        mode = os.lstat(path).st_mode
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    if stat.S_ISLNK(mode):
+        return f"'{path}' is a symbolic link (to '{os.readlink(path)}'); zoo never reads or writes through a " \
+               "link in a run directory: remove the link"
+    if kind == "dir" and not stat.S_ISDIR(mode):
+        return f"'{path}' is a file where zoo keeps a directory: move it away"
+    if kind == "file" and not stat.S_ISREG(mode):
+        what = "a directory" if stat.S_ISDIR(mode) else "not a regular file"
+        return f"'{path}' is {what} where zoo keeps a file: move it away"
+    return None
+
+
+def owned_path(run_dir: str | os.PathLike, name: str) -> Path:
+    """run_dir/name, checked for zoo to read or write: each part of `name` is absent or what zoo keeps there
+    (directories, then the kind RUN_ENTRIES gives, a file by default), never a link. Else RunDirError."""
+    parts = Path(name).parts
+    for i in range(len(parts)):
+        sub = "/".join(parts[:i + 1])
+        kind = "dir" if i < len(parts) - 1 else RUN_ENTRIES.get(sub, "file")
+        if problem := _problem(Path(run_dir, sub), kind):
+            raise RunDirError(problem)
+    return Path(run_dir, name)
+
+
+def check_run_dir(run_dir: str | os.PathLike) -> tuple[dict | None, list[str]]:
+    """What the directory holds, read without writing anything: (its marker or None, the RUN_FILES present).
+    RunDirError for a directory zoo will not use: not a directory, any of RUN_ENTRIES a link or of the wrong
+    kind, a marker that is not zoo's, or zoo's file names without a marker."""
+    run_dir = Path(run_dir)
+    if os.path.lexists(run_dir) and not run_dir.is_dir():
+        raise RunDirError(f"hydra.run.dir: '{run_dir}' is a file, not a directory; valid: a new directory, or one "
+                          "holding a zoo run")
+    if not run_dir.is_dir():
+        return None, []
+    for name in RUN_ENTRIES:
+        owned_path(run_dir, name)
+    marker = read_marker(run_dir)
+    held = [n for n in RUN_FILES if os.path.lexists(run_dir / n)]
+    if marker is None and (held or not _is_zoo_lock(run_dir / RUN_LOCK)):
+        found = ", ".join(held + ([] if _is_zoo_lock(run_dir / RUN_LOCK) else [RUN_LOCK]))
+        raise RunDirError(f"hydra.run.dir: '{run_dir}' holds {found} but no {RUN_MARKER} marker, so zoo cannot tell "
+                          "it is its own run and will not replace, resume or write into it; valid: another "
+                          "hydra.run.dir, or delete those by hand (a run of an earlier zoo, which wrote no marker, "
+                          "resumes in a new directory: ckpt_path=<its dir>/checkpoints/last.ckpt)")
+    return marker, held
+
+
+def _is_zoo_lock(path: Path) -> bool:
+    """Absent, or what lock_run_dir leaves there (empty, or a pid): a run killed before writing its marker."""
+    try:
+        with open(path, "rb", opener=_no_follow(os.O_RDONLY)) as f:
+            return re.fullmatch(rb"\d*\n?", f.read(64)) is not None
+    except FileNotFoundError:
+        return True
+    except OSError:
+        return False
+
+
+def read_marker(run_dir: str | os.PathLike) -> dict | None:
+    """The run directory's marker, or None when there is none; RunDirError when what is there is not one."""
+    path = owned_path(run_dir, RUN_MARKER)
+    try:
+        with open(path, "rb", opener=_no_follow(os.O_RDONLY)) as f:
+            marker = json.loads(f.read(4096))
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError):
+        marker = None
+    if not (isinstance(marker, dict) and isinstance(marker.get("run_id"), str)):
+        raise RunDirError(f"'{path}' is not a zoo run marker (a JSON object with a run_id), so zoo cannot tell "
+                          "the directory is its own run; valid: another hydra.run.dir, or delete it by hand")
+    return marker
+
+
+def write_marker(run_dir: str | os.PathLike, replace: bool = False) -> dict:
+    """Mark run_dir as a zoo run: atomically, and only if no marker is there yet (two runs starting at once get
+    one marker; the run lock then decides between them), unless `replace` (overwrite=true: a new run id)."""
+    path = owned_path(run_dir, RUN_MARKER)
+    marker = {"run_id": uuid.uuid4().hex, "zoo": _version(),
+              "created": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+    if replace:
+        atomic_write_json(path, marker)
+        return marker
+    # written under a temp name, then hard-linked to its name, which fails if a marker appeared meanwhile
+    tmp = path.with_name(f".{RUN_MARKER}.{uuid.uuid4().hex[:8]}.tmp")
+    try:
+        atomic_write_json(tmp, marker)
+        os.link(tmp, path)
+    except FileExistsError:
+        return read_marker(run_dir) or marker
+    except OSError as e:  # said of the marker, not of its temp name
+        raise WriteError(path, e) from e
+    finally:
+        tmp.unlink(missing_ok=True)
+    return marker
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("zoo")
+    except PackageNotFoundError:
+        return "unknown"
+
+
+def _no_follow(flags: int) -> Callable[[str, int], int]:
+    """An opener for open(): refuses (ELOOP) to open a symbolic link, whatever the mode."""
+    return lambda path, mode: os.open(path, mode | flags | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666)
+
+
+def open_append(path: str | os.PathLike, **kwargs) -> IO:
+    """open(path, "a") that never appends through a symbolic link (ELOOP there)."""
+    return open(path, "a", opener=lambda p, mode: os.open(p, mode | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666), **kwargs)
+
+
+def remove_run_files(run_dir: str | os.PathLike) -> None:
+    """overwrite=true: remove what an earlier zoo run wrote (call after check_run_dir found its marker): its files,
+    its checkpoints/ files (and the directory, once empty) and its loggers' directories; .hydra/, the marker,
+    the lock and anything else stay."""
+    import shutil
+
+    run_dir = Path(run_dir)
+    for name, kind in RUN_ENTRIES.items():
+        path = owned_path(run_dir, name)
+        if name in (RUN_MARKER, RUN_LOCK) or name.startswith("checkpoints") or not os.path.lexists(path):
+            continue
+        if kind == "dir":
+            shutil.rmtree(path)  # rmtree removes links inside, never what they point to
+        else:
+            path.unlink()
+    checkpoints = owned_path(run_dir, "checkpoints")
+    if checkpoints.is_dir():
+        for name in ("last.ckpt", "best.ckpt"):
+            owned_path(run_dir, f"checkpoints/{name}").unlink(missing_ok=True)
+        remove_temp_files(checkpoints)
+        with contextlib.suppress(OSError):  # a directory the user added files to stays
+            checkpoints.rmdir()
+
+
 # A run directory is owned by one process at a time: it holds an exclusive flock on RUN_LOCK for as long
 # as it runs (the kernel drops the lock when the process dies, even by SIGKILL), so anyone can tell a
 # running job from a dead one by trying the lock.
-RUN_LOCK = "run.lock"
 
 
 def lock_run_dir(run_dir: str | os.PathLike) -> IO | None:
     """Take the run directory's lock; returns the open lock file (keep it open), or None if another
-    live process holds it."""
+    live process holds it. The lock file must be a regular file or absent (RunDirError otherwise)."""
     import fcntl
 
-    path = Path(run_dir) / RUN_LOCK
+    path = owned_path(run_dir, RUN_LOCK)
     path.parent.mkdir(parents=True, exist_ok=True)
-    f = path.open("a+")
+    try:
+        f = open(path, "a+", opener=_no_follow(os.O_CREAT))
+    except OSError as e:
+        raise WriteError(path, e) from e
     try:
         fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         f.close()
         return None
-    f.seek(0)
-    f.truncate()
-    f.write(f"{os.getpid()}\n")
-    f.flush()
+    try:  # unbuffered: nothing is left to flush (and fail again) when the file closes
+        os.ftruncate(f.fileno(), 0)
+        os.write(f.fileno(), f"{os.getpid()}\n".encode())
+    except OSError as e:
+        f.close()
+        raise WriteError(path, e) from e
     return f
 
 
 def is_running(run_dir: str | os.PathLike) -> bool:
-    """True while a live process holds the run directory's lock."""
+    """True while a live process holds the run directory's lock (a link there is no zoo lock: False)."""
     import fcntl
 
     path = Path(run_dir) / RUN_LOCK
-    if not path.is_file():
+    try:
+        f = open(path, opener=_no_follow(os.O_RDONLY))
+    except OSError:
         return False
-    with path.open() as f:
+    with f:
+        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+            return False
         try:
             fcntl.flock(f.fileno(), fcntl.LOCK_SH | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -117,12 +349,28 @@ def is_running(run_dir: str | os.PathLike) -> bool:
 def busy_message(run_dir: str | os.PathLike) -> str:
     """The one-line refusal for a run directory another live process holds (see lock_run_dir)."""
     try:
-        pid = (Path(run_dir) / RUN_LOCK).read_text().strip()
-    except OSError:
+        with open(Path(run_dir) / RUN_LOCK, opener=_no_follow(os.O_RDONLY)) as f:
+            pid = f.read(64).strip()
+    except (OSError, ValueError):
         pid = ""
     holder = f"pid {pid}" if pid.isdigit() else "pid unknown"
     return f"hydra.run.dir: '{run_dir}' is in use by a running process ({holder}); wait for it to end or " \
            "choose another directory"
+
+
+def write_failure(e: OSError, run_dir: str | os.PathLike) -> str:
+    """One line for a write the environment refused during a run: what could not be written, and where the run's
+    last good checkpoint is (checkpoints are written to a temp file and renamed: a failed write keeps the last)."""
+    what = str(e) if isinstance(e, WriteError) else \
+        f"could not write '{e.filename or run_dir}': {e.strerror or e}"
+    last = Path(run_dir, "checkpoints", "last.ckpt")
+    kept = f"the last good checkpoint is '{last}' (ckpt_path=last resumes from it)" \
+        if last.is_file() and not last.is_symlink() else "no checkpoint was written"
+    return f"{what}; {kept}"
+
+
+def is_write_failure(e: BaseException) -> bool:
+    return isinstance(e, WriteError) or (isinstance(e, OSError) and e.errno in DISK_ERRORS)
 
 
 def is_secondary_rank() -> bool:

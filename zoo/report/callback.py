@@ -8,6 +8,7 @@ from pathlib import Path
 
 from hydra.experimental.callback import Callback
 
+from zoo.io import WriteError
 from zoo.report.cli import build_report, console_summary, write_report
 from zoo.report.runs import ReportError
 from zoo.report.tables import Report
@@ -26,10 +27,13 @@ class ReportAfterSweep(Callback):
         root = Path(config.hydra.sweep.dir)
         for i, metric in enumerate(self.metrics):
             out = root if i == 0 else root / f"report_{metric}"
+            if out.is_symlink():  # a directory zoo names itself: never written through a link
+                print(f"report ({metric}): '{out}' is a symbolic link; remove it to get this report", file=sys.stderr)
+                continue
             try:
                 report = self._build(root, metric)
                 write_report(report, out)
-            except ReportError as e:
+            except (ReportError, WriteError) as e:
                 print(f"report ({metric}): {e}", file=sys.stderr)
                 continue
             print(f"\n{metric}:\n{console_summary(report)}\nreport: {out / 'report.md'}", flush=True)

@@ -7,7 +7,7 @@ import math
 import sys
 from pathlib import Path
 
-from zoo.io import atomic_write_text
+from zoo.io import WriteError, atomic_write_text
 from zoo.report.ladder import build_ladder
 from zoo.report.plots import plot_curves, plot_final, plot_ladder
 from zoo.report.runs import ReportError, load_runs, match_jobs, metric_direction
@@ -48,9 +48,13 @@ def build_report(root: Path, metric: str = "val_loss", target: float | None = No
                   intro, sentences, len(runs), match_jobs(root, runs), ladder=ladder)
 
 
-
 def write_report(report: Report, out_dir: Path) -> list[Path]:
-    out_dir.mkdir(parents=True, exist_ok=True)
+    """Write the report's files into out_dir, each atomically (a link there is replaced, never written through);
+    WriteError when one cannot be written."""
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise WriteError(out_dir, e) from e
     written = []
     if any(r.final[2] for r in report.rows):
         report.plots = [("curves.png", plot_curves(report.rows, report.metric, report.target, out_dir / "curves.png")),
@@ -86,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         report = build_report(args.dir, args.metric, args.target, args.baseline)
         written = write_report(report, args.out or args.dir)
-    except ReportError as e:
+    except (ReportError, WriteError) as e:  # WriteError: a full disk, a read-only directory, a directory in the way
         print(f"error: {e}", file=sys.stderr)
         return EXIT_ERROR
     print(console_summary(report))

@@ -14,7 +14,8 @@ from zoo.io import is_running
 from zoo.report.stats import higher_is_better
 
 # Run statuses: completed | diverged | interrupted | failed (the summary says so) | killed (no summary.json,
-# nobody holds run.lock) | running (no summary.json yet, run.lock held) | unreadable (a broken summary.json).
+# nobody holds run.lock) | running (no summary.json yet, run.lock held) | unreadable (a broken summary.json, or
+# summary.json / metrics.csv a link or not a file: the report reads nothing through a link).
 FAILED = ("failed", "interrupted", "killed", "unreadable")  # counted in the table's `failed` column
 BASIC_SWEEPER = "hydra._internal.core_plugins.basic_sweeper.BasicSweeper"
 
@@ -95,7 +96,7 @@ def find_run_dirs(root: Path) -> list[Path]:
     found = set()
     for dirpath, dirnames, filenames in os.walk(root):
         here = Path(dirpath)
-        if "summary.json" in filenames or "metrics.csv" in filenames:
+        if {"summary.json", "metrics.csv"} & set(filenames + dirnames):  # a directory of that name: unreadable
             found.add(here)
         if here.name == ".hydra" and "overrides.yaml" in filenames:
             found.add(here.parent)
@@ -201,9 +202,19 @@ def check_summary(s) -> str | None:
     return None
 
 
+def not_a_file(path: Path) -> str | None:
+    """Why the report will not read `path` (a link, a directory, not a regular file), or None (a file or absent)."""
+    if path.is_symlink():
+        return f"{path.name} is a symbolic link"
+    if os.path.lexists(path) and not path.is_file():
+        return f"{path.name} is {'a directory' if path.is_dir() else 'not a regular file'}"
+    return None
+
+
 def load_run(path: Path) -> Run:
-    summary, problem = None, None
-    if (path / "summary.json").is_file():
+    summary = None
+    problem = not_a_file(path / "summary.json") or not_a_file(path / "metrics.csv")
+    if problem is None and (path / "summary.json").is_file():
         try:
             summary = json.loads((path / "summary.json").read_text())
         except (OSError, ValueError) as e:
@@ -214,7 +225,7 @@ def load_run(path: Path) -> Run:
             summary = None
     if summary is not None and summary.get("overrides") is not None:
         overrides = parse_overrides(summary["overrides"])
-    elif (path / ".hydra" / "overrides.yaml").is_file():
+    elif (path / ".hydra" / "overrides.yaml").is_file() and not not_a_file(path / ".hydra" / "overrides.yaml"):
         overrides = parse_overrides(_read_overrides_yaml(path / ".hydra" / "overrides.yaml"))
     else:
         overrides = {}
@@ -237,7 +248,7 @@ def load_run(path: Path) -> Run:
     if isinstance(resumes, int) and not isinstance(resumes, bool) and resumes > 0:
         detail = "; ".join(filter(None, [detail, f"resumed {resumes}x from a checkpoint"]))
     csv_path = path / "metrics.csv"
-    evals, train = _read_metrics_csv(csv_path) if csv_path.is_file() else ([], [])
+    evals, train = _read_metrics_csv(csv_path) if csv_path.is_file() and not problem else ([], [])
     return Run(path, status, overrides, summary, evals, train, detail)
 
 
@@ -294,6 +305,8 @@ def planned_jobs(root: Path) -> tuple[list[list[str]] | None, str]:
     """The sweep's job list from its multirun.yaml, expanded as Hydra's BasicSweeper does (its own
     override parser and split_arguments); (None, why) when there is no plan to read."""
     path = root / "multirun.yaml"
+    if problem := not_a_file(path):
+        return None, f"{problem}, not read: the jobs found on disk"
     if not path.is_file():
         return None, "no multirun.yaml: the jobs found on disk"
     try:

@@ -19,7 +19,7 @@ from lightning.pytorch.callbacks import TQDMProgressBar
 from lightning.pytorch.callbacks.progress.tqdm_progress import Tqdm
 from lightning.pytorch.loggers.csv_logs import ExperimentWriter
 
-from zoo.io import atomic_write
+from zoo.io import WriteError, atomic_write, open_append, owned_path
 from zoo.training.objectives import metric_directions
 
 
@@ -194,7 +194,8 @@ class StepProgressBar(TQDMProgressBar):
 class HistoryWriter(ExperimentWriter):
     """CSVLogger's writer, made to keep a run's history: it appends to metrics.csv instead of deleting it
     (Lightning's writer deletes the file when it starts), and rewrites it only atomically (when a new
-    column appears). The runner trims the rows a resume will redo before training starts."""
+    column appears), as it writes hparams.yaml; never through a link (zoo.io.owned_path). The runner trims the
+    rows a resume will redo before training starts."""
 
     def __init__(self, log_dir: str):
         self.hparams = {}
@@ -202,12 +203,18 @@ class HistoryWriter(ExperimentWriter):
         self.log_dir = log_dir
         self.metrics_file_path = os.path.join(log_dir, self.NAME_METRICS_FILE)
         os.makedirs(log_dir, exist_ok=True)
-        self.metrics_keys = read_header(Path(self.metrics_file_path))
+        self.metrics_keys = read_header(owned_path(log_dir, self.NAME_METRICS_FILE))
+
+    def log_hparams(self, params: dict) -> None:
+        from omegaconf import OmegaConf
+
+        self.hparams.update(params)  # plain values (the flat config, the module's cfg): as Lightning saves them
+        atomic_write(owned_path(self.log_dir, self.NAME_HPARAMS_FILE), lambda f: OmegaConf.save(self.hparams, f))
 
     def save(self, sync: bool = False) -> None:
         if not self.metrics:
             return
-        path = Path(self.metrics_file_path)
+        path = owned_path(self.log_dir, self.NAME_METRICS_FILE)
         keys = set().union(*self.metrics)
         if not path.is_file() or not keys <= set(self.metrics_keys):
             self.metrics_keys = sorted(set(self.metrics_keys) | keys)  # sorted, as Lightning's writer does
@@ -220,11 +227,14 @@ class HistoryWriter(ExperimentWriter):
 
             atomic_write(path, write)
         else:
-            with path.open("a", newline="") as f:
-                csv.DictWriter(f, fieldnames=self.metrics_keys).writerows(self.metrics)
-                if sync:
-                    f.flush()
-                    os.fsync(f.fileno())
+            try:
+                with open_append(path, newline="", encoding="utf-8") as f:
+                    csv.DictWriter(f, fieldnames=self.metrics_keys).writerows(self.metrics)
+                    if sync:
+                        f.flush()
+                        os.fsync(f.fileno())
+            except OSError as e:
+                raise WriteError(path, e) from e
         self.metrics = []
 
 

@@ -33,6 +33,8 @@ def read_checkpoint(path: str | Path) -> dict:
         raise CheckpointError(f"checkpoint: no such file '{path}'")
     if not zipfile.is_zipfile(path):  # torch.save writes a zip archive; a cut one loses its directory
         raise CheckpointError(f"checkpoint: '{path}' is truncated or corrupted (not a complete torch archive)")
+    if (bad := _failed_crc(path)) is not None:  # torch.load does not check the archive's CRC-32s: a flipped byte
+        raise CheckpointError(f"checkpoint: '{path}' is corrupted ({bad} does not match its CRC-32)")  # loads
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as e:  # weights_only refused a pickled object
@@ -41,6 +43,16 @@ def read_checkpoint(path: str | Path) -> dict:
                               f"refusing to unpickle them ({first[:160]})") from None
     except (RuntimeError, EOFError, zipfile.BadZipFile, OSError, ValueError) as e:
         raise CheckpointError(f"checkpoint: '{path}' is truncated or corrupted ({type(e).__name__})") from None
+
+
+def _failed_crc(path: Path) -> str | None:
+    """The first member of the archive whose bytes do not match the CRC-32 torch.save recorded, else None.
+    One more read of the file (docs/benchmarks.md: "Checkpoint CRC check")."""
+    try:
+        with zipfile.ZipFile(path) as archive:
+            return archive.testzip()
+    except (zipfile.BadZipFile, OSError, EOFError, ValueError, NotImplementedError) as e:
+        return f"the archive ({type(e).__name__})"
 
 
 class CheckpointConfigError(CheckpointError, ConfigError):

@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
-from zoo.io import atomic_write
+from zoo.io import atomic_write, owned_path
 from zoo.training.checkpoint import read_checkpoint
 
 log = logging.getLogger(__name__)
@@ -29,7 +29,8 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         self.sanitize = sanitize
 
     def save_checkpoint(self, checkpoint: dict, path, storage_options=None) -> None:
-        atomic_write(path, lambda f: torch.save(checkpoint, f), mode="wb")
+        path = owned_path(Path(path).parent, Path(path).name)  # a directory there is refused in one line
+        atomic_write(path, lambda f: torch.save(checkpoint, f), mode="wb")  # the rename replaces a link itself
 
     def load_checkpoint(self, path, map_location=None, weights_only=None) -> dict:
         ckpt = read_checkpoint(path)  # always weights-only, whatever the caller asks

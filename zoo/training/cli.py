@@ -5,6 +5,7 @@ Everything here loads without torch or Lightning, so a typo is answered in a fra
 from __future__ import annotations
 
 import difflib
+import os
 from pathlib import Path
 
 COMPONENTS = ("attention.", "position.", "norm.", "ffn.")
@@ -298,3 +299,83 @@ def check_run_dir_free(args: list[str]) -> str | None:
         if key == "hydra.run.dir" and sep and is_running(value):
             return busy_message(value)
     return None
+
+
+# What Hydra writes into a run's directory before zoo's code runs (hydra.output_subdir), and into a sweep's.
+_HYDRA_FILES = ("config.yaml", "hydra.yaml", "overrides.yaml")
+
+
+def check_output_dirs(args: list[str]) -> str | None:
+    """One-line error for a hydra.run.dir (or hydra.sweep.dir with -m) that zoo cannot use, else None: a file, a
+    location it cannot write (read-only, no permission), zoo's or Hydra's names there as links or of the wrong
+    kind, or a look-alike run (zoo.io.check_run_dir). Checked before Hydra starts, because Hydra creates the
+    directory and writes .hydra/ (multirun.yaml in a sweep) first, and its own failure is a traceback."""
+    from zoo.io import RunDirError, check_run_dir, is_secondary_rank
+
+    given = {k: v for k, _, v in (a.partition("=") for a in overrides(args))}
+    sweep = asks_for_sweep(args)
+    key = "hydra.sweep.dir" if sweep else "hydra.run.dir"
+    value = given.get(key)
+    if is_secondary_rank() or not value or "$" in value:  # Hydra's default: a new, dated directory
+        return None
+    where = Path(value)
+    subdir = given.get("hydra.output_subdir", ".hydra")
+    try:
+        if os.path.lexists(where) and not where.is_dir():
+            return f"{key}: '{where}' is a file, not a directory; valid: a new directory, or one holding zoo's runs"
+        if reason := _not_writable(where):
+            return f"{key}: '{where}' cannot be written ({reason}); valid: a directory zoo can write"
+        if not sweep:
+            _check_hydra_files(where, subdir)
+            check_run_dir(where)
+        elif where.is_dir():
+            _check_entry(where / "multirun.yaml", "file")
+            for job in where.iterdir():  # the jobs' directories an earlier sweep left (hydra.sweep.subdir)
+                if job.name.isdigit():
+                    _check_entry(job, "dir")
+                    _check_hydra_files(job, subdir)
+                    check_run_dir(job)
+    except RunDirError as e:
+        return str(e)
+    return None
+
+
+def _check_entry(path: Path, kind: str) -> None:
+    """RunDirError unless `path` is absent or a `kind` ("file" or "dir"), not a link."""
+    from zoo.io import owned_path
+
+    if kind == "file":
+        owned_path(path.parent, path.name)
+    else:
+        _refuse_link_or_file(path)
+
+
+def _refuse_link_or_file(path: Path) -> None:
+    from zoo.io import RunDirError
+
+    if path.is_symlink():
+        raise RunDirError(f"'{path}' is a symbolic link (to '{os.readlink(path)}'); zoo never writes through a "
+                          "link in its output directories: remove the link")
+    if os.path.lexists(path) and not path.is_dir():
+        raise RunDirError(f"'{path}' is a file where Hydra makes a directory: move it away")
+
+
+def _check_hydra_files(run_dir: Path, subdir: str) -> None:
+    if subdir in ("null", "None", ""):
+        return
+    _refuse_link_or_file(run_dir / subdir)
+    for name in _HYDRA_FILES:
+        _check_entry(run_dir / subdir / name, "file")
+
+
+def _not_writable(path: Path) -> str | None:
+    """Why `path` (or, where it does not exist yet, the nearest directory above it) cannot be written, or None."""
+    existing = path
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        return f"'{existing}' is not a directory"
+    if os.access(existing, os.W_OK | os.X_OK):
+        return None
+    return "read-only file system" if os.statvfs(existing).f_flag & os.ST_RDONLY else \
+        f"no permission to write in '{existing}'"

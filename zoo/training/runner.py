@@ -12,7 +12,6 @@ import json
 import logging
 import math
 import os
-import shutil
 import sys
 import time
 import traceback
@@ -29,13 +28,21 @@ from zoo.component import option_fields
 from zoo.data.corpus import DataError
 from zoo.hardware import precision_choice
 from zoo.io import (
+    RunDirError,
+    WriteError,
     atomic_write,
     atomic_write_json,
     atomic_write_text,
     busy_message,
+    check_run_dir,
     is_secondary_rank,
+    is_write_failure,
     lock_run_dir,
+    owned_path,
+    remove_run_files,
     remove_temp_files,
+    write_failure,
+    write_marker,
 )
 from zoo.registry import ATTENTION, MODEL, POSITION
 from zoo.schema import default_of
@@ -92,27 +99,40 @@ warnings.filterwarnings("ignore", message=".*does not have many workers.*")  # b
 EXIT_OK, EXIT_FAILED, EXIT_CONFIG, EXIT_DIVERGED, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
 
 
-# What a run writes into its directory: finding any of them there means the directory holds a run.
-RUN_FILES = ("config.yaml", "metrics.csv", "summary.json", "hparams.yaml", "checkpoints")
-
-
-class RunDirRefused(ConfigError):
+class RunDirRefused(RunDirError):
     """The run directory is busy or holds another run: refused before anything is written there."""
 
 
 def run(cfg: DictConfig, run_dir: str | Path | None = None) -> int:
     """Train as `cfg` says, in `run_dir` (default: Hydra's output directory). Returns an exit code.
 
-    The run owns the directory (zoo.io.lock_run_dir) from before its first write until it returns."""
+    The run owns the directory from before its first write until it returns: its marker (zoo.io.write_marker)
+    says the directory is a zoo run, its lock (zoo.io.lock_run_dir) that this process runs there. A write the
+    environment refuses (full disk, read-only) ends the run with one line (RunDirError)."""
     start = time.perf_counter()
     run_dir = Path(run_dir or _hydra_output_dir())
-    run_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        return _own_and_run(cfg, run_dir, start)
+    except OSError as e:
+        if is_write_failure(e):
+            raise RunDirError(write_failure(e, run_dir)) from e
+        raise
+
+
+def _own_and_run(cfg: DictConfig, run_dir: Path, start: float) -> int:
     if is_secondary_rank():  # a DDP worker started by the first process, which owns the directory
         return _run(cfg, run_dir, start, {"owner": False, "held_run": [], "training": False})
+    marker, _ = check_run_dir(run_dir)  # nothing is written into a directory zoo cannot tell is its own
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as e:  # a file in the way above it, a read-only parent
+        raise WriteError(run_dir, e) from e
+    if marker is None:
+        write_marker(run_dir)  # the run's first write
     lock = lock_run_dir(run_dir)
     if lock is None:
         raise RunDirRefused(busy_message(run_dir))
-    state = {"owner": True, "held_run": [n for n in RUN_FILES if (run_dir / n).exists()], "training": False}
+    state = {"owner": True, "held_run": check_run_dir(run_dir)[1], "training": False}  # again, now it is ours
     try:
         return _run(cfg, run_dir, start, state)
     except RunDirRefused:
@@ -155,11 +175,12 @@ def _run(cfg: DictConfig, run_dir: Path, start: float, state: dict) -> int:
     if state["owner"]:
         for directory in (run_dir, run_dir / "checkpoints"):  # temp files of writes cut short by a kill
             remove_temp_files(directory)
-        if overwrite and plain.get("ckpt_path") is None:
-            _remove_run(run_dir)
+        if overwrite and plain.get("ckpt_path") is None and state["held_run"]:
+            remove_run_files(run_dir)  # only zoo's names, in a directory its marker says is a zoo run
+            write_marker(run_dir, replace=True)  # a new run, a new id
         if ckpt is not None:  # the rows after the checkpoint's step are redone; the earlier ones stay on disk
-            _trim_history(run_dir / "metrics.csv", ckpt_step)
-    atomic_write_text(run_dir / "config.yaml", OmegaConf.to_yaml(OmegaConf.create(plain)))
+            _trim_history(owned_path(run_dir, "metrics.csv"), ckpt_step)
+    atomic_write_text(owned_path(run_dir, "config.yaml"), OmegaConf.to_yaml(OmegaConf.create(plain)))
 
     L.seed_everything(plain["seed"], workers=True, verbose=False)
     module = ZooModule(plain)
@@ -203,7 +224,7 @@ def _run(cfg: DictConfig, run_dir: Path, start: float, state: dict) -> int:
 
     summary = _summary(plain, data, trainer, throughput, best, status, guard.step, precision)
     if trainer.is_global_zero:
-        atomic_write_json(run_dir / "summary.json", summary)
+        atomic_write_json(owned_path(run_dir, "summary.json"), summary)
         finish_loggers(loggers, summary, run_dir)  # final metrics, artifacts; closes the runs
         _print_result(summary, run_dir)
         if status == "interrupted":
@@ -257,16 +278,6 @@ def _finished_earlier(plain: dict, run_dir: Path) -> str | None:
         raise RunDirRefused(f"hydra.sweep.dir: '{run_dir}' holds a finished run with other settings ({difference}); "
                             "valid: the sweep's own command, another hydra.sweep.dir, or overwrite=true")
     return status
-
-
-def _remove_run(run_dir: Path) -> None:
-    """overwrite=true: the earlier run's files go (after this run's config was checked), .hydra/ stays."""
-    for name in (*RUN_FILES, "tb"):  # tb/: the tensorboard logger's events
-        path = run_dir / name
-        if path.is_dir() and not path.is_symlink():
-            shutil.rmtree(path)
-        else:
-            path.unlink(missing_ok=True)
 
 
 def _keep_history(loggers: list) -> KeepHistory:
@@ -466,7 +477,11 @@ def _trim_history(path: Path, step: int) -> None:
     atomically: at every moment the file holds at least every row up to the checkpoint."""
     if not path.is_file():
         return
-    rows, header = read_rows(path), read_header(path)
+    try:
+        rows, header = read_rows(path), read_header(path)
+    except (UnicodeDecodeError, csv.Error) as e:  # not what zoo writes: the history is the user's to keep
+        raise RunDirError(f"'{path}' is not a CSV history zoo can read ({e}); move it aside to resume without "
+                          "it") from e
     if not header:  # an empty file: nothing to keep
         path.unlink()
         return
@@ -604,7 +619,7 @@ def main(cfg: DictConfig, run_dir: str | Path | None = None) -> int:
 def _error_message(e: Exception) -> str:
     if isinstance(e, MissingMandatoryValue):  # a `???` key left unset (train.py reports it before this)
         return f"{e.full_key}: required, not set; valid: {e.full_key}=<value> on the command line"
-    if isinstance(e, (ConfigError, DataError, CheckpointError)):
+    if isinstance(e, (ConfigError, DataError, CheckpointError, WriteError)):
         return str(e)
     if isinstance(e, KeyError):
         return str(e.args[0]) if e.args else str(e)
@@ -636,6 +651,7 @@ def _write_failure(error: str, run_dir: str | Path | None) -> None:
         run_dir = Path(run_dir or _hydra_output_dir())
     except ValueError:  # not under Hydra and no directory given: the caller has the error
         return
-    if not (run_dir / "summary.json").exists():
-        atomic_write_json(run_dir / "summary.json", {"status": "failed", "diverged": False, "error": error,
-                                                     "overrides": _overrides()})
+    with contextlib.suppress(RunDirError, OSError):  # best effort: a full disk must not hide the first error
+        path = owned_path(run_dir, "summary.json")
+        if not path.exists():
+            atomic_write_json(path, {"status": "failed", "diverged": False, "error": error, "overrides": _overrides()})
