@@ -332,3 +332,21 @@ def test_parallel_launcher_refuses_bad_settings(kwargs, error, capsys):
     assert exit_.value.code == 2
     assert capsys.readouterr().err == f"error: hydra.launcher.{error}\n"
     assert ParallelLauncher(n_jobs=3).n_jobs == 3 and ParallelLauncher(n_jobs=-1).n_jobs >= 1
+
+
+def test_a_parallel_sweeps_console_names_the_job_of_every_line(tmp_path):
+    """Two jobs side by side: each one's banner, progress bar, result and sample go to its own console.log, and
+    the sweep's console has a line per job when it starts and ends, each naming the job."""
+    cmd = [sys.executable, "train.py", "-m", "hydra/launcher=parallel", "hydra.launcher.n_jobs=2", *TINY,
+           "ffn=relu,gelu", "sample.max_new_tokens=8", f"hydra.sweep.dir={tmp_path}"]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = [ln for ln in (proc.stdout + proc.stderr).splitlines() if ln.strip()]
+    sweep_lines = ("ParallelLauncher(n_jobs=2) is launching", "Launching jobs, sweep output dir", "\t#0 : ", "\t#1 : ")
+    about_jobs = [ln for ln in lines if not any(s in ln for s in sweep_lines)]
+    assert about_jobs and all(re.search(r"\[#[01] ffn=(relu|gelu)\]", ln) for ln in about_jobs), about_jobs
+    for num, ffn in ((0, "relu"), (1, "gelu")):
+        assert any(f"[#{num} ffn={ffn}] started; its console:" in ln for ln in about_jobs)
+        assert any(f"[#{num} ffn={ffn}] completed in" in ln and "val_loss" in ln for ln in about_jobs)
+        console = (tmp_path / str(num) / "console.log").read_text()
+        assert f"/{ffn}" in console and "completed: 4 steps" in console and "--- sample" in console

@@ -146,7 +146,7 @@ RUN_LOCK = "run.lock"
 # What a run writes there, each "file" or "dir"; a parent comes before what it holds.
 RUN_ENTRIES = {RUN_MARKER: "file", RUN_LOCK: "file", "config.yaml": "file", "metrics.csv": "file",
                "summary.json": "file", "hparams.yaml": "file", "checkpoints": "dir", "checkpoints/last.ckpt": "file",
-               "checkpoints/best.ckpt": "file", "tb": "dir", "wandb": "dir"}
+               "checkpoints/best.ckpt": "file", "tb": "dir", "wandb": "dir", "console.log": "file"}
 # Finding any of these means the directory holds a run (Hydra's .hydra/ and log do not count).
 RUN_FILES = ("config.yaml", "metrics.csv", "summary.json", "hparams.yaml", "checkpoints")
 

@@ -19,6 +19,7 @@ import multiprocessing
 import os
 import pickle
 import signal
+import sys
 import traceback
 from collections import deque
 from dataclasses import dataclass
@@ -43,9 +44,16 @@ class _Job:
     conn: Connection | None  # None once the child's end is closed
     output_dir: str | None = None  # sent by the child once its config is composed
     result: JobReturn | None = None
+    announced: bool = False
+    varying: tuple[str, ...] = ()  # the override keys whose values differ between the jobs launched together
 
     def label(self) -> str:
         return f"#{self.num} : {' '.join(filter_overrides(self.overrides))}"
+
+    def tag(self) -> str:
+        """How every console line about this job begins: its number and what tells it apart from the others."""
+        apart = [o for o in self.overrides if o.split("=", 1)[0] in self.varying]
+        return f"[#{self.num}{''.join(' ' + o for o in apart)}]"
 
 
 def launch(launcher, job_overrides, initial_job_idx: int) -> list[JobReturn]:
@@ -67,6 +75,11 @@ def launch(launcher, job_overrides, initial_job_idx: int) -> list[JobReturn]:
     ctx = multiprocessing.get_context(launcher.start_method)
     if launcher.start_method == "forkserver":
         ctx.set_forkserver_preload(list(launcher.preload))  # read when the server (re)starts
+    # Jobs side by side would interleave their consoles line by line: each writes its own (CONSOLE in its
+    # directory), and this console gets a line per job when it starts, now and then while it runs, and when it ends.
+    own_console = launcher.n_jobs > 1 and len(job_overrides) > 1
+    values = [dict(o.split("=", 1) for o in job if "=" in o) for job in job_overrides]
+    varying = tuple(k for k in dict.fromkeys(k for v in values for k in v) if len({v.get(k) for v in values}) > 1)
     pending = deque(enumerate(job_overrides))
     running: list[_Job] = []
     results: list[JobReturn | None] = [None] * len(job_overrides)
@@ -76,19 +89,30 @@ def launch(launcher, job_overrides, initial_job_idx: int) -> list[JobReturn]:
         try:
             while pending and len(running) < launcher.n_jobs:
                 pos, overrides = pending.popleft()
-                running.append(_start(ctx, payload, pos, initial_job_idx + pos, list(overrides)))
+                running.append(_start(ctx, payload, pos, initial_job_idx + pos, list(overrides), own_console))
+                running[-1].varying = varying
             # A job is over once its pipe is closed (it sent its result, or died) and its process has exited.
-            ready = wait([j.conn if j.conn is not None else j.proc.sentinel for j in running])
+            ready = wait([j.conn if j.conn is not None else j.proc.sentinel for j in running],
+                         PROGRESS_EVERY_S if own_console else None)
             for job in list(running):
                 if job.conn is not None and job.conn in ready:
                     _receive(job)
+                    if own_console and job.output_dir is not None and not job.announced:
+                        job.announced = True
+                        log.info(f"{job.tag()} started; its console: {Path(job.output_dir) / CONSOLE}")
                 if job.conn is None and wait([job.proc.sentinel], 0):
                     job.proc.join()
                     running.remove(job)
                     if job.result is None:
                         lost.append(job)
                         job.result = _lost(job)
+                    elif own_console:
+                        log.info(f"{job.tag()} {outcome(job.output_dir)}")
                     results[job.pos] = job.result
+            if own_console and not ready:  # a quiet spell: where each running job is
+                for job in running:
+                    if job.output_dir is not None and (where := progress(job.output_dir)):
+                        log.info(f"{job.tag()} {where}")
         except KeyboardInterrupt:
             if interrupted:
                 for job in running:
@@ -108,9 +132,9 @@ def launch(launcher, job_overrides, initial_job_idx: int) -> list[JobReturn]:
     return results
 
 
-def _start(ctx, payload: bytes, pos: int, num: int, overrides: list[str]) -> _Job:
+def _start(ctx, payload: bytes, pos: int, num: int, overrides: list[str], own_console: bool) -> _Job:
     recv, send = ctx.Pipe(duplex=False)
-    proc = ctx.Process(target=_child, args=(payload, num, overrides, send), name=f"hydra job {num}")
+    proc = ctx.Process(target=_child, args=(payload, num, overrides, send, own_console), name=f"hydra job {num}")
     proc.start()
     send.close()  # the child holds the only write end: its end shows as EOF
     return _Job(pos, num, overrides, proc, recv)
@@ -160,13 +184,65 @@ def _lost(job: _Job) -> JobReturn:
     return ret
 
 
+CONSOLE = "console.log"  # a job's stdout and stderr, in its directory, when jobs run side by side
+PROGRESS_EVERY_S = 60.0  # how often the sweep's console says where each running job is
+
+
+def _console_to(output_dir: str) -> None:
+    """Send this process's stdout and stderr (file descriptors 1 and 2, so C-level writes too) to the job's
+    console file, appended to (a job continued by a rerun keeps its earlier output), never through a link."""
+    from zoo.io import open_append, owned_path
+
+    Path(output_dir).mkdir(parents=True, exist_ok=True)
+    console = open_append(owned_path(output_dir, CONSOLE), encoding="utf-8")
+    sys.stdout.flush()
+    sys.stderr.flush()
+    for fd in (1, 2):
+        os.dup2(console.fileno(), fd)
+    console.close()
+
+
+def outcome(output_dir: str | None) -> str:
+    """A finished job in words, from its summary.json: 'completed in 93 s: val_loss 2.0812', or why not."""
+    import json
+
+    try:
+        summary = json.loads((Path(output_dir) / "summary.json").read_text())
+    except (OSError, TypeError, ValueError):
+        return "ended without a summary.json" + (f" (see {Path(output_dir) / CONSOLE})" if output_dir else "")
+    status = summary.get("status", "failed")
+    if status == "failed":
+        return f"failed: {summary.get('error', 'see its console')}"
+    final = ", ".join(f"{k} {v:.4f}" for k, v in (summary.get("final") or {}).items() if isinstance(v, float))
+    took = summary.get("wall_time_s")
+    text = f"{status} in {took:.0f} s" if isinstance(took, (int, float)) else status
+    return f"{text}: {final}" if final else text
+
+
+def progress(output_dir: str) -> str | None:
+    """Where a running job is, from its metrics.csv and config.yaml: 'step 400/2100, val_loss 2.3100'."""
+    import csv
+
+    try:
+        with open(Path(output_dir) / "metrics.csv", newline="") as f:
+            rows = list(csv.DictReader(f))
+        total = OmegaConf.load(Path(output_dir) / "config.yaml").trainer.max_steps
+    except Exception:  # not started yet, or no history logged
+        return None
+    steps = [int(r["step"]) for r in rows if (r.get("step") or "").isdigit()]
+    val = [r["val_loss"] for r in rows if r.get("val_loss")]
+    if not steps:
+        return None
+    return f"step {max(steps) + 1}/{total}" + (f", val_loss {float(val[-1]):.4f}" if val else "")
+
+
 def _output_dir(config: DictConfig) -> str:
     """The job's output directory, as run_job computes it (HydraConfig must hold `config`)."""
     sweep_dir = str(OmegaConf.select(config, "hydra.sweep.dir"))
     return os.path.abspath(os.path.join(sweep_dir, str(OmegaConf.select(config, "hydra.sweep.subdir"))))
 
 
-def _child(payload: bytes, num: int, overrides: list[str], conn: Connection) -> None:
+def _child(payload: bytes, num: int, overrides: list[str], conn: Connection, own_console: bool) -> None:
     """One job, in its own process: the joblib launcher's execute_job, then the JobReturn down the pipe."""
     try:
         hydra_context, config, task_function, singleton_state = pickle.loads(payload)
@@ -177,7 +253,10 @@ def _child(payload: bytes, num: int, overrides: list[str], conn: Connection) -> 
             sweep_config.hydra.job.id = f"{sweep_config.hydra.job.name}_{num}"
             sweep_config.hydra.job.num = num
         HydraConfig.instance().set_config(sweep_config)
-        conn.send(("dir", _output_dir(sweep_config)))
+        output_dir = _output_dir(sweep_config)
+        if own_console:
+            _console_to(output_dir)
+        conn.send(("dir", output_dir))
         ret = run_job(hydra_context=hydra_context, task_function=task_function, config=sweep_config,
                       job_dir_key="hydra.sweep.dir", job_subdir_key="hydra.sweep.subdir")
     except BaseException as e:  # the parent re-raises it, as the joblib launcher would
