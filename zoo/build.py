@@ -35,6 +35,8 @@ from zoo.component import (
     option_fields,
     option_values,
 )
+from zoo.mup import FIXED, init_scale, roles, width_mult
+from zoo.mup import check as check_parametrization
 from zoo.registry import ATTENTION, FFN, MODEL, NORM, POSITION, RESIDUAL, Registry
 from zoo.schema import model_defaults
 
@@ -136,6 +138,7 @@ def _validate(cfg: dict) -> None:
         cfg[key] = {name_key: node[name_key], **{k: node[k] for k in skip}, **option_values(opts)}
     # Each component checks its own constraints as it is built: build on the meta device, which allocates nothing.
     on_meta(cfg)
+    check_parametrization(cfg)  # after the model itself: its reference widths (mup) are built the same way
 
 
 def build_model(model_cfg: Mapping, seed: int = 0) -> nn.Module:
@@ -184,6 +187,7 @@ def init_weights(model: nn.Module, cfg: dict, seed: int = 0) -> None:
     - biases 0, and the parameters a component lists in `gains` (norm weights) 1.
     Each parameter draws from its own generator, seeded by the seed and the parameter's name, so
     swapping one component leaves every other component's initial weights unchanged.
+    Under model.parametrization=mup, hidden weights' std is further divided by sqrt(width_mult) (zoo/mup.py).
     """
     n_blocks = sum(isinstance(m, TransformerBlock) for m in model.modules())
     gains, residual_out = set(), set()
@@ -191,6 +195,7 @@ def init_weights(model: nn.Module, cfg: dict, seed: int = 0) -> None:
         gains |= {id(getattr(m, name)) for name in getattr(m, "gains", ())}
         residual_out |= {id(getattr(m, name).weight) for name in getattr(m, "residual_outputs", ())}
     std = cfg["init_std"]
+    role = roles(cfg) if width_mult(cfg) != 1 else {}  # muP's roles; at width_mult 1 every factor is 1
     with torch.no_grad():
         for name, p in model.named_parameters():
             if id(p) in gains:
@@ -200,7 +205,7 @@ def init_weights(model: nn.Module, cfg: dict, seed: int = 0) -> None:
             else:
                 g = torch.Generator().manual_seed(zlib.crc32(f"{seed}:{name}".encode()))
                 s = std / (2 * n_blocks) ** 0.5 if id(p) in residual_out else std
-                p.copy_(torch.randn(p.shape, generator=g) * s)
+                p.copy_(torch.randn(p.shape, generator=g) * (s * init_scale(role.get(name, FIXED), cfg)))
 
 
 COUNT_GROUPS = ("embedding", "position", "attention", "ffn", "norm", "head")

@@ -9,6 +9,8 @@
 - Initialisation: every weight ~ N(0, init_std), biases 0. A module lists the children whose
   weights write into the residual stream in `residual_outputs` (scaled down with depth) and its
   parameters that are gains in `gains` (set to 1).
+- Options that are widths (grow with d_model, as `d_ff`) are listed in the options class's `widths`
+  (a ClassVar): model.parametrization=mup scales them along when it builds the model at its base width.
 - Whatever other code needs to know it asks the component: `count_as` (which count group its
   parameters go to), `flops(t)`, `inactive_params()`, attention's `n_kv_heads` and
   `cache_bytes_per_token(...)`, a position's `hard_limit` and `max_len`, an FFN's `gated`.

@@ -46,6 +46,10 @@ class ModelConfig:
     embed_norm: bool = False  # a norm right after the embeddings (BERT, BART)
     init_std: float = 0.02
     final_norm: bool | None = None  # a norm after each stack's last block; null: where the placement needs one
+    # standard, or mup: the maximal update parametrization (zoo/mup.py), whose best learning rate holds across
+    # widths; it equals standard at d_model = mup_base_d_model (the studies' width)
+    parametrization: str = "standard"
+    mup_base_d_model: int = 128
     # The components: in a composed config, the node of the chosen preset (conf/<kind>/) replaces these.
     attention: Any = field(default_factory=lambda: {"name": "mha"})
     position: Any = field(default_factory=lambda: {"name": "learned"})

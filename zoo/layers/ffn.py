@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import partial
+from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -33,6 +34,7 @@ def default_d_ff(d_model: int, gated: bool) -> int:
 @dataclass(kw_only=True)
 class FFNOptions(Options):
     d_ff: int | None = None  # hidden size; null: 4 * d_model, or 8/3 * d_model (to a multiple of 8) if gated
+    widths: ClassVar[tuple[str, ...]] = ("d_ff",)  # options that grow with d_model (zoo.mup scales them along)
 
 
 class _FFN(nn.Module):

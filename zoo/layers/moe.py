@@ -20,6 +20,7 @@ Auxiliary losses, left in `self.aux_losses` for the objective (zoo.component.aux
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -35,6 +36,7 @@ class MoEOptions(Options):
     top_k: int = 2  # experts per token
     expert: str = "swiglu"  # any registered FFN but moe
     d_ff: int | None = None  # each expert's hidden size; null: the expert's default
+    widths: ClassVar[tuple[str, ...]] = ("d_ff",)  # options that grow with d_model (zoo.mup scales them along)
     balance_weight: float = 0.01  # load-balancing loss weight (Switch uses 0.01)
     z_weight: float = 0.001  # router z-loss weight (ST-MoE uses 0.001)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from zoo.models.stack import Cache, Stack, context
+from zoo.models.stack import Cache, Readout, Stack, context
 from zoo.registry import MODEL
 
 
@@ -20,7 +20,7 @@ class DecoderOnly(nn.Module):
         self.cfg = cfg
         self.embed = nn.Embedding(cfg["vocab_size"], cfg["d_model"])
         self.decoder = Stack(cfg, context(cfg, cfg["n_layers"], causal=True), self.embed, cfg["n_layers"])
-        self.head = nn.Linear(cfg["d_model"], cfg["vocab_size"], bias=False)
+        self.head = Readout(cfg, cfg["d_model"], cfg["vocab_size"], bias=False)
         if cfg["tie_embeddings"]:
             self.head.weight = self.embed.weight
 

@@ -8,7 +8,7 @@ from dataclasses import replace
 import torch
 from torch import nn
 
-from zoo.models.stack import Cache, Stack, context
+from zoo.models.stack import Cache, Readout, Stack, context
 from zoo.registry import MODEL
 
 
@@ -26,7 +26,7 @@ class EncoderDecoder(nn.Module):
         ctx = context(cfg, n_enc + n_dec)
         self.encoder = Stack(cfg, ctx, self.embed, n_enc)
         self.decoder = Stack(cfg, replace(ctx, causal=True, layer=n_enc), self.embed, n_dec, cross=True)
-        self.head = nn.Linear(cfg["d_model"], cfg["vocab_size"], bias=False)
+        self.head = Readout(cfg, cfg["d_model"], cfg["vocab_size"], bias=False)
         if cfg["tie_embeddings"]:
             self.head.weight = self.embed.weight
 

@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from zoo.models.stack import Stack, context
+from zoo.models.stack import Readout, Stack, context
 from zoo.registry import MODEL
 
 
@@ -25,7 +25,7 @@ class EncoderOnly(nn.Module):
         self.encoder = Stack(cfg, ctx, self.embed, cfg["n_layers"])
         # BERT's MLM head: a dense + GELU + norm transform, then the output projection with a bias.
         self.head_dense, self.head_norm = nn.Linear(d, d, bias=bias), ctx.norm()
-        self.head = nn.Linear(d, vocab, bias=bias)
+        self.head = Readout(cfg, d, vocab, bias=bias)
         if cfg["tie_embeddings"]:
             self.head.weight = self.embed.weight
 

@@ -12,6 +12,7 @@ from torch import nn
 from zoo.block import TransformerBlock
 from zoo.component import Context, build
 from zoo.layers.attention import KVCache, attention_bias, cross_attention_mask
+from zoo.mup import output_scale
 from zoo.registry import NORM, POSITION, RESIDUAL
 
 Cache = list[tuple[KVCache, KVCache]]  # per layer: (self-attention, cross-attention)
@@ -65,3 +66,18 @@ class Stack(nn.Module):
 
     def new_cache(self) -> Cache:
         return [(KVCache(), KVCache()) for _ in self.blocks]
+
+
+class Readout(nn.Linear):
+    """The output layer (hidden states -> logits): a linear layer whose input is multiplied by `scale`, muP's
+    output multiplier 1 / width_mult (zoo.mup), before the weight and any bias; 1 (skipped) in the standard
+    parametrization. The multiplier follows from the config, so a checkpoint's weights are the same either way."""
+
+    readout = True  # zoo.mup.roles: the output multiplier, not the fan-in rule, keeps this layer's updates steady
+
+    def __init__(self, cfg: dict, d_in: int, d_out: int, bias: bool):
+        super().__init__(d_in, d_out, bias=bias)
+        self.scale = output_scale(cfg)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return super().forward(x if self.scale == 1 else x * self.scale)

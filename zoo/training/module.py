@@ -8,11 +8,11 @@ import lightning as L
 import torch
 from lightning.pytorch.plugins.precision import Precision
 from lightning.pytorch.utilities import GradClipAlgorithmType
-from torch import nn
 
 from zoo.build import build_model
 from zoo.component import aux_losses, clear_aux_losses
 from zoo.hardware import adamw_implementation
+from zoo.mup import param_groups
 from zoo.schema import OptimConfig
 from zoo.training.objectives import OBJECTIVE
 
@@ -105,14 +105,9 @@ class ZooModule(L.LightningModule):
 
     def configure_optimizers(self):
         opt = self.cfg["optim"]
-        # Decoupled weight decay on matrices only: norms, biases and embeddings are not decayed.
-        embeddings = {id(m.weight) for m in self.model.modules() if isinstance(m, nn.Embedding)}
-        decay, no_decay = [], []
-        for name, p in self.model.named_parameters():
-            is_matrix = p.dim() >= 2 and id(p) not in embeddings and not name.endswith("position.weight")
-            (decay if is_matrix else no_decay).append(p)
+        # Decoupled weight decay on matrices only, and muP's per-group learning rates (zoo/mup.py).
         optimizer = torch.optim.AdamW(
-            [{"params": decay, "weight_decay": opt["weight_decay"]}, {"params": no_decay, "weight_decay": 0.0}],
+            param_groups(self.model, opt["lr"], opt["weight_decay"]),
             lr=opt["lr"], betas=tuple(opt["betas"]), eps=opt.get("eps", OptimConfig.eps),
             **adamw_implementation(opt.get("fused"), next(self.model.parameters()).device, self.trainer.precision),
         )
