@@ -326,6 +326,10 @@ def _prepare(plain: dict):
     model_cfg["vocab_size"] = data.tokenizer.vocab_size if init is None else \
         pretrained.vocab_size(init, data.tokenizer.vocab_size)
     plain["model"] = resolve_config(model_cfg)
+    if init is not None and plain["model"]["parametrization"] != "standard":
+        raise ConfigError(f"model.parametrization: {plain['model']['parametrization']} rescales the outputs and "
+                          "learning rates of weights trained in the standard parametrization; valid: standard "
+                          "with init_from")
     budget = plain.get("budget")
     if budget is not None and not (isinstance(budget, str) and budget in BUDGETS):  # a list is not hashable
         raise ConfigError(f"budget: unknown '{budget}'; valid: {', '.join(BUDGETS)}, null")
@@ -432,12 +436,21 @@ def _settings_difference(plain: dict, saved_cfg: dict, saved_precision: str | No
         if ours.get(key, _MISSING) != theirs.get(key, default_of(key, _MISSING)):
             key = key if key in ours and key in theirs else _first_difference(key, plain, saved_cfg)
             return f"{key}: {saved_as} {_lookup(saved_cfg, key)!r}, this run {_lookup(plain, key)!r}"
-    saved, model_cfg = saved_cfg.get("model"), plain["model"]
+    saved, model_cfg = _with_defaults(saved_cfg.get("model")), plain["model"]
     if saved != model_cfg:
         ours, theirs = flatten_config(model_cfg), flatten_config(saved or {})
         diff = next((k for k in ours if theirs.get(k) != ours[k]), "name")
         return f"model.{diff}: {saved_as} {theirs.get(diff)!r}, this run {ours.get(diff)!r}"
     return None
+
+
+def _with_defaults(model_cfg):
+    """A saved architecture with the options added since it was saved at their defaults (the parametrization,
+    say), so an older run's architecture compares equal to the same one written out today."""
+    try:
+        return resolve_config(model_cfg)
+    except Exception:  # not a config this zoo can resolve: compared as it is, and refused below
+        return model_cfg
 
 
 class _Missing:
