@@ -60,3 +60,5 @@ def test_debug_fast_is_a_quiet_short_run_without_checkpoints(tmp_path):
     assert "--- sample" not in proc.stdout and "10/10" in proc.stdout
     assert "Epoch" not in proc.stdout and "INFO" not in proc.stdout + proc.stderr  # steps; no framework lines
     assert proc.stderr.strip() == "", proc.stderr[-2000:]
+    final = [seg for seg in proc.stdout.replace("\r", "\n").splitlines() if "10/10" in seg][-1]
+    assert "tok/s=" in final and "it/s" not in final and "s/it" not in final  # one notion of speed: tok/s

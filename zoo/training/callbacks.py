@@ -164,7 +164,11 @@ class EvaluateAtEnd(L.Callback):
 class StepProgressBar(TQDMProgressBar):
     """The progress bar counts optimizer steps of trainer.max_steps ("step 120/2000", not "Epoch 0" and
     batches), starts at the restored step on a resume, and shows no bar for the short evaluations
-    (their metrics appear on the training bar)."""
+    (their metrics appear on the training bar). One notion of speed: the recent one. The bar shows tok/s over
+    the last steps (Throughput) and no it/s of its own, and its time left follows the recent steps too
+    (tqdm's moving average), not the average since the start."""
+
+    BAR = "{l_bar}{bar}| {n_fmt}/{total_fmt} [{elapsed}<{remaining}{postfix}]"
 
     def __init__(self, refresh_rate: int = 10):
         super().__init__(refresh_rate=refresh_rate)
@@ -172,7 +176,7 @@ class StepProgressBar(TQDMProgressBar):
     def on_train_start(self, trainer, *_):
         self.train_progress_bar = Tqdm(desc="step", total=trainer.max_steps, initial=trainer.global_step,
                                        disable=self.is_disabled, leave=True, dynamic_ncols=True, file=sys.stdout,
-                                       smoothing=0, bar_format=self.BAR_FORMAT)
+                                       smoothing=0.3, bar_format=self.BAR)
 
     def on_train_epoch_start(self, trainer, *_):
         pass  # one bar for the whole run: steps, not epochs
@@ -180,8 +184,7 @@ class StepProgressBar(TQDMProgressBar):
     def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
         n = trainer.global_step
         if self.train_progress_bar is not None and self._should_update(n, self.train_progress_bar.total):
-            self.train_progress_bar.n = n
-            self.train_progress_bar.refresh()
+            self.train_progress_bar.update(n - self.train_progress_bar.n)  # update: the moving average sees it
             self.train_progress_bar.set_postfix(self.get_metrics(trainer, module))
 
     def on_train_epoch_end(self, trainer, module):
@@ -191,6 +194,8 @@ class StepProgressBar(TQDMProgressBar):
 
     def init_validation_tqdm(self) -> Tqdm:
         return Tqdm(disable=True)
+
+
 class HistoryWriter(ExperimentWriter):
     """CSVLogger's writer, made to keep a run's history: it appends to metrics.csv instead of deleting it
     (Lightning's writer deletes the file when it starts), and rewrites it only atomically (when a new
