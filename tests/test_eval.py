@@ -143,3 +143,13 @@ def test_a_prepared_corpus_gives_the_runs_val_loss_and_bytes_from_its_manifest(r
     # a model whose tokenizer did not write these shards cannot read their ids
     assert main([str(run_dir / "checkpoints" / "last.ckpt"), "data=tokens", f"data.path={corpus}"]) == 2
     assert "tokenized with another tokenizer" in capsys.readouterr().err
+
+
+def test_no_arguments_names_only_the_required_one(capsys):
+    from zoo.eval import main
+
+    with pytest.raises(SystemExit) as e:
+        main([])
+    err = capsys.readouterr().err
+    assert e.value.code == 2
+    assert err == "error: the following arguments are required: model; see python -m zoo.eval --help\n"

@@ -38,7 +38,13 @@ class InspectError(ValueError):
 class OneLineParser(argparse.ArgumentParser):
     """argparse whose usage errors are one line (`error: <what>; see --help`) and exit code 2."""
 
+    REQUIRED = "the following arguments are required: "
+
     def error(self, message: str):
+        if message.startswith(self.REQUIRED):  # argparse also names positionals that may be left out (nargs *)
+            optional = {a.dest for a in self._actions if a.nargs in ("*", "?")}
+            message = self.REQUIRED + ", ".join(n for n in message[len(self.REQUIRED):].split(", ")
+                                                if n not in optional)
         print(f"error: {message}; see {self.prog} --help", file=sys.stderr)
         sys.exit(EXIT_ERROR)
 
