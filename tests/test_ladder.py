@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from tests.helpers import TINY, compose_cfg
 from zoo.build import count_params, resolve_config
@@ -178,7 +179,8 @@ def test_ladder_baseline_must_match_a_variant(tmp_path):
 # ----------------------------------------------------------------------------------------------
 
 SWEEP = ["-m", "hydra/launcher=parallel", "hydra.launcher.n_jobs=1", *TINY, "trainer.max_steps=40",
-         "trainer.val_check_interval=10", "sample.max_new_tokens=0", "logger=csv", "ffn=relu,gelu,swiglu", "seed=0"]
+         "trainer.val_check_interval=10", "sample.max_new_tokens=0", "logger=csv", "checkpoints=last",
+         "ffn=relu,gelu,swiglu", "seed=0"]
 
 
 def test_a_sweep_run_again_keeps_finished_jobs_resumes_the_interrupted_one_and_starts_the_missing(tmp_path):
@@ -202,6 +204,9 @@ def test_a_sweep_run_again_keeps_finished_jobs_resumes_the_interrupted_one_and_s
     resumed, started = (json.loads((tmp_path / n / "summary.json").read_text()) for n in ("1", "2"))
     assert resumed["status"] == started["status"] == "completed"
     assert resumed["resumes"] == 1 and started["resumes"] == 0 and resumed["steps"] == 40
+    for n in "012":  # checkpoints=last: each finished run keeps its weights alone, no best.ckpt
+        assert sorted(p.name for p in (tmp_path / n / "checkpoints").iterdir()) == ["last.ckpt"]
+        assert "optimizer_states" not in torch.load(tmp_path / n / "checkpoints" / "last.ckpt", weights_only=True)
     report = (tmp_path / "report.md").read_text() if (tmp_path / "report.md").exists() else ""
     jobs = build_report(tmp_path).plan.jobs
     assert [j.state for j in jobs] == ["finished"] * 3

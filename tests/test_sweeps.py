@@ -344,6 +344,9 @@ def test_a_parallel_sweeps_console_names_the_job_of_every_line(tmp_path):
     lines = [ln for ln in (proc.stdout + proc.stderr).splitlines() if ln.strip()]
     sweep_lines = ("ParallelLauncher(n_jobs=2) is launching", "Launching jobs, sweep output dir", "\t#0 : ", "\t#1 : ")
     about_jobs = [ln for ln in lines if not any(s in ln for s in sweep_lines)]
+    [disk] = [ln for ln in about_jobs if "] disk: " in ln]  # a sweep line, said once before the jobs start
+    assert "the 2 runs will keep about" in disk and "(checkpoints=all: best and last" in disk
+    about_jobs.remove(disk)
     assert about_jobs and all(re.search(r"\[#[01] ffn=(relu|gelu)\]", ln) for ln in about_jobs), about_jobs
     for num, ffn in ((0, "relu"), (1, "gelu")):
         assert any(f"[#{num} ffn={ffn}] started; its console:" in ln for ln in about_jobs)

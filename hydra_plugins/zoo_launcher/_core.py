@@ -67,6 +67,8 @@ def launch(launcher, job_overrides, initial_job_idx: int) -> list[JobReturn]:
     log.info(f"Launching jobs, sweep output dir : {sweep_dir}")
     for i, overrides in enumerate(job_overrides):
         log.info(f"\t#{initial_job_idx + i} : {' '.join(filter_overrides(overrides))}")
+    if disk := disk_estimate(launcher, job_overrides):
+        log.info(disk)
 
     # cloudpickle, as joblib: the task function is defined in the script's __main__, which plain pickle
     # cannot name. Pickled once, sent to every job.
@@ -234,6 +236,32 @@ def progress(output_dir: str) -> str | None:
     if not steps:
         return None
     return f"step {max(steps) + 1}/{total}" + (f", val_loss {float(val[-1]):.4f}" if val else "")
+
+
+def disk_estimate(launcher, job_overrides) -> str | None:
+    """What the sweep's runs will leave on disk, from each job's parameter count (float32, 4 bytes each) and what
+    it keeps (`checkpoints`): a checkpoint with AdamW's state is 3x the weights; all keeps two, last one of the
+    weights alone. None when a job's config is not a zoo run's."""
+    from zoo.build import count_params, resolve_config
+
+    kept = running = 0.0
+    try:
+        for overrides in job_overrides:
+            cfg = launcher.hydra_context.config_loader.load_sweep_config(launcher.config, list(overrides))
+            plain = OmegaConf.to_container(cfg, resolve=False)
+            model, keep = plain["model"], plain.get("checkpoints", "all")
+            context = (plain.get("data") or {}).get("context") or 256
+            size = 4 * count_params(resolve_config({**model, "vocab_size": model.get("vocab_size") or 256,
+                                                    "max_seq_len": model.get("max_seq_len") or context}))["total"]
+            kept += {"all": 6 * size, "last": size, "none": 0}.get(keep, 6 * size)
+            running = max(running, 6 * size if keep == "all" else 3 * size)
+    except Exception:  # a config this estimate cannot read: the sweep still runs, without it
+        return None
+    mb = lambda b: f"{b / 1e6:.0f} MB" if b >= 1e6 else f"{b / 1e3:.0f} kB"  # noqa: E731
+    what = {"all": "best and last, with the optimizer's state", "last": "each finished run's weights",
+            "none": "none once a run finishes"}.get(keep, keep)
+    return (f"disk: the {len(job_overrides)} runs will keep about {mb(kept)} of checkpoints (checkpoints={keep}: "
+            f"{what}), and a running one up to {mb(running)}")
 
 
 def _output_dir(config: DictConfig) -> str:

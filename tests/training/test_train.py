@@ -226,3 +226,23 @@ def test_history_holds_every_metric_of_each_evaluation(train):
     s = json.loads((run_dir / "summary.json").read_text())
     assert [h["step"] for h in s["history"]] == [2, 4]
     assert all({"val_loss", "exact_match", "exact_match_long"} <= set(h) for h in s["history"])
+
+
+def test_checkpoints_last_keeps_the_weights_alone_and_none_keeps_nothing(train, capsys):
+    from zoo.sample import main as sample
+    from zoo.training import main
+    from zoo.training.checkpoint import read_checkpoint
+
+    code, run_dir = train(["checkpoints=last"], name="last")
+    assert code == 0 and sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["last.ckpt"]
+    ckpt = read_checkpoint(run_dir / "checkpoints" / "last.ckpt")
+    assert "optimizer_states" not in ckpt and ckpt["state_dict"] and ckpt["tokenizer"]
+    capsys.readouterr()
+    assert sample([str(run_dir / "checkpoints" / "last.ckpt"), "--prompt", "RO", "--max-new-tokens", "4"]) == 0
+    from tests.helpers import TINY
+
+    assert main(compose_cfg(TINY + ["checkpoints=last", "ckpt_path=last"]), run_dir) == 2
+    assert "holds a finished run's weights alone (checkpoints=last), nothing to resume" in capsys.readouterr().err
+    code, run_dir = train(["checkpoints=none"], name="none")
+    assert code == 0 and not list((run_dir / "checkpoints").glob("*.ckpt"))
+    assert json.loads((run_dir / "summary.json").read_text())["status"] == "completed"

@@ -191,9 +191,10 @@ def _run(cfg: DictConfig, run_dir: Path, start: float, state: dict) -> int:
     throughput, guard = Throughput(start), DivergenceGuard()
     best = BestMetrics(clock=lambda: throughput.wall_time)
     stop = GracefulStop(str(run_dir / "checkpoints" / "last.ckpt"))
-    checkpoints = L.pytorch.callbacks.ModelCheckpoint(
+    keep = plain.get("checkpoints", "all")
+    checkpoints = L.pytorch.callbacks.ModelCheckpoint(  # last.ckpt always, to resume; best.ckpt where kept
         dirpath=run_dir / "checkpoints", filename="best", monitor="val_loss", mode="min", save_last=True,
-        save_top_k=1, auto_insert_metric_name=False, enable_version_counter=False)
+        save_top_k=1 if keep == "all" else 0, auto_insert_metric_name=False, enable_version_counter=False)
     loggers = build_loggers(plain, run_dir)
     history = _keep_history(loggers)
     trainer_cfg = {**plain["trainer"], "precision": precision["used"]}
@@ -225,6 +226,8 @@ def _run(cfg: DictConfig, run_dir: Path, start: float, state: dict) -> int:
     summary = _summary(plain, data, trainer, throughput, best, status, guard.step, precision)
     if trainer.is_global_zero:
         atomic_write_json(owned_path(run_dir, "summary.json"), summary)
+        if status in ("completed", "diverged") and keep != "all":
+            finish_checkpoints(run_dir, keep)
         finish_loggers(loggers, summary, run_dir)  # final metrics, artifacts; closes the runs
         _print_result(summary, run_dir)
         if status == "interrupted":
@@ -247,6 +250,26 @@ def tf32_matmuls(enabled: bool):
         yield
     finally:
         torch.backends.cuda.matmul.allow_tf32 = before
+
+
+def finish_checkpoints(run_dir: Path, keep: str) -> None:
+    """checkpoints=last: the finished run's last.ckpt becomes its weights alone (the optimizer's state, two
+    thirds of it, only serves a resume); checkpoints=none: it goes. Done once summary.json says the run
+    finished, so no run is ever left needing a resume without the checkpoint to resume from."""
+    last = owned_path(run_dir, "checkpoints/last.ckpt")
+    if not last.is_file():
+        return
+    if keep == "none":
+        last.unlink()
+        return
+    ckpt = read_checkpoint(last)
+    weights = {k: v for k, v in ckpt.items() if k in WEIGHTS_KEYS}
+    atomic_write(last, lambda f: torch.save(weights, f), mode="wb")
+
+
+# What checkpoints=last keeps of a finished run's checkpoint: enough to sample, evaluate or start another run from.
+WEIGHTS_KEYS = ("state_dict", "hyper_parameters", "tokenizer", "precision", "global_step", "epoch",
+                "pytorch-lightning_version")
 
 
 def _in_sweep() -> bool:
@@ -388,7 +411,7 @@ def match_params(model_cfg: dict, tolerance: float = 0.01, count: str = "total")
 
 # Keys a resume may change: where output goes and how it is shown, never what is computed.
 RESUME_MAY_CHANGE = ("ckpt_path", "overwrite", "threads", "logger", "sample", "optimized_metric",
-                     "trainer.enable_progress_bar", "data.verify")
+                     "trainer.enable_progress_bar", "data.verify", "checkpoints")
 
 
 def _checkpoint_path(plain: dict, run_dir: Path, data) -> tuple[str | None, int, str | None]:
@@ -404,6 +427,10 @@ def _checkpoint_path(plain: dict, run_dir: Path, data) -> tuple[str | None, int,
             if ckpt == "last" else ""
         raise ConfigError(f"ckpt_path: no checkpoint at '{path}'{hint}")
     saved_ckpt = read_checkpoint(path)
+    if "optimizer_states" not in saved_ckpt:
+        raise ConfigError(f"ckpt_path: '{path}' holds a finished run's weights alone (checkpoints=last), nothing "
+                          "to resume; valid: the last.ckpt of a run that was cut short, or sample and evaluate "
+                          "from this one (python -m zoo.sample, python -m zoo.eval)")
     saved_cfg = (saved_ckpt.get("hyper_parameters") or {}).get("cfg") or {}
     # what it trained in: recorded by ZooModule since precision auto, else the config's (then always explicit)
     used = saved_ckpt.get("precision") or _result_settings(saved_cfg).get("trainer.precision", "32-true")

@@ -254,6 +254,9 @@ def check_memory(model_cfg: dict, trainer: dict | None = None, training: bool = 
                           "data.vocab_size)")
 
 
+KEEP_CHECKPOINTS = ("all", "last", "none")  # what a finished run keeps (zoo.schema.ZooConfig.checkpoints)
+
+
 def check_token_rule(tokens_per_param: Any, evals_per_run: Any) -> None:
     if tokens_per_param is not None and (not is_number(tokens_per_param) or tokens_per_param <= 0):
         _fail("tokens_per_param", tokens_per_param, "a positive number of training tokens per parameter, or null")
@@ -270,6 +273,8 @@ def check_run(plain: dict) -> None:
         if not isinstance(plain.get(key, False), bool):
             _fail(key, plain.get(key), "true or false")
     check_token_rule(plain.get("tokens_per_param"), plain.get("evals_per_run"))
+    if plain.get("checkpoints", "all") not in KEEP_CHECKPOINTS:
+        _fail("checkpoints", plain.get("checkpoints"), ", ".join(KEEP_CHECKPOINTS))
     ckpt = plain.get("ckpt_path")
     if ckpt is not None and not isinstance(ckpt, str):
         _fail("ckpt_path", ckpt, "a .ckpt path, last, or null")
