@@ -178,7 +178,7 @@ def test_ladder_baseline_must_match_a_variant(tmp_path):
 # A sweep run again in its directory continues
 # ----------------------------------------------------------------------------------------------
 
-SWEEP = ["-m", "hydra/launcher=parallel", "hydra.launcher.n_jobs=1", *TINY, "trainer.max_steps=40",
+SWEEP = ["-m", "hydra/launcher=parallel", "hydra.launcher.n_jobs=1", *TINY, "trainer.max_steps=200",
          "trainer.val_check_interval=10", "sample.max_new_tokens=0", "logger=csv", "checkpoints=last",
          "ffn=relu,gelu,swiglu", "seed=0"]
 
@@ -203,7 +203,7 @@ def test_a_sweep_run_again_keeps_finished_jobs_resumes_the_interrupted_one_and_s
     assert (tmp_path / "0" / "summary.json").read_bytes() == first  # kept, not rerun
     resumed, started = (json.loads((tmp_path / n / "summary.json").read_text()) for n in ("1", "2"))
     assert resumed["status"] == started["status"] == "completed"
-    assert resumed["resumes"] == 1 and started["resumes"] == 0 and resumed["steps"] == 40
+    assert resumed["resumes"] == 1 and started["resumes"] == 0 and resumed["steps"] == 200
     for n in "012":  # checkpoints=last: each finished run keeps its weights alone, no best.ckpt
         assert sorted(p.name for p in (tmp_path / n / "checkpoints").iterdir()) == ["last.ckpt"]
         assert "optimizer_states" not in torch.load(tmp_path / n / "checkpoints" / "last.ckpt", weights_only=True)

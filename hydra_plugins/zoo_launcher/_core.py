@@ -20,6 +20,7 @@ import os
 import pickle
 import signal
 import sys
+import time
 import traceback
 from collections import deque
 from dataclasses import dataclass
@@ -136,8 +137,15 @@ def launch(launcher, job_overrides, initial_job_idx: int) -> list[JobReturn]:
 
 def _start(ctx, payload: bytes, pos: int, num: int, overrides: list[str], own_console: bool) -> _Job:
     recv, send = ctx.Pipe(duplex=False)
-    proc = ctx.Process(target=_child, args=(payload, num, overrides, send, own_console), name=f"hydra job {num}")
-    proc.start()
+    for attempt in range(3):
+        proc = ctx.Process(target=_child, args=(payload, num, overrides, send, own_console), name=f"hydra job {num}")
+        try:
+            proc.start()
+            break
+        except OSError:  # the fork server died just as the job was handed to it: once reaped, a new one starts
+            if attempt == 2:
+                raise
+            time.sleep(0.5)
     send.close()  # the child holds the only write end: its end shows as EOF
     return _Job(pos, num, overrides, proc, recv)
 

@@ -117,7 +117,8 @@ DIRS = [n for n, kind in RUN_ENTRIES.items() if kind == "dir"]
 CASES = ([(n, link_out, m) for n in RUN_ENTRIES for m in MODES]
          + [(n, dir_for_file, m) for n in FILES for m in ("resume", "overwrite")]
          + [(n, file_for_dir, m) for n in DIRS for m in ("resume", "overwrite")]
-         + [(n, damage, "resume") for n in FILES for damage in (truncate, flip)])
+         # console.log: a parallel sweep's launcher appends to it and nothing reads it back; a run has none here
+         + [(n, damage, "resume") for n in FILES if n != "console.log" for damage in (truncate, flip)])
 
 
 @pytest.mark.parametrize("name,damage,mode", CASES, ids=[f"{n}-{d.__name__}-{m}" for n, d, m in CASES])

@@ -259,7 +259,7 @@ def finish_checkpoints(run_dir: Path, keep: str) -> None:
     last = owned_path(run_dir, "checkpoints/last.ckpt")
     if not last.is_file():
         return
-    if keep == "none":
+    if keep != "last":  # none
         last.unlink()
         return
     ckpt = read_checkpoint(last)
