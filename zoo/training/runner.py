@@ -192,9 +192,11 @@ def _run(cfg: DictConfig, run_dir: Path, start: float, state: dict) -> int:
     best = BestMetrics(clock=lambda: throughput.wall_time)
     stop = GracefulStop(str(run_dir / "checkpoints" / "last.ckpt"))
     keep = plain.get("checkpoints", "all")
-    checkpoints = L.pytorch.callbacks.ModelCheckpoint(  # last.ckpt always, to resume; best.ckpt where kept
+    # best.ckpt and last.ckpt while training, whatever `keep` says: Lightning writes last.ckpt only beside a
+    # best one; finish_checkpoints leaves what `keep` asks for once the run has finished
+    checkpoints = L.pytorch.callbacks.ModelCheckpoint(
         dirpath=run_dir / "checkpoints", filename="best", monitor="val_loss", mode="min", save_last=True,
-        save_top_k=1 if keep == "all" else 0, auto_insert_metric_name=False, enable_version_counter=False)
+        save_top_k=1, auto_insert_metric_name=False, enable_version_counter=False)
     loggers = build_loggers(plain, run_dir)
     history = _keep_history(loggers)
     trainer_cfg = {**plain["trainer"], "precision": precision["used"]}
@@ -253,9 +255,10 @@ def tf32_matmuls(enabled: bool):
 
 
 def finish_checkpoints(run_dir: Path, keep: str) -> None:
-    """checkpoints=last: the finished run's last.ckpt becomes its weights alone (the optimizer's state, two
-    thirds of it, only serves a resume); checkpoints=none: it goes. Done once summary.json says the run
-    finished, so no run is ever left needing a resume without the checkpoint to resume from."""
+    """checkpoints=last: the finished run's best.ckpt goes and its last.ckpt becomes its weights alone (the
+    optimizer's state, two thirds of it, only serves a resume); checkpoints=none: both go. Done once
+    summary.json says the run finished, so no run is ever left needing a resume without its checkpoint."""
+    owned_path(run_dir, "checkpoints/best.ckpt").unlink(missing_ok=True)
     last = owned_path(run_dir, "checkpoints/last.ckpt")
     if not last.is_file():
         return
