@@ -185,8 +185,10 @@ def mlflow_sweep(tmp_path_factory):
                 assert time.monotonic() < deadline, "mlflow server did not start"
                 time.sleep(1)
         sweep = tmp / "sweep"
-        cmd = [sys.executable, "train.py", "-m", "logger=mlflow", f"logger.mlflow.tracking_uri={base}",
-               "ffn=relu,gelu", "seed=0,1", "threads=1", "sample.max_new_tokens=0", f"hydra.sweep.dir={sweep}",
+        # the README's MLflow sweep (its launcher, two jobs at a time, one thread each), at TINY's size
+        cmd = [sys.executable, "train.py", "-m", "hydra/launcher=parallel", "hydra.launcher.n_jobs=2", "threads=1",
+               "logger=mlflow", f"logger.mlflow.tracking_uri={base}", "ffn=relu,gelu", "seed=0,1",
+               "sample.max_new_tokens=0", f"hydra.sweep.dir={sweep}",
                "+hydra.callbacks.report._target_=zoo.report.ReportAfterSweep", *TINY]
         env = {**os.environ, "PYTHONPATH": str(ROOT)}
         proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=1200)
