@@ -185,9 +185,10 @@ class Ladder:
         return pd.DataFrame(body, columns=["variant", "fit", "α", "α 95% CI", "E (95% CI)", "runs"])
 
     def verdicts_table(self) -> pd.DataFrame:
-        p = lambda g: "-" if g.p is None else f"{g.p:.2g}"
-        body = [[v.arm, f"{v.small.diff:+.4f} (p={p(v.small)})", f"{v.large.diff:+.4f} (p={p(v.large)})",
-                 f"{v.change.diff:+.4f} (p={p(v.change)})", v.verdict, v.why] for v in self.verdicts]
+        def cell(g: Gap) -> str:  # a gap with no runs on a side (a ladder still running) is no number
+            return "-" if not math.isfinite(g.diff) else f"{g.diff:+.4f} (p={'-' if g.p is None else f'{g.p:.2g}'})"
+
+        body = [[v.arm, cell(v.small), cell(v.large), cell(v.change), v.verdict, v.why] for v in self.verdicts]
         return pd.DataFrame(body, columns=["variant", f"gap at {self.rungs[0]}", f"gap at {self.rungs[-1]}",
                                            "change", "verdict", "why"])
 
