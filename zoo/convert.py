@@ -84,6 +84,7 @@ import torch
 from torch import nn
 
 from zoo.build import resolve_config
+from zoo.io import first_line  # noqa: F401 (zoo.eval and init_from import it from here)
 from zoo.registry import MODEL
 
 __all__ = [
@@ -290,12 +291,6 @@ MAX_JSON_BYTES = 64 << 20  # a config or shard index is kilobytes: a larger file
 
 def _fail(path: Path | str, problem: str) -> NoReturn:
     raise ConversionError(f"{path}: {problem}")
-
-
-def first_line(e: BaseException) -> str:
-    """An exception as one short line: its message's first line (200 characters at most), else its type's name."""
-    text = str(e).strip()
-    return text.splitlines()[0][:200] if text else type(e).__name__
 
 
 def _root(directory: Path) -> Path:

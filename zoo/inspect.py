@@ -22,7 +22,7 @@ import re
 import sys
 from pathlib import Path
 
-from zoo.io import atomic_write
+from zoo.io import atomic_write, first_line
 
 EXIT_OK, EXIT_ERROR = 0, 2
 CONF = Path(__file__).resolve().parent.parent / "conf"
@@ -77,7 +77,7 @@ def compose(overrides: list[str]) -> dict:
 
         if typed := one_line(e):  # a wrongly typed value: its key, the value and the type
             raise InspectError(typed) from None
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        first = first_line(e)
         raise InspectError(f"overrides: {first}") from None
 
 

@@ -45,6 +45,12 @@ class WriteError(OSError):
 DISK_ERRORS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS)
 
 
+def first_line(e: BaseException) -> str:
+    """An exception as one short line: its message's first line (200 characters at most), else its type's name."""
+    text = str(e).strip()
+    return text.splitlines()[0][:200] if text else type(e).__name__
+
+
 def atomic_write(path: str | os.PathLike, write: Callable[[IO], Any], mode: str = "w") -> None:
     """Call write(file) on a temp file in the same directory, fsync it, then rename it over `path`.
 

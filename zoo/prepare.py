@@ -44,7 +44,7 @@ import numpy as np
 from zoo.data.corpus import DataError
 from zoo.data.tokenizers import HF_PREFIX, Tokenizer, build_tokenizer, tokenizer_from_state
 from zoo.data.tokens import FORMAT, MANIFEST, SPLITS, dtype_for, write_shard
-from zoo.io import atomic_write_json, remove_temp_files
+from zoo.io import atomic_write_json, first_line, remove_temp_files
 from zoo.net import bound_network
 
 SAMPLE_BY = ("document", "paragraph", "line")
@@ -139,7 +139,7 @@ def _dataset_documents(source: dict) -> Iterator[str]:
         rows = iter(ds)
         first = next(rows, None)
     except Exception as e:  # a missing dataset, no network, bad files: one line whatever the library raised
-        msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        msg = first_line(e)
         raise DataError(f"--dataset: cannot load '{source['dataset']}' ({msg})") from None
     field = source["text_field"]
     if first is not None and field not in first:

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from zoo.data.corpus import DataError
-from zoo.io import atomic_write_text
+from zoo.io import atomic_write_text, first_line
 
 SPECIALS: list[str] = ["<pad>", "<bos>", "<eos>", "<mask>"] + [f"<extra_{i}>" for i in range(16)]
 N_SPECIAL = len(SPECIALS)
@@ -399,7 +399,7 @@ class HFTokenizer(Tokenizer):
         try:
             pretrained = AutoTokenizer.from_pretrained(str(Path(source).expanduser()))
         except Exception as e:  # offline hub misses, bad directories: one line, whatever the library raised
-            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            first = first_line(e)
             raise DataError(f"tokenizer: cannot load Hugging Face tokenizer 'hf:{source}' ({first})") from None
         if not getattr(pretrained, "is_fast", False):
             raise DataError(f"tokenizer: 'hf:{source}' has no fast (tokenizers) version; zoo needs one")

@@ -17,6 +17,7 @@ from torch import nn
 
 from zoo.build import ConfigError, build_model, on_meta, resolve_config
 from zoo.data.tokenizers import Tokenizer, tokenizer_from_state
+from zoo.io import first_line
 
 
 class CheckpointError(ValueError):
@@ -38,7 +39,7 @@ def read_checkpoint(path: str | Path) -> dict:
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as e:  # weights_only refused a pickled object
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        first = first_line(e)
         raise CheckpointError(f"checkpoint: '{path}' holds objects other than tensors and plain data; "
                               f"refusing to unpickle them ({first[:160]})") from None
     except (RuntimeError, EOFError, zipfile.BadZipFile, OSError, ValueError) as e:

@@ -11,6 +11,7 @@ from typing import Any
 from zoo.build import ConfigError, is_int, is_number
 from zoo.hardware import AUTO, resolve_precision
 from zoo.hardware import on_gpu as _on_gpu
+from zoo.io import first_line
 
 # auto: bf16-mixed where the hardware computes bf16 natively, else 32-true (zoo.hardware.resolve_precision)
 PRECISIONS = (AUTO, None, "32-true", "32", 32, "bf16-mixed", "bf16", "16-mixed", "16", 16, "bf16-true", "16-true",
@@ -141,7 +142,7 @@ def check_trainer_accepts(trainer: dict) -> None:
         # the user's keys (auto's precision resolved, as the run will), with what this probe must not do
         L.Trainer(**{**trainer, "precision": resolve_precision(trainer), **quiet})
     except (MisconfigurationException, ValueError, TypeError) as e:
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        first = first_line(e)
         raise ConfigError(f"trainer: {first}") from None
 
 
