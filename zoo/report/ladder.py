@@ -22,7 +22,7 @@ import numpy as np
 import pandas as pd
 from scipy import optimize, stats
 
-from zoo.report.runs import ReportError, Run
+from zoo.report.runs import ReportError, Run, variant_label
 from zoo.report.stats import ALPHA, LEVEL, confidence_interval, mean_std, welch_test
 
 LADDER_FACTOR = "size"  # the override a ladder sweeps (conf/ladder/*.yaml, conf/size/)
@@ -260,7 +260,5 @@ def _baseline_arm(ladder: Ladder, runs: list[Run], others: list[str], want: dict
 
 
 def _arm_of(run: Run, others: list[str]) -> str:
-    """A run's arm: its variant's label (as zoo.report.tables labels variants) without the size."""
-    if len(others) == 1 and "." not in others[0]:
-        return run.overrides.get(others[0], "(default)")
-    return ", ".join(f"{f}={run.overrides.get(f, '(default)')}" for f in others) or "all runs"
+    """A run's arm: its variant's label without the size."""
+    return variant_label(tuple((f, run.overrides.get(f, "(default)")) for f in others))

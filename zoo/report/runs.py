@@ -87,6 +87,15 @@ class Run:
         return d
 
 
+def variant_label(key: tuple[tuple[str, str], ...]) -> str:
+    """How a variant is named from its (factor, value) pairs: `relu` for one plain group, else `f=v, ...`."""
+    if not key:
+        return "all runs"
+    if len(key) == 1 and "." not in key[0][0]:
+        return key[0][1]
+    return ", ".join(f"{f}={val}" for f, val in key)
+
+
 def _natural_key(path: Path) -> list:
     return [int(p) if p.isdigit() else p for part in path.parts for p in re.split(r"(\d+)", part) if p]
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pandas as pd
 
 from zoo.report.ladder import Ladder
-from zoo.report.runs import FAILED, JOB_STATES, Plan, ReportError, Run, parse_overrides
+from zoo.report.runs import FAILED, JOB_STATES, Plan, ReportError, Run, parse_overrides, variant_label
 from zoo.report.stats import ALPHA, confidence_interval, mean_std, steps_to_target, welch_test
 
 # ----------------------------------------------------------------------------------------------
@@ -52,12 +52,7 @@ def group_variants(runs: list[Run]) -> tuple[list[str], list[Variant]]:
         key = tuple((f, r.overrides.get(f, "(default)")) for f in factors)
         variants.setdefault(key, Variant(key, [])).runs.append(r)
     for v in variants.values():
-        if not v.key:
-            v.label = "all runs"
-        elif len(v.key) == 1 and "." not in v.key[0][0]:
-            v.label = v.key[0][1]
-        else:
-            v.label = ", ".join(f"{f}={val}" for f, val in v.key)
+        v.label = variant_label(v.key)
     return factors, list(variants.values())
 
 
