@@ -170,6 +170,7 @@ def check_mfu(device: str, tiny: bool, out: Path) -> tuple[list[dict], str]:
     import torch
 
     from zoo import bench
+    from zoo.bench.sections.mfu import section_mfu
 
     shape = "tiny" if tiny else "gpt2_small"
     cuda = device.startswith("cuda")
@@ -180,7 +181,7 @@ def check_mfu(device: str, tiny: bool, out: Path) -> tuple[list[dict], str]:
     if cuda:
         torch.backends.cuda.matmul.allow_tf32 = True  # as trainer=gpu's tf32=true
     sess = bench.Session(settings)
-    md = bench.section_mfu(sess)
+    md = section_mfu(sess)
     (out / "mfu.md").write_text(md)
     return [{**r, "ok": r["mfu"] > 0} for r in sess.mfu], md
 

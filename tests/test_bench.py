@@ -2,14 +2,22 @@
 
 import json
 import math
+import os
+import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 import torch
 
 from zoo import bench, native
-from zoo.bench import Settings
+from zoo.bench import Settings, cli, sections, writer
+from zoo.bench.machine import machine_info
+from zoo.bench.registry import SECTIONS, SectionRegistry
+from zoo.build import ConfigError
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(autouse=True)
@@ -48,7 +56,7 @@ def positive(cell: str) -> float:
 
 
 def test_train_section_table():
-    md = bench.section_train(bench.Session(quick()))
+    md = sections.train.section_train(bench.Session(quick()))
     rows = rows_of(md, "| family | contender | params | median ms | IQR ms | min ms | tokens/s | time / zoo |")
     zoo_rows = [r for r in rows if r["contender"] == "zoo"]
     assert [r["family"] for r in zoo_rows] == ["GPT-2 style", "Llama style"]
@@ -61,7 +69,7 @@ def test_train_section_table():
 
 
 def test_generation_section_table():
-    md = bench.section_generate(bench.Session(quick()))
+    md = sections.generate.section_generate(bench.Session(quick()))
     rows = rows_of(md, "| context | with cache ms/token | IQR | without cache ms/token |")
     assert [r["context"] for r in rows] == ["8", "16"]
     for r in rows:
@@ -74,7 +82,7 @@ def test_generation_section_table():
 def test_kv_cache_bytes_equal_formula(attention, n_kv):
     s = quick()
     shape = bench.SHAPES[s.gen_shape]
-    r = bench.kv_bytes(s, attention, context=24, batch_size=2)
+    r = sections.kv.kv_bytes(s, attention, context=24, batch_size=2)
     head_dim = shape.d_model // shape.n_heads
     assert r["n_kv"] == n_kv
     assert r["measured"] == r["formula"] == 2 * shape.n_layers * 2 * n_kv * 24 * head_dim * 4
@@ -83,14 +91,14 @@ def test_kv_cache_bytes_equal_formula(attention, n_kv):
 def test_mla_cache_bytes_are_the_latent_and_rotary_key():
     s = quick()
     shape = bench.SHAPES[s.gen_shape]
-    r = bench.kv_bytes(s, "mla", context=24, batch_size=2)
+    r = sections.kv.kv_bytes(s, "mla", context=24, batch_size=2)
     head_dim = shape.d_model // shape.n_heads
     assert (r["kv_rank"], r["rope_dim"]) == (4 * head_dim, head_dim // 2)  # the defaults, RoPE
     assert r["measured"] == r["formula"] == shape.n_layers * 2 * 24 * (4 * head_dim + head_dim // 2) * 4
 
 
 def test_kv_section_reports_matches():
-    md = bench.section_kv(bench.Session(quick()))
+    md = sections.kv.section_kv(bench.Session(quick()))
     rows = rows_of(md, "| attention | n_kv | layers | head_dim | bytes/token/layer | T | bytes |")
     assert [r["attention"] for r in rows] == ["mha", "gqa", "mqa", "mla"]
     assert all(r["match"] == "yes" and r["bytes"] == r["formula"] for r in rows)
@@ -103,7 +111,7 @@ def test_kv_section_reports_matches():
 
 
 def test_mfu_section_table():
-    md = bench.section_mfu(bench.Session(quick()))
+    md = sections.mfu.section_mfu(bench.Session(quick()))
     rows = rows_of(md, "| shape | family | mode | GFLOP/step | median ms | achieved GFLOP/s | peak GFLOP/s | MFU |")
     assert {r["mode"] for r in rows} == {"fp32 eager", "bf16 eager"}
     for r in rows:
@@ -114,12 +122,12 @@ def test_mfu_section_table():
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 def test_memory_probe_in_process():
-    r = bench.memory_probe("tiny", "zoo-llama", quick())
+    r = sections.memory.memory_probe("tiny", "zoo-llama", quick())
     assert r["before_mib"] > 0 and r["delta_mib"] >= 0 and r["params"] > 0
 
 
 def test_overhead_skipped_without_train_py(tmp_path, capsys):
-    md = bench.bench_train_overhead(quick(), root=tmp_path)
+    md = sections.overhead.bench_train_overhead(quick(), root=tmp_path)
     assert "skipped: train.py not found" in md
     assert "skipped: train.py not found" in capsys.readouterr().out
 
@@ -137,7 +145,7 @@ def test_overhead_reads_summary_of_a_stand_in_train_py(tmp_path):
         (run / "summary.json").write_text(json.dumps({json.dumps(summary)}))
         print("run directory:", run)
     """))
-    md = bench.bench_train_overhead(quick(overhead_steps=3, threads=1), root=tmp_path)
+    md = sections.overhead.bench_train_overhead(quick(overhead_steps=3, threads=1), root=tmp_path)
     assert "outputs/run1/summary.json" in md, md
     rows = rows_of(md, "| run | tokens/s | time to first step s |")
     assert rows[0]["tokens/s"] == "1234" or rows[0]["tokens/s"] == "1235"
@@ -158,7 +166,7 @@ def test_precision_compares_bf16_with_float32_runs(tmp_path):
         (run / "summary.json").write_text(json.dumps(summary))
         print("run directory:", run)
     """))
-    md = bench.section_precision(bench.Session(quick()), root=tmp_path)
+    md = sections.precision.section_precision(bench.Session(quick()), root=tmp_path)
     rows = rows_of(md, "| precision | final val_loss |")
     assert [r["final val_loss"] for r in rows] == ["2.0000", "2.0200"]
     assert "relative to float32: **+1.00%**; throughput **1.50x**" in md
@@ -172,87 +180,167 @@ def test_cli_writes_report(tmp_path):
     assert md.startswith("# Benchmarks")
     assert "python -m zoo.bench --quick --only kv" in md
     assert "| torch |" in md and "| transformers |" in md
-    assert "## KV-cache size" in md and "## Training step" not in md
+    headings = [line for line in md.splitlines() if line.startswith("#")]
+    assert headings[1].startswith("## Processor kind: ") and headings[2].startswith("### KV-cache size (")
+    assert "Training step" not in md
 
 
-def test_cli_rejects_unknown_section():
-    with pytest.raises(SystemExit, match="unknown section 'nope'"):
-        bench.main(["--only", "nope", "--out", "-"])
+def test_an_unknown_section_is_one_line_and_exit_code_2(capsys):
+    assert bench.main(["--only", "kv,nope", "--out", "-"]) == 2
+    assert capsys.readouterr().err == f"error: --only: unknown section 'nope'; valid: {', '.join(SECTIONS.names())}\n"
+
+
+def test_python_m_zoo_bench_refuses_an_unknown_section_with_exit_code_2():
+    proc = subprocess.run([sys.executable, "-m", "zoo.bench", "--only", "nope", "--out", "-"], capture_output=True,
+                          text=True, timeout=300, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.startswith("error: --only: unknown section 'nope'; valid: train, compile,")
+    assert proc.stderr.count("\n") == 1 and proc.stdout == ""
+
+
+def test_each_section_file_registers_one_section_of_its_name():
+    files = sorted(p.stem for p in Path(sections.__file__).parent.glob("*.py") if p.stem != "__init__")
+    assert sorted(SECTIONS.names()) == files
+    for name in SECTIONS.names():
+        assert SECTIONS.get(name).__module__ == f"zoo.bench.sections.{name}"
+    with pytest.raises(KeyError, match="'kv' is already registered"):
+        SECTIONS.register("kv")(lambda sess: "")
+
+
+def test_every_registered_section_is_reachable_by_only(tmp_path, monkeypatch):
+    ran = _fake_sections(monkeypatch, load=0.5)
+    for name in SECTIONS.names():
+        assert bench.main(["--only", name, "--out", str(tmp_path / "report.md")]) == 0
+    assert ran == SECTIONS.names()
+    ran.clear()  # and no --only is every section, in the registry's order
+    assert bench.main(["--out", str(tmp_path / "report.md")]) == 0
+    assert ran == SECTIONS.names()
+
+
+def test_no_file_of_the_benchmark_is_over_400_lines():
+    files = sorted(Path(bench.__file__).parent.rglob("*.py"))
+    assert len(files) > len(SECTIONS.names())
+    assert not {str(p): n for p in files if (n := len(p.read_text().splitlines())) > 400}
 
 
 def test_variant_keys_round_trip():
     for v in (bench.Variant("zoo", "gpt2"), bench.Variant("nanogpt", "gpt2", bf16=True, compile=True),
               bench.Variant("hf", "llama", bf16=True)):
         assert bench.Variant.parse(v.key) == v
-    json.dumps(bench.machine_info(quick()))  # plain strings only
+    json.dumps(machine_info(quick()))  # plain strings only
 
 
 def test_norm_section_times_both_norms():
-    md = bench.section_norm(bench.Session(quick()))
+    md = sections.norm.section_norm(bench.Session(quick()))
     rows = rows_of(md, "| shape | activations |")
     assert [r["shape"] for r in rows] == ["tiny"]
     positive(rows[0]["LayerNorm ms"])
     positive(rows[0]["RMSNorm ms"])
 
 
-def _fake_sections(monkeypatch, load: float) -> None:
-    """Sections that return a fixed text at once, on a machine whose load average is `load`."""
-    monkeypatch.setattr(bench, "RUNNERS", {name: (lambda sess, n=name: f"## Section {n}\n\nnew {n}\n")
-                                           for name in bench.SECTIONS})
-    monkeypatch.setattr(bench, "_load_value", lambda text=None: load)
+def _fake_sections(monkeypatch, load: float, kind: str = "AVX-512 BF16") -> list[str]:
+    """Every registered section replaced by one that returns a fixed text at once, on a machine of processor kind
+    `kind` whose load average is `load`; the names of the sections run, in order."""
+    ran: list[str] = []
+    fake = SectionRegistry("section")
+    for name in SECTIONS.names():
+        fake.register(name)(lambda sess, n=name: ran.append(n) or f"## Section {n}\n\nnew {n}\n")
+    monkeypatch.setattr(cli, "SECTIONS", fake)
+    monkeypatch.setattr(cli, "_load_value", lambda text=None: load)
+    monkeypatch.setattr(cli, "kind_label", lambda s: kind)
+    return ran
+
+
+def _block(doc: str, kind: str) -> str:
+    """A kind's generated block, markers included."""
+    begin, end = writer.markers(kind)
+    return doc[doc.index(begin):doc.index(end) + len(end)]
 
 
 def test_a_run_of_some_sections_replaces_only_those_in_an_existing_report(tmp_path, monkeypatch):
     _fake_sections(monkeypatch, load=0.5)
     out = tmp_path / "benchmarks.md"
-    bench.run_sections(list(bench.SECTIONS), Settings(), [], out, echo=False)
+    cli.run_sections(SECTIONS.names(), Settings(), [], out, echo=False)
     full = out.read_text()
     out.write_text(full.replace("new kv", "old kv").replace("new norm", "old norm"))
-    bench.run_sections(["kv"], Settings(), ["--only", "kv"], out, echo=False)
+    cli.run_sections(["kv"], Settings(), ["--only", "kv"], out, echo=False)
     text = out.read_text()
     assert "new kv" in text and "old kv" not in text  # the section that ran is replaced
     assert "old norm" in text  # the others keep their earlier run
-    assert text.count("## Section") == len(bench.SECTIONS)
+    assert text.count("### Section") == len(SECTIONS.names())
+    assert "### Section kv (AVX-512 BF16)\n" in text
     assert "_This section alone: `python -m zoo.bench --only kv` on " in text
 
 
-def test_each_processor_kind_keeps_its_own_timing_sections_side_by_side(tmp_path, monkeypatch):
-    """A timing section run on another kind of CPU goes next to the first kind's copy, not over it; a rerun on a
-    kind replaces that kind's copy only. Sections of bytes (kv) have one copy whatever the kind."""
-    _fake_sections(monkeypatch, load=0.5)
+def test_each_processor_kind_has_its_own_block_and_a_run_rewrites_only_its_own(tmp_path, monkeypatch):
+    """A run on another kind of CPU adds that kind's block and leaves the first kind's as it was, byte for byte; a
+    rerun on a kind replaces that kind's copy only, and a full run on a kind rewrites that kind's block alone."""
+    _fake_sections(monkeypatch, load=0.5, kind="AVX-512 BF16")
     out = tmp_path / "benchmarks.md"
-    monkeypatch.setattr(bench, "kind_label", lambda s: "AVX-512 BF16")
-    bench.run_sections(list(bench.SECTIONS), Settings(), [], out, echo=False)
-    monkeypatch.setattr(bench, "kind_label", lambda s: "AMX")
-    bench.run_sections(["train", "kv"], Settings(), ["--only", "train,kv"], out, echo=False)
+    cli.run_sections(SECTIONS.names(), Settings(), [], out, echo=False)
+    first = out.read_text()
+    monkeypatch.setattr(cli, "kind_label", lambda s: "AMX")
+    cli.run_sections(["train", "kv"], Settings(), ["--only", "train,kv"], out, echo=False)
     text = out.read_text()
-    headings = [line for line in text.splitlines() if line.startswith("## ")]
-    assert headings[:3] == ["## Section train (AVX-512 BF16)", "## Section train (AMX)",
-                            "## Section compile (AVX-512 BF16)"]
-    assert headings.count("## Section kv") == 1 and len(headings) == len(bench.SECTIONS) + 1
+    assert text.startswith(first)
+    amx = [line for line in text[len(first):].splitlines() if line.startswith("#")]
+    assert amx == ["## Processor kind: AMX", "### Section train (AMX)", "### Section kv (AMX)"]
     out.write_text(text.replace("new train", "old train"))
-    bench.run_sections(["train"], Settings(), ["--only", "train"], out, echo=False)
-    amd, amx = out.read_text().split("## Section train (AMX)")
-    assert "old train" in amd.split("## Section train (AVX-512 BF16)")[1]  # the other kind's run is kept
-    assert "new train" in amx.split("## Section compile")[0] and "old train" not in amx
+    cli.run_sections(["train"], Settings(), ["--only", "train"], out, echo=False)
+    text = out.read_text()
+    assert "old train" in _block(text, "AVX-512 BF16")  # the other kind's run is kept
+    assert "new train" in _block(text, "AMX") and "old train" not in _block(text, "AMX")
+    cli.run_sections(SECTIONS.names(), Settings(), [], out, echo=False)  # a full run on AMX
+    assert _block(out.read_text(), "AVX-512 BF16") == _block(text, "AVX-512 BF16")
+    assert _block(out.read_text(), "AMX").count("### Section") == len(SECTIONS.names())
+
+
+def test_a_full_run_keeps_the_hand_written_sections_and_the_other_kind_of_the_real_report(tmp_path, monkeypatch):
+    """docs/benchmarks.md itself, copied: a full run on AVX-512 BF16 rewrites that kind's generated block and
+    leaves the measurements written by hand after it, and the AMX block, as they were."""
+    real = (ROOT / "docs" / "benchmarks.md").read_text()
+    avx_end, amx_begin = writer.markers("AVX-512 BF16")[1], writer.markers("AMX")[0]
+    hand_written = real[real.index(avx_end) + len(avx_end):real.index(amx_begin)]
+    assert "### Checkpoint CRC check (AVX-512 BF16)" in hand_written
+    out = tmp_path / "benchmarks.md"
+    out.write_text(real)
+    _fake_sections(monkeypatch, load=0.5, kind="AVX-512 BF16")
+    cli.run_sections(SECTIONS.names(), Settings(), [], out, echo=False)
+    text = out.read_text()
+    assert avx_end + hand_written + amx_begin in text
+    assert _block(text, "AMX") == _block(real, "AMX")
+    assert "new train" in _block(text, "AVX-512 BF16") and "Training step" not in _block(text, "AVX-512 BF16")
+    assert text.startswith(real[:real.index(writer.markers("AVX-512 BF16")[0])])  # the title and intro
+
+
+def test_a_report_with_a_broken_block_is_refused_before_anything_runs(tmp_path, monkeypatch, capsys):
+    ran = _fake_sections(monkeypatch, load=0.5, kind="AMX")
+    out = tmp_path / "benchmarks.md"
+    out.write_text(f"# Benchmarks\n\n{writer.markers('AMX')[0]}\n## Processor kind: AMX\n")  # its end marker lost
+    assert bench.main(["--only", "kv", "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: the report's block for 'AMX' is not one begin marker followed by one end marker")
+    assert err.count("\n") == 1 and ran == []
+    with pytest.raises(ConfigError, match="found 1 and 0"):
+        writer.write(out.read_text(), "AMX", {"kv": "## Section kv\n"}, [], [], whole=False)
 
 
 def test_nothing_is_written_under_docs_from_a_busy_machine(tmp_path, monkeypatch, capsys):
-    _fake_sections(monkeypatch, load=2.0 * (bench.os.cpu_count() or 1) + 1)
+    _fake_sections(monkeypatch, load=2.0 * (os.cpu_count() or 1) + 1)
     out = tmp_path / "docs" / "benchmarks.md"
     out.parent.mkdir()
-    out.write_text("# Benchmarks\n\n## Section kv\n\nkept\n")
-    bench.run_sections(["kv"], Settings(), ["--only", "kv"], out, echo=False)
-    assert out.read_text() == "# Benchmarks\n\n## Section kv\n\nkept\n"
+    out.write_text("# Benchmarks\n\nkept\n")
+    cli.run_sections(["kv"], Settings(), ["--only", "kv"], out, echo=False)
+    assert out.read_text() == "# Benchmarks\n\nkept\n"
     said = capsys.readouterr().out
     assert "not written to" in said and "wrote" not in said
     elsewhere = tmp_path / "busy.md"  # outside docs/ the numbers are written, with their load averages
-    bench.run_sections(["kv"], Settings(), ["--only", "kv"], elsewhere, echo=False)
+    cli.run_sections(["kv"], Settings(), ["--only", "kv"], elsewhere, echo=False)
     assert "new kv" in elsewhere.read_text()
 
 
 def test_data_section_tables():
-    md = bench.section_data(bench.Session(quick()))
+    md = sections.data.section_data(bench.Session(quick()))
     rows = rows_of(md, "| tokenizer | vocab | dtype | tokens | workers | prepare MB/s |")
     assert [(r["tokenizer"], r["dtype"], r["workers"]) for r in rows] == [("bpe", "uint16", "1"),
                                                                           ("char", "uint16", "1")]
@@ -296,9 +384,9 @@ def test_ttt_times_both_programs_to_the_target(tmp_path):
     """))
     text = tmp_path / "input.txt"
     text.write_text("to be or not to be\n")
-    md = bench.section_ttt(bench.Session(quick(nanogpt=nano, text=text, ttt_target=1.6, ttt_pairs=2)), root=root)
+    md = sections.ttt.section_ttt(bench.Session(quick(nanogpt=nano, text=text, ttt_target=1.6, ttt_pairs=2)), root=root)
     rows = {r["contender"]: r for r in rows_of(md, "| contender | time to target s (each round) |")}
-    assert set(rows) == {"nanoGPT", *bench.TTT_RUNS}, md
+    assert set(rows) == {"nanoGPT", *sections.ttt.TTT_RUNS}, md
     nano_times = [float(x) for x in rows["nanoGPT"]["time to target s (each round)"].split(", ")]
     assert len(nano_times) == 2 and all(0.6 <= t < float(rows["nanoGPT"]["process wall s"]) for t in nano_times)
     assert rows["nanoGPT"]["vs nanoGPT"] == "1.00x" and rows["nanoGPT"]["final val_loss"] == "1.5000"
@@ -312,17 +400,17 @@ def test_ttt_times_both_programs_to_the_target(tmp_path):
 
 
 def test_ttt_skipped_without_nanogpt_or_text(tmp_path):
-    assert "skipped: needs `--nanogpt" in bench.section_ttt(bench.Session(quick()))
-    md = bench.section_ttt(bench.Session(quick(nanogpt=tmp_path, text=tmp_path / "missing.txt")))
+    assert "skipped: needs `--nanogpt" in sections.ttt.section_ttt(bench.Session(quick()))
+    md = sections.ttt.section_ttt(bench.Session(quick(nanogpt=tmp_path, text=tmp_path / "missing.txt")))
     assert "no such file" in md
 
 
 def test_profile_section_shares_add_up():
-    md = bench.section_profile(bench.Session(quick()))
+    md = sections.profile.section_profile(bench.Session(quick()))
     rows = rows_of(md, "| shape | family | mode | profiled ms |")
     modes = ["fp32 eager", "bf16 eager", "bf16 compile"]
     assert [(r["family"], r["mode"]) for r in rows] == [(f, m) for f in ("GPT-2 style", "Llama style") for m in modes]
-    groups = [name for name, _ in bench.PROFILE_GROUPS] + ["other"]
+    groups = [name for name, _ in sections.profile.PROFILE_GROUPS] + ["other"]
     for r in rows:
         positive(r["profiled ms"])
         assert 97 <= sum(int(r[g].rstrip("%")) for g in groups) <= 103, r  # rounded shares of one whole
@@ -333,7 +421,7 @@ def test_profile_section_shares_add_up():
 def test_choices_section_tables():
     """The rows behind zoo.hardware: both attention paths per family, by key length, and the three AdamW kernels,
     with the for-loop equal to itself and foreach equal to it to the bit (the same arithmetic, batched)."""
-    md = bench.section_choices(bench.Session(quick()))
+    md = sections.choices.section_choices(bench.Session(quick()))
     assert md.startswith("## Hardware choices\n")  # run_sections adds the CPU kind to the heading
     forms = ["zoo's softmax", "torch ops"] if native.load("softmax") else ["torch ops"]  # its written-out forms
     rows = rows_of(md, f"| shape | family | context | kernel ms | written-out ms ({forms[0]}) |")
@@ -346,7 +434,7 @@ def test_choices_section_tables():
             positive(r[f"written-out ms ({form})"])
             assert r[f"rule picks ({form})"].split()[0] in ("kernel", "written-out")
     adamw = {r["kernel"]: r for r in rows_of(md, "| shape | params | kernel |")}
-    assert set(adamw) == set(bench.ADAMW_KERNELS)
+    assert set(adamw) == set(sections.choices.ADAMW_KERNELS)
     assert [adamw[k]["equal to for-loop"] for k in ("for-loop (torch's CPU default)", "foreach")] == ["yes", "yes"]
     compiled = rows_of(md, "| key length | zoo's softmax ms |") if "zoo's softmax" in forms else []
     assert [r["key length"] for r in compiled] == (["8", "16"] if compiled else [])
@@ -357,7 +445,7 @@ def test_choices_section_tables():
     said = [ln for ln in md.splitlines() if ln.startswith("Compiled, the rule ")]
     assert len(said) == bool(compiled) and all(ln.endswith(("at every length.", "COMPILED_SOFTMAX_KERNEL_FROM."))
                                                 for ln in said), said
-    for form, (_, rule_table) in bench.SOFTMAXES.items():  # each form's verdict on its own rule table
+    for form, (_, rule_table) in sections.choices.SOFTMAXES.items():  # each form's verdict on its own rule table
         said = [ln for ln in md.splitlines() if ln.startswith(f"Against the written-out form with {form}, ")]
         assert len(said) == (form in forms), form
         assert all(ln.endswith(("at every length.", f"revisit zoo.hardware.{rule_table}.")) for ln in said), said
@@ -368,6 +456,6 @@ def test_choices_section_tables():
     (256, 256, 1.0, 2.0, "kernel (faster)"), (256, 256, 1.04, 1.0, "kernel (within 5%)"),
     (256, 512, 2.0, 1.0, "kernel (**slower**)"), (None, 512, 1.0, 2.0, "written-out (**slower**)")])
 def test_choices_verdict(rule, t, kernel, written, verdict):
-    assert bench._verdict(rule, t, kernel, written) == verdict
+    assert sections.choices._verdict(rule, t, kernel, written) == verdict
     named = verdict.replace("written-out", "inductor's").replace("kernel", "zoo's softmax")
-    assert bench._verdict(rule, t, kernel, written, ("zoo's softmax", "inductor's")) == named
+    assert sections.choices._verdict(rule, t, kernel, written, ("zoo's softmax", "inductor's")) == named

@@ -8,12 +8,14 @@ import pytest
 transformers = pytest.importorskip("transformers")
 
 from zoo import bench  # noqa: E402
+from zoo.bench.processes import run_probe  # noqa: E402
+from zoo.bench.sections import convert  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="needs Linux /proc for the RSS")
 
 
 def probe(directory: Path, path: str) -> dict:
-    r = bench.run_probe(["--convert-probe", f"{path}:{directory}"], bench.Settings(threads=1), timeout=600)
+    r = run_probe(["--convert-probe", f"{path}:{directory}"], bench.Settings(threads=1), timeout=600)
     assert isinstance(r, dict), r  # else the child's last error line
     return r
 
@@ -22,12 +24,12 @@ def probe(directory: Path, path: str) -> dict:
 def test_direct_conversion_peaks_within_1_3x_the_weights_and_transformers_path_does_not(tmp_path):
     """The promise on a ~120M-parameter Llama in bf16 (250 MB): the direct path's peak RSS growth is at most
     1.3x the weights; transformers + convert holds both models (about 2x), so the probe can tell them apart."""
-    model = bench.random_llama("small")
+    model = convert.random_llama("small")
     size_mib = sum(p.numel() * p.element_size() for p in model.parameters()) / 2**20
-    bench.save_random_llama(model, tmp_path, shard="100MB")
+    convert.save_random_llama(model, tmp_path, shard="100MB")
     del model
     ratios = {}
-    for path in bench.CONVERT_PATHS:
+    for path in convert.CONVERT_PATHS:
         r = probe(tmp_path, path)
         assert r["dtypes"] == ["bfloat16"]
         ratios[path] = (r["peak_mib"] - r["baseline_mib"]) / size_mib
@@ -38,12 +40,12 @@ def test_direct_conversion_peaks_within_1_3x_the_weights_and_transformers_path_d
 
 def test_probe_converts_by_both_paths_in_bf16(tmp_path):
     """The probe's own code, in this process (its RSS numbers mean something only in a fresh one)."""
-    model = bench.random_llama("tiny")
+    model = convert.random_llama("tiny")
     params = sum(p.numel() for p in model.parameters())
-    bench.save_random_llama(model, tmp_path, shard="100KB")
+    convert.save_random_llama(model, tmp_path, shard="100KB")
     assert (tmp_path / "model.safetensors.index.json").is_file()
-    for path in bench.CONVERT_PATHS:
-        r = bench.convert_probe(str(tmp_path), path)
+    for path in convert.CONVERT_PATHS:
+        r = convert.convert_probe(str(tmp_path), path)
         assert r["dtypes"] == ["bfloat16"] and r["params"] == params
         assert r["hwm_mib"] >= r["baseline_mib"] > 0 and r["maxrss_mib"] > 0 and r["wall_s"] > 0
         assert r["peak_mib"] == r["hwm_mib"]  # VmHWM, reset before converting (Linux)
@@ -53,11 +55,11 @@ def test_probe_converts_by_both_paths_in_bf16(tmp_path):
 @pytest.mark.slow
 def test_convert_section_reports_both_paths():
     s = bench.Settings.quick_run(threads=1)
-    md = bench.section_convert(bench.Session(s))
+    md = convert.section_convert(bench.Session(s))
     assert md.startswith("## Conversion from safetensors")
     rows = [ln.split("|")[1:-1] for ln in md.splitlines() if ln.startswith("| direct") or ln.startswith("| transf")]
     assert [r[0].strip() for r in rows] == ["direct", "transformers"], md
-    params = sum(p.numel() for p in bench.random_llama("tiny").parameters())
+    params = sum(p.numel() for p in convert.random_llama("tiny").parameters())
     for r in rows:
         assert r[8].strip() == "bfloat16" and int(r[9]) == params, md
     assert "Quick run" in md

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from zoo import bench
+from zoo.build import ConfigError
 from zoo.layers.attention import KVCache
 from zoo.registry import MODEL
 
@@ -79,5 +80,5 @@ def test_refused_politely_without_a_gpu(capsys):
     proc = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_check.sh")], capture_output=True, text=True,
                           timeout=120)
     assert proc.returncode == 2 and "no CUDA GPU" in proc.stderr and "--device cpu --tiny" in proc.stderr
-    with pytest.raises(SystemExit, match="--device: 'cuda' but this machine has no CUDA GPU; valid here: cpu"):
+    with pytest.raises(ConfigError, match="--device: 'cuda' but this machine has no CUDA GPU; valid here: cpu"):
         bench.settings_from_args(bench.parse_args(["--device", "cuda", "--only", "mfu"]))

@@ -1,0 +1,66 @@
+"""The benchmark's child processes: a probe in a fresh interpreter (`python -m zoo.bench --memory-probe ...`,
+whose memory is its own) and runs of train.py, read back through the summary.json they write."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from zoo.bench.machine import _load
+from zoo.bench.settings import ROOT, Settings
+
+
+def _child_env() -> dict[str, str]:
+    """The environment for `python -m zoo.bench` children: zoo importable from any working directory."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [env.get("PYTHONPATH")])])
+    return env
+
+
+def run_probe(args: Sequence[str], s: Settings, timeout: int) -> dict | str:
+    """`python -m zoo.bench <args>` in a fresh process (its memory is its own): the JSON it prints last, or why
+    it failed, in one line."""
+    cmd = [sys.executable, "-m", "zoo.bench", *args, *(["--threads", str(s.threads)] if s.threads else [])]
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=timeout, env=_child_env())
+    line = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
+    if proc.returncode != 0 or not line:
+        return (proc.stderr.strip().splitlines() or ["?"])[-1][:120]
+    return json.loads(line[-1])
+
+
+def _status_kib(field_name: str) -> int:
+    text = Path("/proc/self/status").read_text()
+    return int(re.search(rf"^{field_name}:\s+(\d+)", text, re.M).group(1))
+
+
+def _find_summary(stdout: str, root: Path, started: float) -> Path | None:
+    """summary.json in a directory train.py printed, else the newest one written since it started."""
+    for token in reversed(re.findall(r"[\w./\\:~-]+", stdout)):
+        p = (root / token).expanduser() if not Path(token).is_absolute() else Path(token)
+        for cand in (p, p / "summary.json"):
+            if cand.name == "summary.json" and cand.is_file():
+                return cand
+    found = [p for d in ("outputs", "runs", "multirun", "logs") for p in (root / d).glob("**/summary.json")
+             if p.stat().st_mtime >= started]
+    return max(found, key=lambda p: p.stat().st_mtime) if found else None
+
+
+def run_train_py(cmd: list[str], root: Path) -> tuple[dict, Path, float, str] | str:
+    """Run train.py; (summary, its path, process wall seconds, load average before -> after), or why it failed."""
+    started, load_before = time.time(), _load(short=True)
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=root, timeout=3600)
+    wall, load = time.time() - started, f"{load_before} -> {_load(short=True)}"
+    if proc.returncode != 0:
+        err = (proc.stderr.strip().splitlines() or ["?"])[-1][:200]
+        return f"failed: `{shlex.join(cmd[1:])}` exited {proc.returncode}: {err}\n"
+    summary_path = _find_summary(proc.stdout + "\n" + proc.stderr, root, started)
+    if summary_path is None:
+        return "failed: no summary.json found in train.py's output or run directories\n"
+    return json.loads(summary_path.read_text()), summary_path, wall, load
