@@ -246,7 +246,7 @@ def _fake_sections(monkeypatch, load: float, kind: str = "AVX-512 BF16") -> list
     for name in SECTIONS.names():
         fake.register(name)(lambda sess, n=name: ran.append(n) or f"## Section {n}\n\nnew {n}\n")
     monkeypatch.setattr(cli, "SECTIONS", fake)
-    monkeypatch.setattr(cli, "_load_value", lambda text=None: load)
+    monkeypatch.setattr(cli, "load_value", lambda text=None: load)
     monkeypatch.setattr(cli, "kind_label", lambda s: kind)
     return ran
 

@@ -17,7 +17,7 @@ import torch
 
 from zoo.bench import writer
 from zoo.bench.contenders import PEERS
-from zoo.bench.machine import _load, _load_value, kind_label, machine_info
+from zoo.bench.machine import kind_label, load_average, load_value, machine_info
 from zoo.bench.registry import SECTIONS
 from zoo.bench.sections.convert import convert_probe
 from zoo.bench.sections.memory import memory_probe
@@ -130,15 +130,15 @@ def run_sections(names: Sequence[str], s: Settings, argv: Sequence[str] = (), ou
         t0 = time.perf_counter()
         if echo:
             print(f"[zoo.bench] {name} ...", flush=True)
-        load = _load()
-        busy = _load_value(load)
+        load = load_average()
+        busy = load_value(load)
         text = SECTIONS.get(name)(sess)
         done[name] = writer.with_kind(text, kind).rstrip() + \
             f"\n\n_Section time {time.perf_counter() - t0:.0f} s; load average {load} at its start, " \
-            f"{_load()} at its end._\n"
+            f"{load_average()} at its end._\n"
         if echo:
             print(done[name], f"[zoo.bench] {name}: {time.perf_counter() - t0:.0f} s", sep="\n", flush=True)
-        busy = max(busy, _load_value())
+        busy = max(busy, load_value())
         if out is not None and "docs" in out.resolve().parts and busy > (os.cpu_count() or 1) and not s.quick:
             print(f"[zoo.bench] not written to {out}: the load average reached {busy:.2f} on {os.cpu_count()} "
                   "cores during this section; rerun on a quiet machine (or pass --out elsewhere)", flush=True)
@@ -156,7 +156,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         names = sections_from_args(a)
         s = settings_from_args(a)
-        if a.out != "-" and Path(a.out).is_file():  # a report the writer cannot update: said before any section runs
+        probe = a.memory_probe or a.convert_probe or a.bare_loop  # a child process of a section: writes no report
+        if not probe and a.out != "-" and Path(a.out).is_file():  # a report it cannot update, said before any section
             writer.check(Path(a.out).read_text(), kind_label(s))
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)

@@ -57,20 +57,20 @@ def machine_info(s: Settings) -> list[tuple[str, str]]:
           if s.device != "cpu" else []),
         ("OS", platform.platform()), ("Python", platform.python_version()), ("torch", torch.__version__),
         ("transformers", _version("transformers")), ("x-transformers", _version("x-transformers")),
-        ("nanoGPT", nano), ("date", time.strftime("%Y-%m-%d %H:%M %Z")), ("load average at start", _load()),
+        ("nanoGPT", nano), ("date", time.strftime("%Y-%m-%d %H:%M %Z")), ("load average at start", load_average()),
     ]
 
 
-def _load(short: bool = False) -> str:
+def load_average(short: bool = False) -> str:
     """The 1-minute load average; above the core count, processes were competing for the cores."""
     with contextlib.suppress(OSError, AttributeError):
         return f"{os.getloadavg()[0]:.2f}" + ("" if short else f" on {os.cpu_count()} cores")
     return "unknown"
 
 
-def _load_value(text: str | None = None) -> float:
+def load_value(text: str | None = None) -> float:
     """The 1-minute load average as a number (0 where unknown)."""
     try:
-        return float((text or _load(short=True)).split()[0])
+        return float((text or load_average(short=True)).split()[0])
     except ValueError:
         return 0.0

@@ -13,11 +13,11 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from zoo.bench.machine import _load
+from zoo.bench.machine import load_average
 from zoo.bench.settings import ROOT, Settings
 
 
-def _child_env() -> dict[str, str]:
+def child_env() -> dict[str, str]:
     """The environment for `python -m zoo.bench` children: zoo importable from any working directory."""
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [env.get("PYTHONPATH")])])
@@ -28,14 +28,14 @@ def run_probe(args: Sequence[str], s: Settings, timeout: int) -> dict | str:
     """`python -m zoo.bench <args>` in a fresh process (its memory is its own): the JSON it prints last, or why
     it failed, in one line."""
     cmd = [sys.executable, "-m", "zoo.bench", *args, *(["--threads", str(s.threads)] if s.threads else [])]
-    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=timeout, env=_child_env())
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=timeout, env=child_env())
     line = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
     if proc.returncode != 0 or not line:
         return (proc.stderr.strip().splitlines() or ["?"])[-1][:120]
     return json.loads(line[-1])
 
 
-def _status_kib(field_name: str) -> int:
+def status_kib(field_name: str) -> int:
     text = Path("/proc/self/status").read_text()
     return int(re.search(rf"^{field_name}:\s+(\d+)", text, re.M).group(1))
 
@@ -54,9 +54,9 @@ def _find_summary(stdout: str, root: Path, started: float) -> Path | None:
 
 def run_train_py(cmd: list[str], root: Path) -> tuple[dict, Path, float, str] | str:
     """Run train.py; (summary, its path, process wall seconds, load average before -> after), or why it failed."""
-    started, load_before = time.time(), _load(short=True)
+    started, load_before = time.time(), load_average(short=True)
     proc = subprocess.run(cmd, capture_output=True, text=True, cwd=root, timeout=3600)
-    wall, load = time.time() - started, f"{load_before} -> {_load(short=True)}"
+    wall, load = time.time() - started, f"{load_before} -> {load_average(short=True)}"
     if proc.returncode != 0:
         err = (proc.stderr.strip().splitlines() or ["?"])[-1][:200]
         return f"failed: `{shlex.join(cmd[1:])}` exited {proc.returncode}: {err}\n"

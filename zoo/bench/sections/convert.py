@@ -15,7 +15,7 @@ from torch import nn
 
 from zoo.bench.contenders import NotInstalled, require
 from zoo.bench.markdown import num, table
-from zoo.bench.processes import _status_kib, run_probe
+from zoo.bench.processes import run_probe, status_kib
 from zoo.bench.registry import section
 from zoo.bench.session import Session
 
@@ -93,8 +93,8 @@ def convert_probe(directory: str, path: str) -> dict:
     transformers.logging.set_verbosity_error()
     transformers.LlamaForCausalLM  # noqa: B018 (imports the model code before the baseline)
     gc.collect()
-    baseline = _status_kib("VmRSS")
-    anon, file = _status_kib("RssAnon"), _status_kib("RssFile")
+    baseline = status_kib("VmRSS")
+    anon, file = status_kib("RssAnon"), status_kib("RssFile")
     try:  # "5" resets VmHWM to the current RSS; ru_maxrss is never reset (it holds the imports' peak too)
         Path("/proc/self/clear_refs").write_text("5")
         reset = True
@@ -107,7 +107,7 @@ def convert_probe(directory: str, path: str) -> dict:
         else:
             model = convert(transformers.LlamaForCausalLM.from_pretrained(directory).eval())
         wall = time.perf_counter() - t0
-    hwm, maxrss = _status_kib("VmHWM") / 1024, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    hwm, maxrss = status_kib("VmHWM") / 1024, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     # The peak is VmHWM once reset: Linux keeps ru_maxrss across fork and exec, so in a child of a large process
     # (a test session) it can hold the parent's RSS rather than anything this conversion did.
     return dict(baseline_mib=baseline / 1024, hwm_mib=hwm, maxrss_mib=maxrss, peak_mib=hwm if reset else maxrss,

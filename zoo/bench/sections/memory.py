@@ -7,7 +7,7 @@ from pathlib import Path
 
 from zoo.bench.contenders import FAMILY_LABELS, LABELS
 from zoo.bench.markdown import num, table
-from zoo.bench.processes import _status_kib, run_probe
+from zoo.bench.processes import run_probe, status_kib
 from zoo.bench.registry import section
 from zoo.bench.session import Session, Variant, make_train_run
 from zoo.bench.settings import SHAPES, Settings
@@ -17,7 +17,7 @@ def memory_probe(shape_name: str, key: str, s: Settings) -> dict:
     """Run in a fresh process: RSS growth (peak minus before) over a few training steps."""
     run = make_train_run(SHAPES[shape_name], Variant.parse(key), s)
     gc.collect()
-    before = _status_kib("VmRSS")
+    before = status_kib("VmRSS")
     try:  # "5" resets the peak RSS (VmHWM) to the current RSS (Linux >= 4.0)
         Path("/proc/self/clear_refs").write_text("5")
         method = "VmHWM after reset"
@@ -25,7 +25,7 @@ def memory_probe(shape_name: str, key: str, s: Settings) -> dict:
         method = "VmHWM (not reset: includes the imports' peak)"
     for _ in range(s.memory_steps):
         run.step()
-    peak = _status_kib("VmHWM")
+    peak = status_kib("VmHWM")
     return dict(before_mib=before / 1024, peak_mib=peak / 1024, delta_mib=max(0, peak - before) / 1024,
                 method=method, params=run.params)
 

@@ -15,9 +15,9 @@ import torch
 
 import zoo
 from zoo.bench.contenders import lm_loss, zoo_config
-from zoo.bench.machine import _load
+from zoo.bench.machine import load_average
 from zoo.bench.markdown import num, ratio, table
-from zoo.bench.processes import _child_env, run_train_py
+from zoo.bench.processes import child_env, run_train_py
 from zoo.bench.registry import section
 from zoo.bench.session import Session
 from zoo.bench.settings import ROOT, SHAPES, Settings
@@ -84,9 +84,9 @@ def bench_train_overhead(s: Settings, root: Path = ROOT) -> str:
     spec = {"model": summary.get("model"), "batch": data.get("batch_size"), "context": data.get("context")}
     bare_cmd = [sys.executable, "-m", "zoo.bench", "--bare-loop", str(n), "--bare-spec", json.dumps(spec),
                 "--spawned-at", repr(time.time()), *(["--threads", str(s.threads)] if s.threads else [])]
-    load_before = _load(short=True)
-    bp = subprocess.run(bare_cmd, capture_output=True, text=True, cwd=root, timeout=3600, env=_child_env())
-    bare_load = f"{load_before} -> {_load(short=True)}"
+    load_before = load_average(short=True)
+    bp = subprocess.run(bare_cmd, capture_output=True, text=True, cwd=root, timeout=3600, env=child_env())
+    bare_load = f"{load_before} -> {load_average(short=True)}"
     lines = [ln for ln in bp.stdout.splitlines() if ln.startswith("{")]
     if bp.returncode != 0 or not lines:
         return head + f"failed: bare loop: {(bp.stderr.strip().splitlines() or ['?'])[-1][:200]}\n"
