@@ -34,6 +34,8 @@ Layout: timing.py (rounds, rotation, medians), contenders/ (one file per impleme
 training step of any contender, timed in groups), sections/ (one file per section, each registered by name in
 registry.py's SECTIONS, which `--only` reads), markdown.py and writer.py (the report: one block per processor
 kind in docs/benchmarks.md), machine.py, processes.py (probes in fresh processes, train.py runs), cli.py.
+A new section is a file in sections/ whose function, `@section("name")` over `def section_name(sess: Session) ->
+str`, returns its Markdown under one '## ' heading; sections/__init__.py imports it at its place in the report.
 
 Timing: every contender is warmed up, then the contenders of a group run round-robin (A B C A B C ...,
 the starting contender rotating each round), so slow drifts of a shared, noisy machine hit all of them

@@ -25,8 +25,9 @@ def _version(dist: str) -> str:
 
 
 def kind_label(s: Settings) -> str:
-    """The kind of processor a timing section's heading names: the GPU with --device cuda, else what computes
-    bf16 on this CPU (zoo.hardware.cpu_kind: 'AMX', 'AVX-512 BF16', or 'no native bf16')."""
+    """The kind of processor a run belongs to (its block of the report, its sections' headings): the GPU with
+    --device cuda, else what computes bf16 on this CPU (zoo.hardware.cpu_kind: 'AMX', 'AVX-512 BF16', or 'no native
+    bf16')."""
     if s.device != "cpu":
         return torch.cuda.get_device_name(torch.device(s.device))
     from zoo import hardware
