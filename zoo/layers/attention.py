@@ -32,7 +32,7 @@ BACKENDS = ("sdpa", "math")
 class AttentionOptions(Options):
     """Options every attention variant has."""
 
-    window: int | None = None  # sliding window: keys at distance < window (the stack builds the mask)
+    window: int | None = None  # sliding window: keys at distance < window (the stack asks `window`)
     backend: Literal["sdpa", "math"] = "sdpa"  # sdpa (fused kernel) or math (explicit softmax; keeps weights)
     qk_norm: bool = False  # normalise each head's queries and keys with the model's norm (OLMo 2, Gemma 3)
 
@@ -101,6 +101,7 @@ class AttentionBase(nn.Module):
     def __init__(self, ctx: Context, opts: AttentionOptions):
         super().__init__()
         check_window(opts)
+        self.window = opts.window  # the stack builds the mask every layer shares from it
         self.backend, self.dropout = opts.backend, ctx.dropout
         self.record = False  # when True, use the math backend and keep `weights` (B, H, Tq, Tk)
         self.weights: torch.Tensor | None = None
