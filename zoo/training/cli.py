@@ -47,6 +47,18 @@ def _options(group: str, conf_dir: Path) -> list[str]:
     return sorted(files | set(generated_options(group)))
 
 
+def check_plugins() -> str | None:
+    """Import the modules ZOO_PLUGINS names (zoo.registry), or say in one line why one does not import."""
+    from zoo.component import ConfigError
+    from zoo.registry import load_plugins
+
+    try:
+        load_plugins()
+    except ConfigError as e:
+        return str(e)
+    return None
+
+
 def check_group_choices(args: list[str], conf_dir: Path) -> str | None:
     """One-line error for `group=option` naming an option that does not exist, else None.
 
