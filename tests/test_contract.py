@@ -246,3 +246,43 @@ def test_rmsnorm_keeps_float64():
     out = zoo_norm(x)
     assert out.dtype == torch.float64
     torch.testing.assert_close(out, ref(x), atol=1e-13, rtol=1e-13)
+
+
+def test_qk_norm_projection_is_olmo2s_attention():
+    """attention.qk_norm=projection normalises the whole query and key projections, as OLMo 2 does: zoo's gqa with
+    copied weights computes what Hugging Face's Olmo2Attention (random weights, nothing downloaded) computes."""
+    transformers = pytest.importorskip("transformers")
+    from transformers.models.olmo2 import modeling_olmo2 as olmo2
+
+    from zoo.layers.norm import NormOptions
+
+    config = transformers.Olmo2Config(hidden_size=D, num_attention_heads=H, num_key_value_heads=2, vocab_size=50,
+                                      intermediate_size=64, max_position_embeddings=64, rms_norm_eps=1e-6,
+                                      eos_token_id=None, pad_token_id=None, bos_token_id=None)
+    config._attn_implementation = "sdpa"  # no mask: causal
+    hf = olmo2.Olmo2Attention(config, layer_idx=0).eval()
+    with torch.no_grad():
+        for p in hf.parameters():  # norm gains too: a gain per projection channel, not per head dimension
+            p.normal_(0, 0.3)
+    ctx = Context(d_model=D, n_heads=H, max_seq_len=64, causal=True, bias=False, rotary=True)
+    ctx = replace(ctx, norm=lambda dim=None: NORM.get("rmsnorm")(ctx, NormOptions(eps=1e-6), dim))
+    attn = build(ATTENTION, {"name": "gqa", "n_kv_heads": 2, "qk_norm": "projection"}, ctx).eval()
+    rope = build(POSITION, {"name": "rope", "theta": config.rope_parameters["rope_theta"]}, ctx)
+    with torch.no_grad():
+        attn.qkv.weight.copy_(torch.cat([hf.q_proj.weight, hf.k_proj.weight, hf.v_proj.weight]))
+        attn.out.weight.copy_(hf.o_proj.weight)
+        attn.q_norm.weight.copy_(hf.q_norm.weight)
+        attn.k_norm.weight.copy_(hf.k_norm.weight)
+    x = torch.randn(2, 7, D)
+    cos_sin = olmo2.Olmo2RotaryEmbedding(config)(x, torch.arange(7)[None].expand(2, -1))
+    with torch.no_grad():
+        expected, _ = hf(x, cos_sin, None)
+        torch.testing.assert_close(attn(x, rope, is_causal=True), expected, atol=1e-5, rtol=1e-5)
+        per_head = build(ATTENTION, {"name": "gqa", "n_kv_heads": 2, "qk_norm": "head"}, ctx).eval()
+        per_head.load_state_dict({k: v for k, v in attn.state_dict().items() if "_norm" not in k}, strict=False)
+        assert (per_head(x, rope, is_causal=True) - expected).abs().max() > 1e-3  # the forms differ
+
+
+def test_mla_refuses_qk_norm_over_the_projection():
+    with pytest.raises(ConfigError, match=r"^model.attention.qk_norm: mla normalises each query head"):
+        resolve_config(tiny_cfg(attention={"name": "mla", "qk_norm": "projection"}))
