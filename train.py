@@ -20,6 +20,7 @@ from zoo.training.cli import (  # no torch: fast answers
     check_group_choices,
     check_keys,
     check_output_dirs,
+    check_plugins,
     check_run_dir_free,
     expand,
     help_text,
@@ -51,7 +52,7 @@ def check_arguments(args: list[str]) -> str | None:
     if "--hydra-help" in args:
         return None
     # a busy or unusable hydra.run.dir (hydra.sweep.dir) is refused before Hydra writes .hydra/ into it
-    return check_group_choices(args, CONF) or check_keys(args, CONF) or check_run_dir_free(args) \
+    return check_plugins() or check_group_choices(args, CONF) or check_keys(args, CONF) or check_run_dir_free(args) \
         or check_output_dirs(args)
 
 

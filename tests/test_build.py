@@ -10,6 +10,7 @@ import torch
 
 from tests.helpers import tiny_cfg
 from zoo import ConfigError, build_model, count_params, flops_per_token, resolve_config
+from zoo.registry import RESIDUAL
 
 
 def test_chapter_rule_attention_4d2_ffn_8d2_per_layer():
@@ -34,7 +35,7 @@ def test_counts_by_component_match_the_model():
     assert counts["total"] == sum(p.numel() for p in model.parameters())
 
 
-@pytest.mark.parametrize("placement", ["pre", "post", "sandwich"])
+@pytest.mark.parametrize("placement", [n for n in RESIDUAL.names() if not RESIDUAL.get(n).parallel])
 @pytest.mark.parametrize("final_norm", [None, True, False])
 def test_final_norm_option_overrides_the_placement_rule_and_counts_follow(placement, final_norm):
     cfg = tiny_cfg("encoder_decoder", norm={"placement": placement}, final_norm=final_norm)

@@ -2,8 +2,9 @@
 
 Commands come from the docs themselves: each line of a ```bash block, each `$ ` line of a console block
 (whose following lines are the output it must print), each ```python block, and each inline `python ...`
-command. They run in document order in one fresh working directory holding links to train.py, sample.py
-and conf/, as in a user's checkout, so a later command finds what an earlier one wrote
+command; a ```python <file>.py block is a file the reader saves, written for the commands after it. They run in
+document order in one fresh working directory holding links to train.py, sample.py and conf/, as in a user's
+checkout, so a later command finds what an earlier one wrote
 (`outputs/<date>/<time>/checkpoints/best.ckpt`). The only changes shrink a run: overrides appended for
 steps, sizes and seeds the command leaves at their defaults, and steps or sizes it sets lowered to the
 test's; placeholders (`<ckpt>`) are filled with the path the command describes. A command that needs
@@ -47,7 +48,7 @@ SETUP = {"pip install": "installs packages: done by the set-up (.ci/run) before 
 class Command:
     where: str  # file:line
     text: str  # as written in the docs
-    kind: str  # shell, python
+    kind: str  # shell, python, file (a ```python <file>.py block: text saved as that file)
     output: str = ""  # what a console block shows it printing
     needs: str = ""  # a `# needs: ...` marker
     serves: str = ""  # a `# serves: <url>` marker: a server, checked to answer there, then stopped
@@ -72,10 +73,12 @@ def collect() -> list[Command]:
         text = path.read_text()
         rel = path.relative_to(ROOT)
         blocks = [(m.start(), m.end()) for m in re.finditer(r"^ *```.*?^ *```", text, re.S | re.M)]
-        for m in re.finditer(r"^( *)```(\w*)\n(.*?)^ *```", text, re.S | re.M):
-            lang, body = m.group(2), textwrap.dedent(m.group(3))
+        for m in re.finditer(r"^( *)```(\w*)(?: ([\w.-]+\.py))?\n(.*?)^ *```", text, re.S | re.M):
+            lang, saved_as, body = m.group(2), m.group(3), textwrap.dedent(m.group(4))
             first = text.count("\n", 0, m.start()) + 2
-            if lang == "python":
+            if lang == "python" and saved_as:
+                commands.append(Command(f"{rel}:{first}", body, "file", output=saved_as))
+            elif lang == "python":
                 commands.append(Command(f"{rel}:{first}", body, "python"))
             elif lang in ("bash", "sh"):
                 for i, line in enumerate(body.splitlines()):
@@ -239,6 +242,9 @@ def _param(c: Command):
 def test_documented_command_runs_as_written(command: Command, workdir: Path):
     if command.needs:
         pytest.skip(f"needs {command.needs} (marked in {command.where})")
+    if command.kind == "file":  # the reader saves it: the commands after it use it
+        (workdir / command.output).write_text(command.text)
+        return
     if command.kind == "python":
         proc = subprocess.run([sys.executable, "-c", command.text], cwd=workdir, env=_env(workdir),
                               capture_output=True, text=True, timeout=TIMEOUT)

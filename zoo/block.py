@@ -25,6 +25,7 @@ class TransformerBlock(nn.Module):
         if cross:
             sublayers["cross"] = build(ATTENTION, cfg["attention"], replace(ctx, cross=True))
         sublayers["ffn"] = build(FFN, cfg["ffn"], ctx)
+        self.window = sublayers["attn"].window  # the stack's mask follows its self-attention's window
         if residual.parallel:  # one residual step around all of them, on one norm
             self.parallel, self.attn, self.cross, self.ffn = residual(sublayers, ctx.norm), None, None, None
         else:  # one residual step around each, in turn

@@ -28,9 +28,9 @@ from zoo.block import TransformerBlock
 from zoo.component import (
     ConfigError,
     check_options,
+    declared,
     is_int,
     is_number,
-    linear_flops,
     need,
     option_fields,
     option_values,
@@ -192,8 +192,9 @@ def init_weights(model: nn.Module, cfg: dict, seed: int = 0) -> None:
     n_blocks = sum(isinstance(m, TransformerBlock) for m in model.modules())
     gains, residual_out = set(), set()
     for m in model.modules():
-        gains |= {id(getattr(m, name)) for name in getattr(m, "gains", ())}
-        residual_out |= {id(getattr(m, name).weight) for name in getattr(m, "residual_outputs", ())}
+        if hasattr(m, "count_as"):  # a part (zoo.component.Part): it declares its init roles
+            gains |= {id(getattr(m, name)) for name in declared(m, "gains")}
+            residual_out |= {id(getattr(m, name).weight) for name in declared(m, "residual_outputs")}
     std = cfg["init_std"]
     role = roles(cfg) if width_mult(cfg) != 1 else {}  # muP's roles; at width_mult 1 every factor is 1
     with torch.no_grad():
@@ -236,7 +237,8 @@ def count_params(model_cfg: Mapping) -> dict[str, int]:
         group = "embedding" if isinstance(owner, nn.Embedding) else getattr(owner, "count_as", "head")
         out[group] += p.numel()
     out["total"] = sum(out.values())
-    out["active"] = out["total"] - sum(m.inactive_params() for m in model.modules() if hasattr(m, "inactive_params"))
+    parts = [m for m in model.modules() if hasattr(m, "count_as")]
+    out["active"] = out["total"] - sum(declared(m, "inactive_params")() for m in parts)
     return out
 
 
@@ -255,6 +257,6 @@ def flops_per_token(model_cfg: Mapping, seq_len: int | None = None) -> dict[str,
         if id(m) in inside or not hasattr(m, "count_as"):
             continue
         inside |= {id(sub) for sub in m.modules()}
-        forward += m.flops(t) if hasattr(m, "flops") else linear_flops(m)
+        forward += declared(m, "flops")(t)
     forward += sum(2 * m.weight.numel() for m in model.modules() if isinstance(m, nn.Linear) and id(m) not in inside)
     return {"forward": forward, "train": 3 * forward}

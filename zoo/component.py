@@ -1,20 +1,23 @@
-"""The component contract: what every attention, position, norm and FFN receives and declares.
+"""The component contract, stated once: what every part receives, and what it declares.
 
-- A factory is called as `factory(ctx, opts)`: `ctx` is the `Context` (what the stack knows),
-  `opts` the component's own options, an instance of the dataclass it registered with.
-- Options are declared once, typed, with defaults (`@dataclass class GQAOptions(AttentionOptions)`).
+A part is built by its registered factory: an attention, position or FFN as `factory(ctx, opts)`, a norm as
+`factory(ctx, opts, dim=None)`, a norm placement as `factory(f, make_norm)`, a lineage as `factory(cfg)`.
+- `ctx` is the `Context` (what the stack knows); `opts` the part's own options, an instance of the dataclass
+  it registered with, declared once, typed, with defaults (`@dataclass class GQAOptions(AttentionOptions)`).
   `check_options` turns a config mapping into that dataclass, or fails in one line naming
   `model.<kind>.<option>` and the valid options.
-- A component checks its own constraints with `need(...)` in its own file, before it allocates.
-- Initialisation: every weight ~ N(0, init_std), biases 0. A module lists the children whose
-  weights write into the residual stream in `residual_outputs` (scaled down with depth) and its
-  parameters that are gains in `gains` (set to 1).
+- A part checks its own constraints with `need(...)` in its own file, before it allocates.
 - Options that are widths (grow with d_model, as `d_ff`) are listed in the options class's `widths`
   (a ClassVar): model.parametrization=mup scales them along when it builds the model at its base width.
-- Whatever other code needs to know it asks the component: `count_as` (which count group its
-  parameters go to), `flops(t)`, `inactive_params()`, attention's `n_kv_heads` and
-  `cache_bytes_per_token(...)`, a position's `hard_limit` and `max_len`, an FFN's `gated`.
-- Auxiliary losses (any component): during its forward a module sets `self.aux_losses`, a dict
+- What a part declares is one protocol per kind, below: `Part` (every attention, position, norm and FFN),
+  `AttentionPart`, `PositionPart`, `NormPart`, `FFNPart`, `Placement` and `Lineage`. Whatever other code
+  needs to know it asks the part through these members (`declared` supplies the contract's default where a
+  part leaves an optional one out), never its name. tests/test_contract.py checks every registered part
+  against its kind's protocol on an instance built on the meta device, and the table in docs/components.md
+  against `contract_markdown()`.
+- Initialisation: every weight ~ N(0, init_std), biases 0, but for the children a part lists in
+  `residual_outputs` (scaled down with depth) and the parameters it lists in `gains` (set to 1).
+- Auxiliary losses (any part): during its forward a module sets `self.aux_losses`, a dict
   name -> scalar tensor, already weighted (ffn=moe: {"moe_balance": ..., "moe_z": ...}). The training
   step calls `clear_aux_losses(model)` before the forward and `aux_losses(model)` right after it: the
   values summed by name over modules, and cleared, so a value from an earlier forward (validation,
@@ -30,7 +33,7 @@ import types
 import typing
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Annotated, Any, Protocol
 
 
 class ConfigError(ValueError):
@@ -95,6 +98,8 @@ def _fits(value: Any, t: Any) -> bool:
         return any(_fits(value, a) for a in typing.get_args(t))
     if t is type(None):
         return value is None
+    if origin is tuple:  # tuple[str, ...]: names
+        return isinstance(value, tuple) and all(_fits(v, typing.get_args(t)[0]) for v in value)
     if t is bool:
         return isinstance(value, bool)
     if t is int:
@@ -163,3 +168,204 @@ def clear_aux_losses(model: Any) -> None:
     for m in model.modules():
         if vars(m).get("aux_losses"):
             m.aux_losses = {}
+
+
+# ---- The protocols: what each kind of part declares. Attributes carry their meaning (Annotated); a method's
+# docstring says what it returns. A member with a value here (an attribute) or marked @default (a method) is
+# optional: `declared` gives that default where a part leaves it out. The rest every part of the kind declares.
+
+def default(method: Callable) -> Callable:
+    """Marks a protocol method whose body is the contract's default, for parts that leave the method out."""
+    method.contract_default = True  # type: ignore[attr-defined]
+    return method
+
+
+class Part(Protocol):
+    """Every attention, position, norm and FFN."""
+
+    count_as: Annotated[str, "the count group of its parameters: attention, ffn, norm or position "
+                             "(count_params)"]
+    residual_outputs: Annotated[tuple[str, ...], "children whose weights write into the residual stream: drawn "
+                                                 "with init_std / sqrt(2 * blocks) (init_weights)"] = ()
+    gains: Annotated[tuple[str, ...], "parameters set to 1, as norm gains (init_weights)"] = ()
+
+    @default
+    def flops(self, t: int) -> int:
+        """Forward FLOPs per token at context t (flops_per_token); if left out, 2 per weight of its linear
+        layers."""
+        return linear_flops(self)
+
+    @default
+    def inactive_params(self) -> int:
+        """Parameters a token does not use, as experts it is not routed to (count_params' `active`); if left
+        out, 0."""
+        return 0
+
+
+class AttentionPart(Part, Protocol):
+    """Self- or cross-attention (ctx.cross), built as `factory(ctx, opts)`."""
+
+    n_kv_heads: Annotated[int, "key/value heads, each shared by n_heads // n_kv_heads query heads (zoo.bench)"]
+    head_dim: Annotated[int, "the size of a key/value head (zoo.bench)"]
+    window: Annotated[int | None, "a query sees the keys at distance < window; null: all of them. The stack "
+                                  "builds its mask from it"]
+    record: Annotated[bool, "set true by attention_maps: compute with the math backend and keep the weights "
+                            "(B, H, Tq, Tk) in `weights`"]
+
+    def forward(self, x, pos, mask=None, is_causal=False, context=None, cache=None, offset=0):
+        """x (B, T, d_model) -> (B, T, d_model); positions from `pos` (a PositionPart), keys and values from
+        `context` when cross-attending, past ones kept in `cache` (a KVCache) when decoding."""
+
+    def cache_bytes_per_token(self, element_size: int) -> int:
+        """The KV-cache bytes one token adds to this layer, at element_size bytes a number (zoo.bench)."""
+
+
+class PositionPart(Part, Protocol):
+    """A stack's position scheme, built as `factory(ctx, opts)`, shared by its layers. Each method is a no-op
+    (or returns None) where the scheme does not apply; `offset` is the position of the first token."""
+
+    rotary: Annotated[bool, "it places positions by rotate(q, k, offset), for any even last dimension (the "
+                            "stack tells attention, as ctx.rotary)"]
+    hard_limit: Annotated[bool, "no positions past max_seq_len (learned): training and generation refuse "
+                                "longer sequences"]
+    max_len: Annotated[int | None, "that limit; null: any length"]
+
+    def embed(self, x, offset: int = 0):
+        """Token embeddings x (B, T, d_model) with the positions added (an absolute scheme), else x."""
+
+    def rotate(self, q, k, offset: int = 0):
+        """Queries and keys (B, H, T, dim) rotated by their positions (a rotary scheme), else (q, k)."""
+
+    def score_bias(self, t_q: int, t_k: int, offset: int = 0):
+        """(H, t_q, t_k) added to the attention scores (a bias scheme: ALiBi, T5), else None."""
+
+
+class NormPart(Part, Protocol):
+    """A norm, built as `factory(ctx, opts, dim=None)` over the last dimension, dim (default d_model)."""
+
+    def forward(self, x):
+        """x (..., dim) -> normalised, the same shape and dtype."""
+
+
+class FFNPart(Part, Protocol):
+    """A position-wise feed-forward network, built as `factory(ctx, opts)`."""
+
+    def forward(self, x):
+        """x (B, T, d_model) -> (B, T, d_model)."""
+
+    @classmethod
+    def resize(cls, opts: Any, size: int) -> Any:
+        """Its options with its hidden size set to size: what budget=params varies to match the baseline's
+        parameters (the count must grow linearly with size)."""
+
+
+class Placement(Protocol):
+    """A norm placement, built as `factory(f, make_norm)`: f the sublayer it wraps (the block's sublayers by
+    name, {"attn": ..., "ffn": ...}, when parallel), make_norm() a new norm of the model's type."""
+
+    final_norm: Annotated[bool, "a norm after the last block (model.final_norm: null follows it)"]
+    parallel: Annotated[bool, "the block hands it all its sublayers at once, for one residual step, "
+                              "instead of one at a time"]
+
+    def forward(self, x, **kw):
+        """x (B, T, d_model) -> x after the residual step; kw: the sublayer's keyword arguments (by name when
+        parallel)."""
+
+
+class Lineage(Protocol):
+    """A model, built as `factory(cfg)` from the resolved model config."""
+
+    cfg: Annotated[dict, "the resolved model config it was built from"]
+    generates: Annotated[bool, "sample.py and zoo.generate continue a prompt token by token (then it has "
+                               "new_cache())"]
+    needs_source: Annotated[bool, "the forward pass and generation take a source sequence to encode"]
+    next_token_lm: Annotated[bool, "a per-token next-token loss on running text (perplexity, bits per "
+                                   "character)"]
+
+    def forward(self, *inputs, **kw):
+        """tokens (B, T) (needs_source: source (B, S) and target (B, T)) -> logits (B, T, vocab_size)."""
+
+
+# registry kind -> the protocol its parts keep
+PROTOCOLS: dict[str, type] = {"attention": AttentionPart, "position": PositionPart, "norm": NormPart,
+                              "ffn": FFNPart, "residual": Placement, "model": Lineage}
+
+
+@dataclass(frozen=True)
+class Member:
+    """One member of a protocol: its name, type (attributes) or parameters (methods), meaning and default."""
+
+    name: str
+    kind: str  # "attribute" or "method"
+    type: Any  # an attribute's type; a method's parameters, as text: "(t)"
+    meaning: str
+    left_out: str | None  # what applies where a part leaves it out; None: every part of the kind declares it
+
+    def fits(self, value: Any) -> bool:
+        """Whether a part's value for this member has the declared type (a method: is callable)."""
+        return _fits(value, self.type) if self.kind == "attribute" else callable(value)
+
+
+def _parameters(fn: Callable) -> str:
+    import inspect
+
+    prefix = {inspect.Parameter.VAR_POSITIONAL: "*", inspect.Parameter.VAR_KEYWORD: "**"}
+    params = list(inspect.signature(fn).parameters.values())[1:]  # without self / cls
+    return f"({', '.join(prefix.get(p.kind, '') + p.name for p in params)})"
+
+
+def members(protocol: type) -> list[Member]:
+    """A protocol's members, its bases' first, in the order they are written."""
+    import inspect
+
+    out: dict[str, Member] = {}
+    for cls in reversed([c for c in protocol.__mro__ if c not in (Protocol, typing.Generic, object)]):
+        hints = typing.get_type_hints(cls, include_extras=True)
+        for name in cls.__dict__.get("__annotations__", {}):
+            t, meaning = typing.get_args(hints[name])
+            left_out = f"`{cls.__dict__[name]!r}`" if name in cls.__dict__ else None
+            out[name] = Member(name, "attribute", t, meaning, left_out)
+        for name, value in cls.__dict__.items():
+            fn = getattr(value, "__func__", value)
+            if inspect.isfunction(fn) and fn.__doc__ and not name.startswith("_"):
+                meaning, _, left_out = " ".join(fn.__doc__.split()).partition("; if left out, ")
+                optional = getattr(fn, "contract_default", False)
+                out[name] = Member(name, "method", _parameters(fn), meaning.removesuffix("."),
+                                   left_out.removesuffix(".") if optional else None)
+    return list(out.values())
+
+
+def declared(part: Any, member: str) -> Any:
+    """What a part (an instance) declares for a member of the contract: its own, or the default of the
+    protocol that declares one (`Part`) where it leaves the member out. Methods come bound to the part."""
+    if hasattr(part, member):
+        return getattr(part, member)
+    value = Part.__dict__[member]  # a KeyError: not an optional member of the contract
+    return value.__get__(part, type(part)) if callable(value) else value
+
+
+def resized(registry: Any, node: Mapping, size: int, name_key: str = "name") -> dict:
+    """A component's config node with its size set to `size`, as the part itself says (its `resize`): what
+    budget=params varies. One line naming the part when it declares no resize."""
+    name = node[name_key]
+    part = registry.get(name)
+    if not callable(getattr(part, "resize", None)):
+        sizable = [n for n in registry.names() if callable(getattr(registry.get(n), "resize", None))]
+        raise ConfigError(f"budget: {registry.kind} '{name}' declares no resize(opts, size) (zoo/component.py), so "
+                          f"the budget cannot size it; valid: {', '.join(sizable)}")
+    opts = registry.options(name)(**{k: v for k, v in node.items() if k != name_key})
+    return {name_key: name, **option_values(part.resize(opts, size))}
+
+
+def contract_markdown() -> str:
+    """The contract as docs/components.md shows it: one table per kind, from the protocols (a test compares)."""
+    lines, shared = [], {m.name for m in members(Part)}
+    for kind, protocol in [("every part", Part), *PROTOCOLS.items()]:
+        rows = [m for m in members(protocol) if protocol is Part or m.name not in shared]
+        lines += [f"**{kind}** (`{protocol.__name__}`): {' '.join(protocol.__doc__.split())}", "",
+                  "| member | meaning | if a part leaves it out |", "|---|---|---|"]
+        for m in rows:
+            name = m.name + (m.type if m.kind == "method" else "")
+            lines.append(f"| `{name}` | {m.meaning.replace('|', '/')} | {m.left_out or 'required'} |")
+        lines.append("")
+    return "\n".join(lines).rstrip() + "\n"

@@ -2,12 +2,20 @@
 
 Each kind of component (attention, position, norm, residual placement, FFN, model) has one
 `Registry`. Components register where they are defined; configs and checkpoints name them.
+
+A part may live outside zoo: ZOO_PLUGINS names the modules (comma-separated; a module name on the import path,
+or a .py file) imported with zoo's own components, before any config is composed or resolved, so each
+registers its parts: `ZOO_PLUGINS=relu_squared.py python train.py ffn=relu_squared`.
 """
 
 from __future__ import annotations
 
 import importlib
+import importlib.util
+import os
+import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 _COMPONENT_KINDS = ("attention", "position", "norm", "residual", "ffn", "model")
@@ -53,6 +61,7 @@ class Registry:
         if self.kind in _COMPONENT_KINDS:
             importlib.import_module("zoo.layers")
             importlib.import_module("zoo.models")
+            load_plugins()
 
     def get(self, name: str) -> Callable[..., Any]:
         self._load()
@@ -82,6 +91,39 @@ class Registry:
 
     def __repr__(self) -> str:
         return f"Registry({self.kind}: {', '.join(self.names())})"
+
+
+def plugins() -> list[str]:
+    """The modules ZOO_PLUGINS names, in order."""
+    return [p.strip() for p in os.environ.get("ZOO_PLUGINS", "").split(",") if p.strip()]
+
+
+def load_plugins() -> None:
+    """Import each ZOO_PLUGINS module once (a .py file by its path), so its parts register; a module that fails
+    to import is one line naming it."""
+    from zoo.component import ConfigError
+    from zoo.io import first_line
+
+    for plugin in plugins():
+        is_file = plugin.endswith(".py")
+        name = f"zoo_plugin_{Path(plugin).stem}" if is_file else plugin
+        if name in sys.modules:
+            continue
+        try:
+            if is_file:
+                spec = importlib.util.spec_from_file_location(name, Path(plugin).resolve())
+                module = importlib.util.module_from_spec(spec)
+                sys.modules[name] = module  # before it runs: a re-entrant lookup (its registrations) imports it once
+                try:
+                    spec.loader.exec_module(module)
+                except BaseException:
+                    del sys.modules[name]
+                    raise
+            else:
+                importlib.import_module(plugin)
+        except Exception as e:  # its own error, in one line: the module is the user's, not zoo's
+            raise ConfigError(f"ZOO_PLUGINS: cannot import '{plugin}': {type(e).__name__}: {first_line(e)}; valid: "
+                              "comma-separated module names on the import path, or .py files") from e
 
 
 ATTENTION = Registry("attention")

@@ -9,7 +9,8 @@
   its options with their dataclass defaults. A preset in conf/<kind>/ starts from that node and writes
   only what it chooses; a component with no preset there gets `<kind>=<name>` from its node alone.
   The options are read from the registries (which import torch) and kept in zoo/__pycache__ while no
-  source under zoo/ changes, so train.py's checks compose the config without torch.
+  source under zoo/ changes, so train.py's checks compose the config without torch (unless ZOO_PLUGINS
+  names parts from outside zoo/: zoo.registry).
 
 Hydra then types every key as it composes: `model.d_model=abc` fails there, and `one_line` turns
 OmegaConf's many-line error into `model.d_model: got 'abc'; valid: an integer`.
@@ -204,7 +205,11 @@ def option_specs() -> dict:
     import json
     import sys
 
-    fresh = "zoo.layers" not in sys.modules  # the registries are not loaded yet: this call loads today's sources
+    from zoo.registry import plugins
+
+    # Not loaded yet, the registries will hold today's sources; parts from ZOO_PLUGINS are outside zoo/, which
+    # names the copy, so with plugins the options are always read live.
+    fresh = "zoo.layers" not in sys.modules and not plugins()
     try:
         path = _cache_path()
     except OSError:

@@ -7,6 +7,8 @@ import json
 
 import pytest
 
+from tests.helpers import lineages
+
 UNIGRAM_ENTROPY = 3.34  # nats per character of the embedded corpus: the best loss without any context
 
 pytestmark = pytest.mark.slow
@@ -27,7 +29,7 @@ def test_each_lineage_learns_the_corpus(train, lineage, extra):
     assert code == 0 and s["final"]["val_loss"] < 2.6 < UNIGRAM_ENTROPY, s["history"]
 
 
-@pytest.mark.parametrize("lineage", ["decoder_only", "encoder_only", "encoder_decoder"])
+@pytest.mark.parametrize("lineage", lineages())
 def test_each_lineage_learns_to_reverse(train, lineage):
     code, run_dir = train([f"model={lineage}", "data=reverse", *SMALL, "trainer.max_steps=1000",
                            "trainer.val_check_interval=500", "data.eval_examples=256"], tiny=False)

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.helpers import interrupt_at_batch, save_pretrained_tokenizer, write_corpus
+from tests.helpers import interrupt_at_batch, lineages, save_pretrained_tokenizer, write_corpus
 from zoo.data import DataError
 from zoo.prepare import prepare
 from zoo.training.data import StepLoader, build_data
@@ -37,7 +37,7 @@ def data(path: str, seed: int = 0, steps: int = 8, objective: str = "decoder_onl
     return d
 
 
-@pytest.mark.parametrize("lineage", ["decoder_only", "encoder_only", "encoder_decoder"])
+@pytest.mark.parametrize("lineage", lineages())
 def test_every_lineage_trains_on_a_pretrained_tokenizers_shards(train, corpora, lineage, capsys):
     code, run_dir = train(["data=tokens", f"data.path={corpora['pretrained']}", f"model={lineage}", "logger=none",
                            "sample.max_new_tokens=8"])

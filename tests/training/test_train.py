@@ -7,25 +7,21 @@ import pytest
 import torch
 
 from tests.helpers import compose_cfg
-from zoo.registry import ATTENTION, FFN, POSITION
+from zoo.registry import REGISTRIES
+from zoo.schema import CONF, KINDS
+from zoo.training.cli import _options
 
-GROUP_OPTIONS = [("attention", n) for n in ["mha", "mqa", "gqa", "sliding_window"]] + \
-    [("position", n) for n in ["learned", "sinusoidal", "rope", "alibi", "t5", "none"]] + \
-    [("norm", n) for n in ["pre_ln", "post_ln", "pre_rms", "post_rms", "sandwich_ln", "sandwich_rms",
-                           "parallel_ln", "parallel_rms"]] + \
-    [("ffn", n) for n in ["relu", "gelu", "gelu_tanh", "swiglu", "geglu", "geglu_tanh", "reglu"]] + \
-    [("model", n) for n in ["decoder_only", "encoder_only", "encoder_decoder"]]
+# Every option of each architecture group: the registered parts (a part needs no conf/ file: zoo.schema makes its
+# node) and the presets in conf/ (sliding_window; the norm group's pre_ln, post_rms, ...).
+GROUP_OPTIONS = [(group, option) for group in KINDS for option in _options(group, CONF)]
 
 
 def test_config_groups_offer_every_registered_component():
-    from pathlib import Path
-
-    conf = Path(__file__).resolve().parents[2] / "conf"
-    options = lambda group: {p.stem for p in (conf / group).glob("*.yaml")}
-    assert set(ATTENTION.names()) <= options("attention")
-    assert set(POSITION.names()) <= options("position")
-    assert set(FFN.names()) <= options("ffn")
-    assert {"pre_ln", "post_ln", "pre_rms", "post_rms"} <= options("norm")
+    for group, (kind, _) in KINDS.items():
+        if group != "norm":  # a norm type is chosen with its placement: norm=pre_rms, or norm.type=rmsnorm
+            assert set(REGISTRIES[kind].names()) <= set(_options(group, CONF)), group
+    assert {"pre_ln", "post_ln", "pre_rms", "post_rms"} <= set(_options("norm", CONF))
+    options = lambda group: {p.stem for p in (CONF / group).glob("*.yaml")}
     assert {"cpu", "gpu", "ddp", "fsdp"} <= options("trainer")
     assert {"csv", "wandb", "tensorboard", "none"} <= options("logger")
 
@@ -56,10 +52,9 @@ def test_every_group_option_trains(train, group, option):
     code, run_dir = train([f"{group}={option}", "logger=none", "trainer.max_steps=2"])
     s = json.loads((run_dir / "summary.json").read_text())
     assert code == 0 and s["status"] == "completed" and math.isfinite(s["final"]["val_loss"])
-    key = {"model": "lineage", "norm": "placement"}.get(group, group)
-    expect = {"sliding_window": "mha", "pre_ln": "pre", "post_ln": "post", "pre_rms": "pre", "post_rms": "post",
-              "sandwich_ln": "sandwich", "sandwich_rms": "sandwich", "parallel_ln": "parallel",
-              "parallel_rms": "parallel"}.get(option, option)
+    chosen = compose_cfg([f"{group}={option}"]).model  # what the option names: a part, or a preset of one
+    key, (_, name_key) = {"model": "lineage", "norm": "placement"}.get(group, group), KINDS[group]
+    expect = chosen[name_key] if group == "model" else chosen[group]["placement" if group == "norm" else name_key]
     assert s["architecture"][key] == expect
 
 

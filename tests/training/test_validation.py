@@ -6,7 +6,8 @@ import torch
 from hydra.errors import ConfigCompositionException
 
 import zoo.training.runner as runner
-from tests.helpers import TINY, TINY_TASK, compose_cfg
+from tests.helpers import TINY, TINY_TASK, compose_cfg, lineages
+from zoo.registry import POSITION
 from zoo.schema import one_line
 from zoo.training.runner import main
 
@@ -310,8 +311,8 @@ def test_sample_usage_errors_are_one_line(argv, error, capsys):
     assert e.value.code == 2 and err.startswith(f"error: {error}") and "\n" not in err, err
 
 
-@pytest.mark.parametrize("lineage", ["decoder_only", "encoder_only", "encoder_decoder"])
-@pytest.mark.parametrize("position", ["learned", "sinusoidal", "rope", "alibi", "t5", "none"])
+@pytest.mark.parametrize("lineage", lineages())
+@pytest.mark.parametrize("position", POSITION.names())
 def test_weights_of_every_lineage_fit_their_own_config(lineage, position):
     """The meta-device shapes check_weights expects are those the real model has."""
     from tests.helpers import tiny_cfg

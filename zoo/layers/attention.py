@@ -32,14 +32,16 @@ BACKENDS = ("sdpa", "math")
 class AttentionOptions(Options):
     """Options every attention variant has."""
 
-    window: int | None = None  # sliding window: keys at distance < window (the stack builds the mask)
+    window: int | None = None  # sliding window: keys at distance < window (the stack asks `window`)
     backend: Literal["sdpa", "math"] = "sdpa"  # sdpa (fused kernel) or math (explicit softmax; keeps weights)
-    qk_norm: bool = False  # normalise each head's queries and keys with the model's norm (OLMo 2, Gemma 3)
+    # Queries and keys normalised with the model's norm, before RoPE: true (or head) each head on its own (Qwen3,
+    # Gemma 3); projection the whole query and key projections, all heads at once (OLMo 2); false: neither.
+    qk_norm: bool | Literal["head", "projection"] = False
 
 
 def qk_norms(ctx: Context, opts: AttentionOptions, dim: int, k_dim: int | None = None) -> tuple[nn.Module, nn.Module]:
-    """The per-head query and key norms qk_norm asks for (before RoPE, as OLMo 2), else identities.
-    dim: the size of a query head; k_dim: of a key head, when it differs (0: keys have no part to normalise)."""
+    """The query and key norms qk_norm asks for, else identities. dim: the size a query norm normalises (a head, or
+    the whole projection); k_dim: a key's, when it differs (0: keys have no part to normalise)."""
     k_dim = dim if k_dim is None else k_dim
     if not opts.qk_norm:
         return nn.Identity(), nn.Identity()
@@ -101,6 +103,7 @@ class AttentionBase(nn.Module):
     def __init__(self, ctx: Context, opts: AttentionOptions):
         super().__init__()
         check_window(opts)
+        self.window = opts.window  # the stack builds the mask every layer shares from it
         self.backend, self.dropout = opts.backend, ctx.dropout
         self.record = False  # when True, use the math backend and keep `weights` (B, H, Tq, Tk)
         self.weights: torch.Tensor | None = None
@@ -156,7 +159,8 @@ class Attention(AttentionBase):
             self.qkv = nn.Linear(d_model, q_dim + 2 * kv_dim, bias=bias)
         self.out = nn.Linear(q_dim, d_model, bias=bias)
         self.out_dropout = nn.Dropout(ctx.dropout)
-        self.q_norm, self.k_norm = qk_norms(ctx, opts, self.head_dim)
+        self.norm_projection = opts.qk_norm == "projection"  # else per head, when on
+        self.q_norm, self.k_norm = qk_norms(ctx, opts, *((q_dim, kv_dim) if self.norm_projection else (self.head_dim,)))
 
     def forward(self, x: torch.Tensor, pos: Position, mask: torch.Tensor | None = None,
                 is_causal: bool = False, context: torch.Tensor | None = None,
@@ -164,17 +168,17 @@ class Attention(AttentionBase):
         B, T, _ = x.shape
         if context is None:
             q, k, v = self.qkv(x).split(self.split, dim=-1)
-            q, k, v = self.q_norm(self._heads(q)), self.k_norm(self._heads(k)), self._heads(v)  # (B, H, T, hd)
+            q, k, v = self._normed(q, self.q_norm), self._normed(k, self.k_norm), self._heads(v)  # (B, H, T, hd)
             q, k = pos.rotate(q, k, offset)
             if cache is not None:
                 k, v = cache.append(k, v)
         else:
-            q = self.q_norm(self._heads(self.q(x)))
+            q = self._normed(self.q(x), self.q_norm)
             if cache is not None and cache.len:  # the encoder output is fixed: project it once
                 k, v = cache.keys, cache.values
             else:
-                k, v = (self._heads(t) for t in self.kv(context).chunk(2, dim=-1))
-                k = self.k_norm(k)
+                k, v = self.kv(context).chunk(2, dim=-1)
+                k, v = self._normed(k, self.k_norm), self._heads(v)
                 if cache is not None:
                     cache.append(k, v)
         y = self._attend(q, k, v, mask, is_causal)
@@ -190,6 +194,11 @@ class Attention(AttentionBase):
 
     def _heads(self, t: torch.Tensor) -> torch.Tensor:
         return t.unflatten(-1, (-1, self.head_dim)).transpose(1, 2)
+
+    def _normed(self, t: torch.Tensor, norm: nn.Module) -> torch.Tensor:
+        """A query or key projection (B, T, heads * hd) -> heads (B, heads, T, hd), normalised (qk_norm) over the
+        whole projection or over each head."""
+        return self._heads(norm(t)) if self.norm_projection else norm(self._heads(t))
 
 
 @ATTENTION.register("mha", options=AttentionOptions, examples=[{}, {"window": 3}, {"qk_norm": True}])
@@ -209,7 +218,7 @@ class GQAOptions(AttentionOptions):
     n_kv_heads: int  # key/value heads, each shared by n_heads // n_kv_heads query heads
 
 
-@ATTENTION.register("gqa", options=GQAOptions, examples=[{"n_kv_heads": 2}])
+@ATTENTION.register("gqa", options=GQAOptions, examples=[{"n_kv_heads": 2}, {"n_kv_heads": 2, "qk_norm": "projection"}])
 def gqa(ctx: Context, opts: GQAOptions) -> Attention:
     """Grouped-query attention: groups of query heads share a key/value head (Ainslie et al. 2023)."""
     kv = opts.n_kv_heads

@@ -6,7 +6,7 @@ parameter-matched 2/3 of that (three matrices instead of two), rounded up to a m
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from typing import ClassVar
 
@@ -40,7 +40,7 @@ class FFNOptions(Options):
 class _FFN(nn.Module):
     count_as = "ffn"
     residual_outputs = ("down",)  # writes into the residual stream: depth-scaled init
-    gated = False
+    gated = False  # three matrices instead of two: the default d_ff is 2/3 of the plain one
     activation = "gelu"
 
     def __init__(self, ctx: Context, opts: FFNOptions):
@@ -49,6 +49,11 @@ class _FFN(nn.Module):
         self.d_ff = opts.d_ff or default_d_ff(ctx.d_model, self.gated)
         self.act = ACTIVATIONS[self.activation]
         self.dropout = nn.Dropout(ctx.dropout)
+
+    @classmethod
+    def resize(cls, opts: FFNOptions, size: int) -> FFNOptions:
+        """Its hidden size set to size (budget=params)."""
+        return replace(opts, d_ff=size)
 
 
 class MLP(_FFN):

@@ -59,6 +59,8 @@ class MLA(AttentionBase):
              f"must be an even integer >= 0 (rotated in pairs) or null, got {p}")
         need(p > 0 or not rotary, "attention.rope_dim", "must be > 0 with a rotary position (position=rope), "
              "where the rotary part is MLA's only source of positions; valid: an even integer > 0, or null")
+        need(opts.qk_norm != "projection", "attention.qk_norm", "mla normalises each query head and the rotary key, "
+             "not whole projections (its keys come from a normed latent); valid: true, head, false")
         need(opts.q_rank is None or opts.q_rank > 0, "attention.q_rank",
              f"must be a positive integer or null, got {opts.q_rank}")
         d, H, bias = ctx.d_model, ctx.n_heads, ctx.bias
@@ -74,7 +76,7 @@ class MLA(AttentionBase):
         self.k_up, self.v_up = nn.Linear(r, H * hd, bias=bias), nn.Linear(r, H * hd, bias=bias)
         self.out = nn.Linear(H * hd, d, bias=bias)
         self.out_dropout = nn.Dropout(ctx.dropout)
-        # qk_norm: each query head, and the rotary key; the keys' latent part is normed already (kv_norm), and
+        # qk_norm, per head: each query head, and the rotary key; the keys' latent part is normed already (kv_norm), and
         # a norm after W_uk would stop it being absorbed into the queries.
         self.q_norm, self.k_norm = qk_norms(ctx, opts, hd + p, p)
 

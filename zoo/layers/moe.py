@@ -19,6 +19,7 @@ Auxiliary losses, left in `self.aux_losses` for the objective (zoo.component.aux
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -26,7 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from zoo.component import Context, Options, linear_flops, need, option_fields
+from zoo.component import Context, Options, declared, linear_flops, need, option_fields
 from zoo.registry import FFN
 
 
@@ -90,6 +91,11 @@ class MoE(nn.Module):
         z = logits.logsumexp(-1).square().mean()
         return {"moe_balance": self.balance_weight * balance, "moe_z": self.z_weight * z}
 
+    @classmethod
+    def resize(cls, opts: MoEOptions, size: int) -> MoEOptions:
+        """Each expert's hidden size set to size (budget=params)."""
+        return dataclasses.replace(opts, d_ff=size)
+
     def _expert_params(self) -> int:
         return sum(p.numel() for p in self.experts[0].parameters())
 
@@ -99,9 +105,7 @@ class MoE(nn.Module):
 
     def flops(self, t: int) -> int:
         """The router and top_k experts: the FLOPs one token costs."""
-        expert = self.experts[0]
-        per_expert = expert.flops(t) if hasattr(expert, "flops") else linear_flops(expert)
-        return linear_flops(self.router) + self.top_k * per_expert
+        return linear_flops(self.router) + self.top_k * declared(self.experts[0], "flops")(t)
 
 
 FFN.register("moe", MoE, options=MoEOptions,

@@ -52,8 +52,9 @@ class RMSNorm(nn.Module):
             if native.load("rmsnorm"):  # zoo/layers/rmsnorm.cpp: one fused kernel each way, as LayerNorm has
                 return torch.ops.zoo.rms_norm(x, self.weight, self.eps)
             return _CpuRMSNorm.apply(x, self.weight, self.eps)
-        # Normalise in float32 so bf16 activations keep their precision, as Llama does.
-        return F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps).type_as(x) * self.weight
+        # Normalise in float32 at least, so bf16 activations keep their precision (as Llama does) and float64 its own.
+        wide = x.to(torch.promote_types(x.dtype, torch.float32))
+        return F.rms_norm(wide, (x.shape[-1],), eps=self.eps).type_as(x) * self.weight
 
 
 class _CpuRMSNorm(torch.autograd.Function):

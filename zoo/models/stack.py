@@ -35,7 +35,7 @@ class Stack(nn.Module):
 
     def __init__(self, cfg: dict, ctx: Context, embed: nn.Embedding, n_layers: int, cross: bool = False):
         super().__init__()
-        self.embed, self.causal, self.window = embed, ctx.causal, cfg["attention"]["window"]
+        self.embed, self.causal = embed, ctx.causal
         self.embed_scale = math.sqrt(ctx.d_model) if cfg["scale_embeddings"] else 1.0
         self.position = build(POSITION, cfg["position"], ctx)
         ctx = replace(ctx, rotary=self.position.rotary)  # what an attention with a rotary part of its own asks
@@ -45,6 +45,7 @@ class Stack(nn.Module):
         self.blocks = nn.ModuleList(
             TransformerBlock(replace(ctx, layer=ctx.layer + i), cfg, residual, cross) for i in range(n_layers)
         )
+        self.window = self.blocks[0].window  # one mask for every layer: their attention's (AttentionPart)
         final = cfg.get("final_norm")  # None: the placement decides (Post-LN has none; nn.Transformer adds one)
         self.final_norm = ctx.norm() if (residual.final_norm if final is None else final) else nn.Identity()
 

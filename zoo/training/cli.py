@@ -47,6 +47,18 @@ def _options(group: str, conf_dir: Path) -> list[str]:
     return sorted(files | set(generated_options(group)))
 
 
+def check_plugins() -> str | None:
+    """Import the modules ZOO_PLUGINS names (zoo.registry), or say in one line why one does not import."""
+    from zoo.component import ConfigError
+    from zoo.registry import load_plugins
+
+    try:
+        load_plugins()
+    except ConfigError as e:
+        return str(e)
+    return None
+
+
 def check_group_choices(args: list[str], conf_dir: Path) -> str | None:
     """One-line error for `group=option` naming an option that does not exist, else None.
 
@@ -202,8 +214,10 @@ def _check_types(args: list[str], configs: list, conf_dir: Path) -> str | None:
                 node = (OmegaConf.select(probe, parent) if parent else probe)._get_node(last)
                 if isinstance(node, BooleanNode) and not isinstance(value, bool):  # OmegaConf reads 5 as true
                     return f"{key}: got {value!r}; valid: true or false"
-                # trainer.* and data.* are untyped (Any): their value in the composed config says the type
-                default = node._value() if isinstance(node, AnyNode) else \
+                # trainer.* and data.* are untyped (Any): their value in the composed config says the type. A part's
+                # option typed Any (a union, as attention.qk_norm's true or 'projection') its part checks.
+                untyped = isinstance(node, AnyNode) and not key.startswith("model.")
+                default = node._value() if untyped else \
                     [] if isinstance(node, ListConfig) else _ABSENT
                 if default is not _ABSENT and (valid := _untyped_mismatch(key, default, value)):
                     return f"{key}: got {value!r}; valid: {valid}"

@@ -24,7 +24,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import MissingMandatoryValue
 
 from zoo.build import ConfigError, count_params, flatten_config, flops_per_token, resolve_config
-from zoo.component import option_fields
+from zoo.component import option_fields, resized
 from zoo.data.corpus import DataError
 from zoo.hardware import precision_choice
 from zoo.io import (
@@ -44,7 +44,7 @@ from zoo.io import (
     write_failure,
     write_marker,
 )
-from zoo.registry import ATTENTION, MODEL, POSITION
+from zoo.registry import ATTENTION, FFN, MODEL, POSITION
 from zoo.schema import default_of
 from zoo.training import pretrained
 from zoo.training.callbacks import (
@@ -385,7 +385,8 @@ BUDGETS = {"params": "total", "active_params": "active"}
 
 
 def match_params(model_cfg: dict, tolerance: float = 0.01, count: str = "total") -> tuple[dict, dict]:
-    """Resize d_ff so the model has the parameters of the baseline (MHA, 4x GELU FFN) within 1%.
+    """Resize the FFN so the model has the parameters of the baseline (MHA, 4x GELU FFN) within 1%: the FFN says
+    how (its `resize(opts, size)`, zoo.component.FFNPart); `d_ff` in the record is the size it was given.
 
     count: "total" (budget=params) or "active" (budget=active_params: the parameters one token uses,
     fewer than total for sparse FFNs such as ffn=moe; the dense baseline's are all active).
@@ -396,8 +397,12 @@ def match_params(model_cfg: dict, tolerance: float = 0.01, count: str = "total")
                                                              if k in shared}},
                 "ffn": {"name": "gelu", "d_ff": None}}
     target = count_params(baseline)[count]
-    at = lambda d_ff: count_params({**model_cfg, "ffn": {**model_cfg["ffn"], "d_ff": d_ff}})[count]
-    per_unit = (at(16) - at(8)) / 8  # the count is linear in d_ff
+    with_size = lambda size: {**model_cfg, "ffn": resized(FFN, model_cfg["ffn"], size)}
+    at = lambda size: count_params(with_size(size))[count]
+    per_unit = (at(16) - at(8)) / 8  # the count is linear in the size (FFNPart.resize)
+    if per_unit <= 0:
+        raise ConfigError(f"budget: ffn '{model_cfg['ffn']['name']}' keeps its {count} parameters whatever size its "
+                          "resize(opts, size) is given; valid: an FFN whose parameters grow with its size")
     exact = 8 + (target - at(8)) / per_unit
     d_ff = max(8, 8 * round(exact / 8))  # a multiple of 8, as the defaults are, unless that misses by > 1%
     if abs(at(d_ff) - target) > tolerance * target:
@@ -406,10 +411,9 @@ def match_params(model_cfg: dict, tolerance: float = 0.01, count: str = "total")
     if abs(params - target) > tolerance * target:
         raise ConfigError(f"budget: no d_ff brings {model_cfg['ffn']['name']} with {model_cfg['attention']['name']} "
                           f"within {tolerance:.0%} of the baseline's {target} {count} parameters")
-    resized = {**model_cfg, "ffn": {**model_cfg["ffn"], "d_ff": d_ff}}
     kind = next(k for k, v in BUDGETS.items() if v == count)
-    return resized, {"kind": kind, "baseline": "mha + gelu", "target_params": target, "d_ff": d_ff,
-                     "params": params, "deviation": (params - target) / target}
+    return with_size(d_ff), {"kind": kind, "baseline": "mha + gelu", "target_params": target, "d_ff": d_ff,
+                             "params": params, "deviation": (params - target) / target}
 
 
 # Keys a resume may change: where output goes and how it is shown, never what is computed.
