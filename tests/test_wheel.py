@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SOURCES = ("pyproject.toml", "setup.py", "README.md", "LICENSE", "conf", "zoo", "hydra_plugins")
 TIMEOUT = 900  # a busy machine: each command imports torch and Lightning
 
-pytestmark = pytest.mark.slow  # builds, installs and trains: about two minutes on two cores
+pytestmark = pytest.mark.slow  # builds, installs, trains a run and a two-job sweep: minutes on two cores
 
 
 @pytest.fixture(scope="module")
@@ -111,6 +111,18 @@ def test_train_then_sample_eval_report(installed, empty):
     assert result["windows"] == 4 and result["loss"] > 0, result
     report = _zoo(installed, empty, "zoo", "report", str(run)).stdout
     assert "1 finished" in report and (run / "report.md").is_file(), report
+
+
+def test_a_parallel_sweep_finds_zoos_launcher(installed, empty):
+    """-m with hydra/launcher=parallel: Hydra finds the launcher among the wheel's hydra_plugins."""
+    _zoo(installed, empty, "zoo", "train", "-m", "hydra/launcher=parallel", "hydra.launcher.n_jobs=2", "threads=1",
+         "debug=fast", "seed=0,1", "hydra.sweep.dir=sweep")
+    plan = (empty / "sweep" / "multirun.yaml").read_text()
+    assert "_target_: hydra_plugins.zoo_launcher.parallel_launcher.ParallelLauncher" in plan
+    statuses = [json.loads((empty / "sweep" / job / "summary.json").read_text())["status"] for job in ("0", "1")]
+    assert statuses == ["completed", "completed"]
+    report = _zoo(installed, empty, "zoo", "report", "sweep").stdout
+    assert "2 finished" in report, report
 
 
 def test_inspect_composes_from_the_wheel(installed, empty):
