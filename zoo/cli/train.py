@@ -61,7 +61,8 @@ def check_arguments(args: list[str]) -> str | None:
 def run_hydra(args: list[str]) -> None:
     """Hydra's main on these arguments, as @hydra.main runs it on sys.argv. The arguments are passed rather than
     read from sys.argv, which stays as the user typed it (`zoo train ...`): a process Lightning starts for
-    another DDP rank repeats sys.argv, and must land here again."""
+    another DDP rank repeats sys.argv, and must land here again. _run_hydra is what @hydra.main calls (Hydra's
+    own, private; the same since Hydra 1.1)."""
     from hydra import version
     from hydra._internal.utils import _run_hydra, get_args_parser
 
