@@ -47,6 +47,7 @@ def check_train(device: str, tiny: bool, compile_: bool, out: Path, lineages: li
     import torch
     from hydra import compose, initialize_config_dir
 
+    from zoo.cli.common import config_dir
     from zoo.registry import MODEL
     from zoo.training import run
 
@@ -61,7 +62,7 @@ def check_train(device: str, tiny: bool, compile_: bool, out: Path, lineages: li
         overrides = [f"model={lineage}", *where, *size, f"compile={str(compile_).lower()}",
                      f"trainer.max_steps={steps}", f"trainer.val_check_interval={steps}", "data.eval_batches=2",
                      "logger=none", "sample.max_new_tokens=0", "+trainer.enable_checkpointing=false", "overwrite=true"]
-        with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+        with initialize_config_dir(config_dir=str(config_dir()), version_base="1.3"):
             cfg = compose("config", overrides=overrides)
         run_dir = out / "runs" / lineage
         t0 = time.perf_counter()

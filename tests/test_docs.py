@@ -187,7 +187,7 @@ def _smaller(arg: str) -> str:
 
 def shrink(argv: list[str]) -> list[str]:
     """Append overrides that make a documented command cheap; a size it sets itself is only ever lowered."""
-    if argv[:2] == ["python", "train.py"]:
+    if argv[:2] == ["python", "train.py"] or argv[:4] == ["python", "-m", "zoo", "train"]:  # zoo train: the same
         argv = [_smaller(a) for a in argv]
         keys = {a.lstrip("+~").partition("=")[0] for a in argv[2:]}
         if "hparams_search=lr_warmup" in argv:  # an Optuna search: a few trials instead of 20
@@ -196,7 +196,8 @@ def shrink(argv: list[str]) -> list[str]:
         return argv + [f"{k}={v}" for k, v in SHRINK_TRAIN.items() if k not in keys]
     if argv[:3] == ["python", "-m", "zoo.bench"] and "--help" not in argv:
         return argv + [a for a in SHRINK_BENCH if a not in argv]
-    if argv[:3] == ["python", "-m", "zoo.sample"] and "--max-new-tokens" not in argv:
+    sample = argv[:3] == ["python", "-m", "zoo.sample"] or argv[:4] == ["python", "-m", "zoo", "sample"]
+    if sample and "--max-new-tokens" not in argv:
         return argv + ["--max-new-tokens", "20"]
     return argv
 
@@ -260,7 +261,7 @@ def test_documented_command_runs_as_written(command: Command, workdir: Path):
         while argv and re.fullmatch(r"[A-Z_]+=\S*", argv[0]):  # VAR=value python ...
             key, _, value = argv.pop(0).partition("=")
             env[key] = value
-        if argv[0] in ("zoo-report", "zoo-prepare"):  # console scripts: not installed in the test's checkout
+        if argv[0] in ("zoo", "zoo-report", "zoo-prepare"):  # console scripts: not installed in the test's checkout
             argv = ["python", "-m", argv[0].replace("-", "."), *argv[1:]]
         argv = shrink(argv)
         if command.serves:

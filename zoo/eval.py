@@ -22,7 +22,8 @@ import math
 import sys
 from pathlib import Path
 
-from zoo.inspect import EXIT_ERROR, EXIT_OK, InspectError, OneLineParser, compose
+from zoo.cli.common import EXIT_ERROR, EXIT_OK, OneLineParser, compose
+from zoo.component import ConfigError
 from zoo.io import collect_once_at_exit
 
 HF_PREFIX = "hf:"
@@ -83,7 +84,7 @@ def data_config(overrides: list[str], run_cfg: dict | None) -> dict:
             if len(key) > 1 and not o.startswith("+") and key[1] not in base:
                 raise EvalError(f"data.{key[1]}: unknown data option; valid: {', '.join(sorted(base))}")
         composed = compose(overrides)["data"]
-    except InspectError as e:
+    except ConfigError as e:
         raise EvalError(str(e)) from None
     if run_cfg is None or any(o.lstrip("+~").startswith("data=") for o in overrides):
         return composed
@@ -234,7 +235,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     try:
         result = evaluate(args.model, args.overrides, args.split, args.max_windows)
-    except (EvalError, InspectError) as e:
+    except (EvalError, ConfigError) as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_ERROR
     print(json.dumps(result, indent=1) if args.json else format_result(result))

@@ -8,24 +8,23 @@
     python -m zoo.inspect --loss-by-position run/checkpoints/last.ckpt --length 128   # does it extrapolate?
 
 Nothing is trained or built: the counts come from `zoo.build.count_params` and `flops_per_token`, for the
-config composed from conf/ with the overrides. The vocabulary is the data's tokenizer's: 102 for the
-embedded Shakespeare corpus with the char tokenizer, the task alphabet for synthetic tasks, 276 for bytes,
-data.vocab_size for bpe, or whatever model.vocab_size=N says. A null model.max_seq_len becomes the data's
-context, as in training.
+config composed from conf/ with the overrides (zoo.cli.common.compose). The vocabulary is the data's
+tokenizer's: 102 for the embedded Shakespeare corpus with the char tokenizer, the task alphabet for synthetic
+tasks, 276 for bytes, data.vocab_size for bpe, or whatever model.vocab_size=N says. A null model.max_seq_len
+becomes the data's context, as in training.
 """
 
 from __future__ import annotations
 
-import argparse
 import math
 import re
 import sys
 from pathlib import Path
 
-from zoo.io import atomic_write, first_line
+from zoo.cli.common import EXIT_ERROR, EXIT_OK, OneLineParser, compose
+from zoo.component import ConfigError
+from zoo.io import atomic_write
 
-EXIT_OK, EXIT_ERROR = 0, 2
-CONF = Path(__file__).resolve().parent.parent / "conf"
 DEFAULT_CHAR_VOCAB = 102  # the char tokenizer fitted on the embedded corpus: 20 specials + 82 characters
 COMPONENTS = (("embedding", "embeddings"), ("position", "positions"), ("attention", "attention"), ("ffn", "FFN"),
               ("norm", "norms"), ("head", "head"))
@@ -35,51 +34,9 @@ class InspectError(ValueError):
     """A bad override, config or checkpoint, reported as one line."""
 
 
-class OneLineParser(argparse.ArgumentParser):
-    """argparse whose usage errors are one line (`error: <what>; see --help`) and exit code 2."""
-
-    REQUIRED = "the following arguments are required: "
-
-    def error(self, message: str):
-        if message.startswith(self.REQUIRED):  # argparse also names positionals that may be left out (nargs *)
-            optional = {a.dest for a in self._actions if a.nargs in ("*", "?")}
-            message = self.REQUIRED + ", ".join(n for n in message[len(self.REQUIRED):].split(", ")
-                                                if n not in optional)
-        print(f"error: {message}; see {self.prog} --help", file=sys.stderr)
-        sys.exit(EXIT_ERROR)
-
-
 # ----------------------------------------------------------------------------------------------
 # Config -> counts
 # ----------------------------------------------------------------------------------------------
-
-def compose(overrides: list[str]) -> dict:
-    """The config train.py would see for these overrides, as a plain dict (no hydra node)."""
-    from hydra import compose as hydra_compose
-    from hydra import initialize_config_dir
-    from omegaconf import OmegaConf
-
-    from zoo.training.cli import check_group_choices, expand
-
-    overrides = [expand(o) for o in overrides]
-    if not CONF.is_dir():
-        raise InspectError(f"no config directory at '{CONF}' (zoo.inspect reads the repository's conf/)")
-    if any("," in o.partition("=")[2] and (CONF / o.partition("=")[0]).is_dir() for o in overrides):
-        raise InspectError("overrides: a sweep (a,b) is several configs; zoo.inspect shows one (compare two with --vs)")
-    if error := check_group_choices(overrides, CONF):
-        raise InspectError(error)
-    try:
-        with initialize_config_dir(config_dir=str(CONF), version_base="1.3", job_name="inspect"):
-            cfg = hydra_compose("config", overrides=overrides)
-        return OmegaConf.to_container(cfg, resolve=True)
-    except Exception as e:  # hydra and omegaconf errors span many lines and types: keep the first line
-        from zoo.schema import one_line
-
-        if typed := one_line(e):  # a wrongly typed value: its key, the value and the type
-            raise InspectError(typed) from None
-        first = first_line(e)
-        raise InspectError(f"overrides: {first}") from None
-
 
 def merge_overrides(base: list[str], extra: list[str]) -> list[str]:
     """base with extra applied on top: an override of the same key replaces the earlier one."""
@@ -460,7 +417,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             b_over = merge_overrides(args.overrides, args.vs)
             print(format_vs(a, inspect_config(b_over), args.overrides, b_over))
-    except InspectError as e:
+    except (InspectError, ConfigError) as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_ERROR
     return EXIT_OK

@@ -41,6 +41,7 @@ from typing import Any
 
 import numpy as np
 
+from zoo.cli.common import OneLineParser, train_command
 from zoo.data.corpus import DataError
 from zoo.data.tokenizers import HF_PREFIX, Tokenizer, build_tokenizer, tokenizer_from_state
 from zoo.data.tokens import FORMAT, MANIFEST, SPLITS, dtype_for, write_shard
@@ -515,8 +516,8 @@ def _run(out: Path, plan: dict, source: dict, workers: int, progress: bool) -> d
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="zoo-prepare", description=__doc__.split("\n\n")[0].split(": ", 1)[1],
-                                epilog="Then train on it: python train.py data=tokens data.path=OUT")
+    p = OneLineParser(prog="zoo-prepare", description=__doc__.split("\n\n")[0].split(": ", 1)[1],
+                      epilog=f"Then train on it: {train_command()} data=tokens data.path=OUT")
     p.add_argument("sources", nargs="*", help="text or JSONL files (.jsonl/.json, one document a line), or globs; "
                    ".gz files are read compressed")
     p.add_argument("--out", required=True, help="the directory to write (empty, new, or an earlier run to resume)")
@@ -565,7 +566,7 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(a.out)
     print(f"prepared {out}: {tr['tokens']:,} training tokens ({tr['documents']:,} documents), {va['tokens']:,} "
           f"validation tokens ({va['documents']:,}); vocab {m['vocab_size']:,}, {m['dtype']}{rate}{kept}\n"
-          f"train on it: python train.py data=tokens data.path={out}")
+          f"train on it: {train_command()} data=tokens data.path={out}")
     return 0
 
 

@@ -15,8 +15,8 @@ import sys
 import torch
 
 from zoo.build import ConfigError
+from zoo.cli.common import OneLineParser
 from zoo.generate import generate, position_limit, sampling_error
-from zoo.inspect import OneLineParser
 from zoo.io import collect_once_at_exit
 from zoo.training.checkpoint import CheckpointError, load_checkpoint
 

@@ -26,8 +26,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-CONF = Path(__file__).resolve().parents[1] / "conf"
-
 
 @dataclass
 class ModelConfig:
@@ -247,9 +245,14 @@ def component_node(kind: str, name: str, rows: list) -> type:
     return node
 
 
-def register(conf_dir: Path = CONF) -> None:
-    """Put the schema and every component's node in Hydra's ConfigStore; call before composing."""
+def register(conf_dir: Path | None = None) -> None:
+    """Put the schema and every component's node in Hydra's ConfigStore; call before composing. `conf_dir`: the
+    configs' folder (default zoo.cli.common.config_dir: the clone's conf/, else the wheel's)."""
     from hydra.core.config_store import ConfigStore
+
+    from zoo.cli.common import config_dir
+
+    conf_dir = config_dir() if conf_dir is None else conf_dir
 
     cs = ConfigStore.instance()
     cs.store(name="zoo_schema", node=ZooConfig)

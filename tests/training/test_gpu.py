@@ -16,9 +16,9 @@ from omegaconf import OmegaConf
 from tests.helpers import compose_cfg, save_pretrained_tokenizer, write_corpus
 from zoo import count_params
 from zoo.build import ConfigError
+from zoo.cli.common import config_dir
 from zoo.hardware import adamw_implementation, resolve_precision
 from zoo.prepare import prepare
-from zoo.schema import CONF
 from zoo.training.data import StepLoader, build_data
 from zoo.training.objectives import OBJECTIVE
 from zoo.training.runner import _prepare, tf32_matmuls
@@ -190,7 +190,7 @@ def test_slurm_launcher_follows_num_nodes_and_devices(overrides, nodes, tasks):
     from zoo.schema import register
 
     register()
-    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+    with initialize_config_dir(config_dir=str(config_dir()), version_base="1.3"):
         cfg = compose("config", overrides=["hydra/launcher=slurm", *overrides], return_hydra_config=True)
     launcher = cfg.hydra.launcher
     assert (launcher.nodes, launcher.tasks_per_node, launcher.gpus_per_node) == (nodes, tasks, tasks)

@@ -2,19 +2,17 @@
 
 from __future__ import annotations
 
-import argparse
 import math
 import sys
 from pathlib import Path
 
+from zoo.cli.common import EXIT_ERROR, EXIT_OK, OneLineParser
 from zoo.io import WriteError, atomic_write_text
 from zoo.report.ladder import build_ladder
 from zoo.report.plots import plot_curves, plot_final, plot_ladder
 from zoo.report.runs import ReportError, load_runs, match_jobs, metric_direction
 from zoo.report.stats import mean_std
 from zoo.report.tables import Report, comparisons, find_baseline, group_variants, make_rows, parse_baseline, table
-
-EXIT_OK, EXIT_ERROR = 0, 2
 
 
 def build_report(root: Path, metric: str = "val_loss", target: float | None = None,
@@ -77,7 +75,7 @@ def console_summary(report: Report) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m zoo.report",
+    p = OneLineParser(prog="python -m zoo.report",
                                 description="Compare the runs of a sweep: one table row per variant.")
     p.add_argument("dir", type=Path, help="a multirun directory (or any directory holding runs)")
     p.add_argument("--metric", default="val_loss", help="validation metric to compare (default: val_loss)")

@@ -74,10 +74,11 @@ def check_group_choices(args: list[str], conf_dir: Path) -> str | None:
     return None
 
 
-def help_text(args: list[str], conf_dir: Path, doc: str) -> str | None:
-    """train.py --help: the groups and their options, then the config the other arguments compose, or None when
-    they do not compose (Hydra's own help then answers). Hydra's help takes seconds: it composes the whole
-    config tree once per group to list the options; reading the conf folder is enough here."""
+def help_text(args: list[str], conf_dir: Path, doc: str, command: str = "python train.py") -> str | None:
+    """`command` --help (python train.py, zoo train): the groups and their options, then the config the other
+    arguments compose, or None when they do not compose (Hydra's own help then answers). Hydra's help takes
+    seconds: it composes the whole config tree once per group to list the options; reading the conf folder is
+    enough here."""
     configs, _ = _compose_all(args, conf_dir)
     if configs is None:
         return None
@@ -86,7 +87,7 @@ def help_text(args: list[str], conf_dir: Path, doc: str) -> str | None:
     options = [f"{g}: {', '.join(_options(g, conf_dir))}" for g in _groups(conf_dir)]
     return "\n".join([doc.strip(), "", "== Configuration groups (group=option) ==", *options, "",
                       "== Config (override any key: key=value) ==", OmegaConf.to_yaml(configs[0]).rstrip(), "",
-                      "Hydra's own options (-m, --cfg, --info, hydra.run.dir=...): python train.py --hydra-help"])
+                      f"Hydra's own options (-m, --cfg, --info, hydra.run.dir=...): {command} --hydra-help"])
 
 
 def _groups(conf_dir: Path) -> list[str]:

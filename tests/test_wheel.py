@@ -1,0 +1,140 @@
+"""zoo as a user installs it: the wheel, in a fresh virtual environment, used from an empty directory.
+
+The wheel is built from a copy of the sources (setuptools writes build/ and *.egg-info beside them), installed
+with --no-deps into a venv that reuses this interpreter's packages (torch, Lightning, Hydra: nothing is
+downloaded), and every command runs with no PYTHONPATH, from a directory holding nothing of the clone: the
+configs must come from the wheel (pkg://zoo.conf), not from a conf/ nearby.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import venv
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SOURCES = ("pyproject.toml", "setup.py", "README.md", "LICENSE", "conf", "zoo", "hydra_plugins")
+TIMEOUT = 900  # a busy machine: each command imports torch and Lightning
+
+pytestmark = pytest.mark.slow  # builds, installs, trains a run and a two-job sweep: minutes on two cores
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory) -> Path:
+    """A venv with zoo's wheel in it; its bin/ directory."""
+    tmp = tmp_path_factory.mktemp("wheel")
+    src, dist, env = tmp / "src", tmp / "dist", tmp / "venv"
+    src.mkdir()
+    for name in SOURCES:
+        if (ROOT / name).is_dir():
+            shutil.copytree(ROOT / name, src / name, ignore=shutil.ignore_patterns("__pycache__"))
+        else:
+            shutil.copy2(ROOT / name, src / name)
+    # --no-build-isolation: build with the setuptools installed here instead of downloading one
+    _pip("wheel", str(src), "--no-deps", "--no-build-isolation", "-w", str(dist))
+    venv.create(env, system_site_packages=True)  # torch and the rest from this interpreter's site-packages
+    wheels = list(dist.glob("zoo-*.whl"))
+    assert len(wheels) == 1, wheels
+    # --ignore-installed: the system's zoo (an editable install) is seen from the venv; pip would call the wheel
+    # already installed, and must neither skip it nor touch that one
+    _pip("--python", str(env / "bin" / "python"), "install", "--no-deps", "--ignore-installed", str(wheels[0]))
+    return env / "bin"
+
+
+def _pip(*args: str) -> None:
+    proc = subprocess.run([sys.executable, "-m", "pip", "--disable-pip-version-check", "-q", *args],
+                          capture_output=True, text=True, timeout=TIMEOUT)
+    assert proc.returncode == 0, f"pip {' '.join(args)}:\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}"
+
+
+@pytest.fixture(scope="module")
+def empty(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("empty")
+
+
+def _zoo(bin_dir: Path, cwd: Path, *args: str, code: int = 0) -> subprocess.CompletedProcess:
+    """`zoo <args>` as the venv's console script, with none of the clone on the path."""
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
+    env.update(PATH=f"{bin_dir}{os.pathsep}{env.get('PATH', '')}", OMP_NUM_THREADS="1", VIRTUAL_ENV=str(bin_dir.parent))
+    proc = subprocess.run([str(bin_dir / args[0]), *args[1:]], cwd=cwd, env=env, capture_output=True, text=True,
+                          timeout=TIMEOUT)
+    assert proc.returncode == code, f"{' '.join(args)} exited {proc.returncode}:\n{proc.stdout[-2000:]}\n" \
+                                    f"{proc.stderr[-3000:]}"
+    return proc
+
+
+def test_the_venv_imports_its_own_zoo_and_configs(installed, empty):
+    code = ("import json, zoo, hydra_plugins.zoo_launcher.parallel_launcher as launcher\n"
+            "from zoo.cli.common import config_dir, config_search_path\n"
+            "print(json.dumps([zoo.__file__, launcher.__file__, str(config_dir()), config_search_path()]))")
+    out = _zoo(installed, empty, "python", "-c", code).stdout
+    package, launcher, conf, search = json.loads(out)
+    venv_dir = str(installed.parent)
+    # the editable install in the system site-packages must not win over the venv's wheel
+    assert package.startswith(venv_dir) and launcher.startswith(venv_dir), (package, launcher)
+    assert conf == str(Path(package).parent / "conf") and search == "pkg://zoo.conf"
+
+
+def test_zoo_help_lists_the_commands(installed, empty):
+    out = _zoo(installed, empty, "zoo", "--help").stdout
+    for name in ("train", "sample", "eval", "inspect", "prepare", "report", "bench"):
+        assert f"\n  {name} " in out, out
+
+
+def test_a_bad_override_is_one_line(installed, empty):
+    proc = _zoo(installed, empty, "zoo", "train", "ffn=nope", code=2)
+    assert proc.stderr.splitlines() == ["error: ffn: unknown option 'nope'; valid: geglu, geglu_tanh, gelu, "
+                                        "gelu_tanh, moe, reglu, relu, swiglu"]
+
+
+def test_train_then_sample_eval_report(installed, empty):
+    """The first hour, from the wheel: a debug run (with its checkpoint), then the tools on that run."""
+    _zoo(installed, empty, "zoo", "train", "debug=fast", "trainer.enable_checkpointing=true")
+    runs = list(empty.glob("outputs/debug/*/*"))
+    assert len(runs) == 1, runs
+    run = runs[0]
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["status"] == "completed", summary
+    hydra = (run / ".hydra" / "hydra.yaml").read_text()
+    assert "path: zoo.conf\n      schema: pkg\n      provider: main" in hydra  # read through pkg://zoo.conf
+
+    ckpt = str(run / "checkpoints" / "best.ckpt")
+    sample = _zoo(installed, empty, "zoo", "sample", ckpt, "--prompt", "ROMEO:", "--max-new-tokens", "20").stdout
+    assert sample.startswith("ROMEO:") and "-" * 40 in sample, sample
+    result = json.loads(_zoo(installed, empty, "zoo", "eval", ckpt, "--max-windows", "4", "--json").stdout)
+    assert result["windows"] == 4 and result["loss"] > 0, result
+    report = _zoo(installed, empty, "zoo", "report", str(run)).stdout
+    assert "1 finished" in report and (run / "report.md").is_file(), report
+
+
+def test_a_parallel_sweep_finds_zoos_launcher(installed, empty):
+    """-m with hydra/launcher=parallel: Hydra finds the launcher among the wheel's hydra_plugins."""
+    _zoo(installed, empty, "zoo", "train", "-m", "hydra/launcher=parallel", "hydra.launcher.n_jobs=2", "threads=1",
+         "debug=fast", "seed=0,1", "hydra.sweep.dir=sweep")
+    plan = (empty / "sweep" / "multirun.yaml").read_text()
+    assert "_target_: hydra_plugins.zoo_launcher.parallel_launcher.ParallelLauncher" in plan
+    statuses = [json.loads((empty / "sweep" / job / "summary.json").read_text())["status"] for job in ("0", "1")]
+    assert statuses == ["completed", "completed"]
+    report = _zoo(installed, empty, "zoo", "report", "sweep").stdout
+    assert "2 finished" in report, report
+
+
+def test_inspect_composes_from_the_wheel(installed, empty):
+    out = _zoo(installed, empty, "zoo", "inspect", "ffn=swiglu").stdout
+    assert out.startswith("decoder_only: d_model 128, 4 layers") and "swiglu FFN" in out, out
+
+
+def test_prepare_a_text_file(installed, empty, tmp_path):
+    text = tmp_path / "plays.txt"
+    text.write_text("".join(f"Scene {i}. Enter the players, and speak the speech {i} times.\n\n" for i in range(200)))
+    out = _zoo(installed, empty, "zoo", "prepare", str(text), "--out", str(tmp_path / "plays.tokens"),
+               "--sample-by", "paragraph", "--quiet").stdout
+    assert out.startswith(f"prepared {tmp_path / 'plays.tokens'}: ") and \
+        f"train on it: zoo train data=tokens data.path={tmp_path / 'plays.tokens'}" in out, out
+    assert (tmp_path / "plays.tokens" / "manifest.json").is_file()

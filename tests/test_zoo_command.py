@@ -1,0 +1,127 @@
+"""The `zoo` command (zoo.cli): its subcommands, its help before torch loads, one-line mistakes, and `zoo train`
+being train.py; where the configs come from (zoo.cli.common.config_dir). The installed wheel: test_wheel.py."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from zoo.cli import COMMANDS, main
+from zoo.cli import common as cli_common
+from zoo.component import ConfigError
+
+ROOT = Path(__file__).resolve().parents[1]
+VALID = "valid: train, sample, eval, inspect, prepare, report, bench"
+
+
+@pytest.fixture(autouse=True)
+def _plain_names(monkeypatch):
+    """zoo.cli.main names the tool it starts (`zoo sample`) for the rest of the process: not past one test."""
+    monkeypatch.setattr(cli_common, "_command", None)
+
+
+def _run(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True, timeout=600)
+
+
+def test_help_lists_every_command_without_importing_torch():
+    code = ("import sys\nfrom zoo.cli import main\ncode = main(['--help'])\n"
+            "print(code, sorted(m for m in ('torch', 'lightning', 'hydra') if m in sys.modules))")
+    proc = _run("-c", code)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    *help_lines, status = proc.stdout.strip().splitlines()
+    assert status == "0 []"  # nothing heavy was imported to answer
+    for name, (_, line) in COMMANDS.items():
+        assert f"  {name}{' ' * (9 - len(name))}{line}" in help_lines, help_lines
+
+
+def test_python_m_zoo_is_the_zoo_command():
+    proc = _run("-m", "zoo", "--help")
+    assert proc.returncode == 0 and proc.stdout.startswith("usage: zoo <command> [arguments]"), proc.stderr
+
+
+@pytest.mark.parametrize("argv,expected", [
+    (["trian"], f"error: unknown command 'trian' (did you mean train?); {VALID}"),
+    (["--version"], f"error: unknown command '--version'; {VALID}"),
+    ([], f"error: name a command; {VALID} (zoo --help says what each does)"),
+])
+def test_a_wrong_command_is_one_line_naming_the_valid_ones(argv, expected, capsys):
+    assert main(argv) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.splitlines() == [expected]
+
+
+def test_every_command_is_a_module_with_main():
+    for name, (module, _) in COMMANDS.items():
+        assert callable(importlib.import_module(module).main), name
+
+
+def test_a_command_help_is_that_tools_help_under_its_zoo_name(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["sample", "--help"])
+    assert exit_.value.code == 0
+    out = capsys.readouterr().out
+    assert out.startswith("usage: zoo sample [-h] [--prompt PROMPT]") and "--max-new-tokens" in out
+
+
+@pytest.mark.parametrize("argv,expected", [
+    (["inspect", "--bogus"], "error: unrecognized arguments: --bogus; see zoo inspect --help"),
+    (["report"], "error: the following arguments are required: dir; see zoo report --help"),
+    (["prepare", "x.txt"], "error: the following arguments are required: --out; see zoo prepare --help"),
+    (["eval", "nope.ckpt", "--split", "val", "--max-windows"],
+     "error: argument --max-windows: expected one argument; see zoo eval --help"),
+])
+def test_a_tools_usage_mistake_is_one_line_naming_the_command(argv, expected, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(argv)
+    assert exit_.value.code == 2 and capsys.readouterr().err.splitlines() == [expected]
+
+
+def test_zoo_train_answers_as_train_py():
+    """The same checks, the same one line, exit 2, for both spellings of the command."""
+    args = ["ffn=nope", "trainer.max_steps=1"]
+    by_file, by_zoo = _run("train.py", *args), _run("-m", "zoo", "train", *args)
+    assert by_file.returncode == by_zoo.returncode == 2
+    assert by_file.stderr == by_zoo.stderr == "error: ffn: unknown option 'nope'; valid: geglu, geglu_tanh, " \
+                                               "gelu, gelu_tanh, moe, reglu, relu, swiglu\n"
+
+
+def test_zoo_train_help_names_zoo_train():
+    proc = _run("-m", "zoo", "train", "--help")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.startswith("Train any zoo model from configs") and "\nffn: " in proc.stdout
+    assert proc.stdout.rstrip().endswith("zoo train --hydra-help")
+
+
+@pytest.mark.slow  # two processes train: about a minute on two busy cores
+def test_zoo_train_ddp_ranks_run_zoo_train_again(tmp_path):
+    """Lightning starts rank 1 by repeating the command line: `python -m zoo.__main__ train ...` must train too."""
+    proc = _run("-m", "zoo", "train", "trainer=ddp", "model.d_model=32", "model.n_layers=1", "model.n_heads=2",
+                "trainer.max_steps=4", "trainer.val_check_interval=2", "data.eval_batches=2", "data.batch_size=4",
+                "data.context=16", "logger=none", f"hydra.run.dir={tmp_path}")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    s = json.loads((tmp_path / "summary.json").read_text())
+    assert s["status"] == "completed" and s["tokens_seen"] == 2 * 4 * 4 * 16  # both ranks trained
+
+
+def test_configs_come_from_the_clone():
+    assert cli_common.config_dir() == ROOT / "conf"
+    assert cli_common.config_search_path() == str(ROOT / "conf")
+    assert cli_common.train_command() == "python train.py"
+
+
+def test_no_configs_anywhere_is_one_line(monkeypatch):
+    monkeypatch.setattr(cli_common, "clone_config_dir", lambda: None)
+    monkeypatch.setattr(cli_common, "CONFIG_PACKAGE", "zoo.no_such_conf")
+    cli_common.config_dir.cache_clear()
+    try:
+        with pytest.raises(ConfigError, match=r"^no configs: neither a conf/ beside '.*zoo' \(a clone\) nor the "
+                                              r"package zoo.no_such_conf \(an installed wheel\); reinstall zoo$"):
+            cli_common.config_dir()
+    finally:
+        cli_common.config_dir.cache_clear()

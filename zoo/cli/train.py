@@ -1,0 +1,98 @@
+"""Train any zoo model from configs (`zoo train` and `python train.py` are this one command).
+
+    zoo train                                        # small GPT on the embedded Shakespeare
+    zoo train model=decoder_only norm=pre_ln         # pick components by name
+    zoo train -m ffn=relu,gelu,swiglu seed=0,1,2     # a Hydra multirun sweep
+    zoo train experiment=nanogpt_cpu                 # a named preset
+
+Component options can be written short: `norm.type=rmsnorm` means `model.norm.type=rmsnorm`.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import TYPE_CHECKING
+
+from zoo.cli.common import EXIT_ERROR, EXIT_OK, config_dir, config_search_path
+from zoo.component import ConfigError
+from zoo.io import collect_once_at_exit, pause_gc_while_loading, resume_gc
+from zoo.training.cli import (  # no torch: fast answers
+    asks_for_sweep,
+    check_group_choices,
+    check_keys,
+    check_output_dirs,
+    check_plugins,
+    check_run_dir_free,
+    expand,
+    help_text,
+)
+from zoo.training.safety import check_argv  # no torch either
+
+if TYPE_CHECKING:
+    from omegaconf import DictConfig
+
+
+def task(cfg: DictConfig) -> float | None:
+    """What Hydra runs for each job: one training run."""
+    # torch and Lightning load here, after the argument checks and --help: a typo costs no import time.
+    from hydra.core.hydra_config import HydraConfig
+
+    from zoo.training import final_metric
+    from zoo.training import main as train
+
+    resume_gc()  # everything is loaded: collect once, freeze it, collector back on for the run
+    code = train(cfg)
+    if code and HydraConfig.get().mode.name == "RUN":  # in a sweep, one failed run must not stop the others
+        sys.exit(code)
+    if cfg.get("optimized_metric"):  # what a search sweeper (Optuna) minimises or maximises
+        return final_metric(HydraConfig.get().runtime.output_dir, cfg.optimized_metric)
+    return None
+
+
+def check_arguments(args: list[str]) -> str | None:
+    """The command line's mistakes as one line, before Hydra composes and before torch loads."""
+    if "--hydra-help" in args:
+        return None
+    conf = config_dir()
+    # a busy or unusable hydra.run.dir (hydra.sweep.dir) is refused before Hydra writes .hydra/ into it
+    return check_plugins() or check_group_choices(args, conf) or check_keys(args, conf) or check_run_dir_free(args) \
+        or check_output_dirs(args)
+
+
+def run_hydra(args: list[str]) -> None:
+    """Hydra's main on these arguments, as @hydra.main runs it on sys.argv. The arguments are passed rather than
+    read from sys.argv, which stays as the user typed it (`zoo train ...`): a process Lightning starts for
+    another DDP rank repeats sys.argv, and must land here again. _run_hydra is what @hydra.main calls (Hydra's
+    own, private; the same since Hydra 1.1)."""
+    from hydra import version
+    from hydra._internal.utils import _run_hydra, get_args_parser
+
+    version.setbase("1.3")  # what @hydra.main(version_base="1.3") sets
+    parser = get_args_parser()
+    _run_hydra(args=parser.parse_args(args), args_parser=parser, task_function=task,
+               config_path=config_search_path(), config_name="config")
+
+
+def main(argv: list[str] | None = None, command: str = "zoo train", doc: str = __doc__) -> int:
+    """The whole command: checks that answer in a fraction of a second, then Hydra. `command` is what the user
+    typed before the arguments and `doc` the help's introduction (train.py passes its own)."""
+    collect_once_at_exit()  # first, so it runs after every exit handler registered later
+    pause_gc_while_loading()  # until task() has imported torch and Lightning
+    args = [expand(a) for a in (sys.argv[1:] if argv is None else argv)]
+    try:
+        if "--help" in args or "-h" in args:
+            if text := help_text(args, config_dir(), doc, command):
+                print(text)
+                return EXIT_OK
+        # then a class the config names that is not allowed, before Hydra instantiates hydra.callbacks, the
+        # launcher or the sweeper
+        error = check_arguments(args) or check_argv(args, __file__, config_search_path())
+    except ConfigError as e:  # no configs at all
+        error = str(e)
+    if error:
+        print(f"error: {error}", file=sys.stderr)
+        return EXIT_ERROR
+    if asks_for_sweep(args):
+        resume_gc()  # a launcher may run every job elsewhere: this process never reaches task()'s own call
+    run_hydra(args)
+    return EXIT_OK
