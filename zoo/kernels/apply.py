@@ -101,7 +101,8 @@ def check_policy(policy) -> list[str]:
 PRECISION_DTYPES = {"32-true": {torch.float32}, "32": {torch.float32}, "64-true": {torch.float64},
                     "64": {torch.float64}, "bf16-mixed": {torch.float32, torch.bfloat16},
                     "bf16-true": {torch.bfloat16}, "16-mixed": {torch.float32, torch.float16},
-                    "16-true": {torch.float16}}
+                    "16-true": {torch.float16}, "bf16": {torch.float32, torch.bfloat16},
+                    "16": {torch.float32, torch.float16}}  # the last two: Lightning's short names of the mixed ones
 
 
 def apply_kernels(model: nn.Module, policy="auto", *, device: torch.device | str | None = None,

@@ -421,7 +421,8 @@ def match_params(model_cfg: dict, tolerance: float = 0.01, count: str = "total")
                      "params": params, "deviation": (params - target) / target}
 
 
-# Keys a resume may change: where output goes and how it is shown, never what is computed.
+# Keys a resume may change: where output goes and how it is shown, or how it is computed within rounding
+# (threads, kernels: a resume says what changed); never what is computed.
 RESUME_MAY_CHANGE = ("ckpt_path", "overwrite", "threads", "kernels", "logger", "sample", "optimized_metric",
                      "trainer.enable_progress_bar", "data.verify", "checkpoints")
 
