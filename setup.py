@@ -18,7 +18,7 @@ setup(
     packages=find_namespace_packages(include=["zoo*", "hydra_plugins*"], exclude=["*__pycache__"]) + CONF_PACKAGES,
     package_dir={"zoo.conf": "conf"},
     package_data={
-        "zoo": ["data/*.gz", "layers/*.cpp"],  # layers/*.cpp: the kernels zoo.native builds on first use
+        "zoo": ["data/*.gz", "kernels/*.cpp"],  # kernels/*.cpp: zoo.kernels builds them (python -m zoo.kernels build)
         **{package: ["*.yaml"] for package in CONF_PACKAGES},
     },
 )

@@ -11,11 +11,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from zoo import bench, native
+from zoo import bench
 from zoo.bench import Settings, cli, sections, writer
 from zoo.bench.machine import machine_info
 from zoo.bench.registry import SECTIONS, SectionRegistry
 from zoo.build import ConfigError
+from zoo.kernels import KERNELS
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -419,11 +420,13 @@ def test_profile_section_shares_add_up():
 
 
 def test_choices_section_tables():
-    """The rows behind zoo.hardware: both attention paths per family, by key length, and the three AdamW kernels,
-    with the for-loop equal to itself and foreach equal to it to the bit (the same arithmetic, batched)."""
+    """The rows behind zoo.kernels.attention's rules: both attention paths per family, by key length, and the
+    three AdamW kernels, with the for-loop equal to itself and foreach equal to it to the bit (the same
+    arithmetic, batched)."""
     md = sections.choices.section_choices(bench.Session(quick()))
     assert md.startswith("## Hardware choices\n")  # run_sections adds the CPU kind to the heading
-    forms = ["zoo's softmax", "torch ops"] if native.load("softmax") else ["torch ops"]  # its written-out forms
+    built = KERNELS.get("attention_softmax_cpp").load()
+    forms = ["zoo's softmax", "torch ops"] if built else ["torch ops"]  # its written-out forms
     rows = rows_of(md, f"| shape | family | context | kernel ms | written-out ms ({forms[0]}) |")
     assert [r["family"] for r in rows] == ["GPT-2 style", "Llama style"]
     lengths = rows_of(md, "| key length |")
@@ -448,7 +451,8 @@ def test_choices_section_tables():
     for form, (_, rule_table) in sections.choices.SOFTMAXES.items():  # each form's verdict on its own rule table
         said = [ln for ln in md.splitlines() if ln.startswith(f"Against the written-out form with {form}, ")]
         assert len(said) == (form in forms), form
-        assert all(ln.endswith(("at every length.", f"revisit zoo.hardware.{rule_table}.")) for ln in said), said
+        revisit = f"revisit zoo.kernels.attention.{rule_table}."
+        assert all(ln.endswith(("at every length.", revisit)) for ln in said), said
 
 
 @pytest.mark.parametrize("rule,t,kernel,written,verdict", [

@@ -95,6 +95,8 @@ class ZooConfig:
     threads: int | None = None  # torch intra-op threads per run; null: torch's default (one per core)
     optimized_metric: str | None = None  # set by hparams_search presets: the final metric the sweeper optimises
     compile: bool = False  # torch.compile the model (first steps slower, then faster)
+    # zoo.kernels applied after building: auto (the measured rules), none, or a list of kernel names
+    kernels: Any = "auto"
     init_from: str | None = None  # hf:<model id or dir>: start from its weights (zoo/training/pretrained.py)
     tf32: bool = True  # float32 matmuls and convolutions on a CUDA GPU use TF32 tensor cores; no effect on CPU
     ckpt_path: str | None = None  # a .ckpt to resume from, or `last` for <run dir>/checkpoints/last.ckpt

@@ -9,7 +9,6 @@ import pytest
 import torch
 
 import zoo.hardware as hw
-import zoo.layers.attention as attention
 from tests.helpers import CONF, TINY, compose_cfg
 
 AUTO = ["trainer.precision=auto", "logger=none", "sample.max_new_tokens=0", "threads=1"]
@@ -119,26 +118,6 @@ def test_adamw_is_fused_on_cpu_in_bf16_only():
         assert adamw_implementation(None, cpu, precision) == {"fused": True}
     assert adamw_implementation(False, cpu, "bf16-mixed") == {}  # optim.fused set: as set
     assert adamw_implementation(None, torch.device("cuda", 0), "32-true") == {"fused": True}  # CUDA: always
-
-
-@pytest.mark.parametrize("softmax_kernel", [True, False])
-@pytest.mark.parametrize("start,t_k,math", [(None, 64, True), (None, 1024, True), (256, 64, True), (256, 255, True),
-                                            (256, 256, False), (256, 1024, False)])
-def test_low_precision_attention_path_by_cpu_and_length(monkeypatch, start, t_k, math, softmax_kernel):
-    """Each rule table on its own: the written-out form's softmax on zoo's kernel, or in torch ops."""
-    mine, other = ("FUSED_BACKWARD_FROM_SOFTMAX_KERNEL", "FUSED_BACKWARD_FROM")[::1 if softmax_kernel else -1]
-    monkeypatch.setattr(attention, mine, start)
-    monkeypatch.setattr(attention, other, 128 if start is None else None)  # the other table must not count
-    monkeypatch.setattr(attention, "_softmax_kernel", lambda scores, mask, t_k: softmax_kernel)
-    q = torch.zeros(1, 2, 4, 8, dtype=torch.bfloat16, requires_grad=True)
-    assert attention._slow_fused_backward(q, t_k) is math
-    assert not attention._slow_fused_backward(q.detach(), t_k)  # inference keeps the kernel
-    assert not attention._slow_fused_backward(q.float(), t_k)  # float32 keeps the kernel
-
-
-def test_the_rule_tables_name_cpu_kinds():
-    assert set(hw.CPU_BF16) == {"amx", "avx512_bf16"}
-    assert set(hw.FUSED_FROM) <= set(hw.CPU_BF16) and set(hw.FUSED_FROM_SOFTMAX_KERNEL) <= set(hw.CPU_BF16)
 
 
 @pytest.mark.parametrize("study", sorted(p.stem for p in (Path(CONF) / "study").glob("*.yaml")))

@@ -12,16 +12,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from functools import cache, lru_cache
+from functools import lru_cache
 from typing import Literal
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from zoo import native
 from zoo.component import Context, Options, linear_flops, need
-from zoo.hardware import compiled_softmax_kernel_from, fused_attention_backward_from
 from zoo.layers.position import Position
 from zoo.registry import ATTENTION
 
@@ -111,37 +109,44 @@ class AttentionBase(nn.Module):
     def _attend(self, q, k, v, mask, is_causal, qk_dim: int | None = None) -> torch.Tensor:
         """softmax(q k^T / sqrt(qk_dim)) v. q (B, H, Tq, E); k (B, H_kv, Tk, E) and v (B, H_kv, Tk, Ev), each
         key/value head shared by H // H_kv query heads; qk_dim defaults to E."""
-        dropout = self.dropout if self.training else 0.0
+        if self.backend == "sdpa" and not self.record:
+            scale = None if qk_dim is None else 1 / math.sqrt(qk_dim)
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=self.dropout if self.training
+                                                  else 0.0, is_causal=is_causal, scale=scale,
+                                                  enable_gqa=q.shape[1] > k.shape[1])
+        return self._written_out(q, k, v, mask, is_causal, qk_dim)
+
+    def _written_out(self, q, k, v, mask, is_causal, qk_dim: int | None = None) -> torch.Tensor:
+        """The math backend: softmax(q k^T / sqrt(d_k)) v, written out so the weights can be kept."""
         groups = q.shape[1] // k.shape[1]
-        scale = None if qk_dim is None else 1 / math.sqrt(qk_dim)
-        if self.backend == "sdpa" and not self.record and not _slow_fused_backward(q, k.shape[2], mask):
-            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout,
-                                                  is_causal=is_causal, scale=scale, enable_gqa=groups > 1)
-        # math: softmax(q k^T / sqrt(d_k)) v, written out so the weights can be kept.
         k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
-        weights = attention_weights(q, k, mask, is_causal, qk_dim)
+        weights = self._softmax(q @ k.transpose(-2, -1), mask, is_causal, qk_dim or q.shape[-1]).to(q.dtype)
         if self.record:
             self.weights = weights.detach()
-        return F.dropout(weights, dropout) @ v
+        return F.dropout(weights, self.dropout if self.training else 0.0) @ v
+
+    def _softmax(self, scores, mask, is_causal, qk_dim: int) -> torch.Tensor:
+        return scores_softmax(scores, mask, is_causal, qk_dim)
 
 
 def attention_weights(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor | None, is_causal: bool,
                       qk_dim: int | None = None) -> torch.Tensor:
     """softmax(q k^T / sqrt(qk_dim)) with the mask (causal: queries are the last of the keys), in q's dtype.
-    q (B, H, Tq, E) and k (B, H, Tk, E) -> (B, H, Tq, Tk); qk_dim defaults to E. Low-precision scores are
-    normalised in float32: for bf16 on CPU in one pass each way by zoo/layers/softmax.cpp where it is built (six
-    torch passes otherwise, more time than the two matrix products around them), else by torch ops."""
-    scores, root_d = q @ k.transpose(-2, -1), math.sqrt(qk_dim or q.shape[-1])
-    if _softmax_kernel(scores, mask, k.shape[-2]):
-        return attention_softmax(scores, 1 / root_d, is_causal)
-    scores = scores / root_d
+    q (B, H, Tq, E) and k (B, H, Tk, E) -> (B, H, Tq, Tk); qk_dim defaults to E."""
+    return scores_softmax(q @ k.transpose(-2, -1), mask, is_causal, qk_dim or q.shape[-1]).to(q.dtype)
+
+
+def scores_softmax(scores: torch.Tensor, mask: torch.Tensor | None, is_causal: bool, qk_dim: int) -> torch.Tensor:
+    """softmax(scores / sqrt(qk_dim)) over keys (..., Tq, Tk) with the mask (causal: queries are the last of the
+    keys). Low-precision scores are normalised in float32 for accuracy (the caller rounds the result back);
+    float32 and float64 stay as they are."""
+    scores = scores / math.sqrt(qk_dim)
     if is_causal:  # eager reuses the cached mask; under torch.compile dynamo traces the builder itself
         build = attention_mask.__wrapped__ if torch.compiler.is_compiling() else attention_mask
-        mask = build(q.shape[2], k.shape[2], True, None, q.device)
+        mask = build(scores.shape[-2], scores.shape[-1], True, None, scores.device)
     if mask is not None:
         scores = scores.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else scores + mask
-    # bf16/fp16 scores are normalised in float32 for accuracy; float32 and float64 stay as they are.
-    return scores.softmax(dim=-1, dtype=torch.promote_types(scores.dtype, torch.float32)).to(q.dtype)
+    return scores.softmax(dim=-1, dtype=torch.promote_types(scores.dtype, torch.float32))
 
 
 class Attention(AttentionBase):
@@ -225,84 +230,6 @@ def gqa(ctx: Context, opts: GQAOptions) -> Attention:
     need(kv > 0, "attention.n_kv_heads", f"must be a positive integer, got {kv}")
     need(ctx.n_heads % kv == 0, "attention.n_kv_heads", f"n_heads={ctx.n_heads} is not divisible by n_kv_heads={kv}")
     return Attention(ctx, opts, kv)
-
-
-# Low-precision training on CPU: the key length from which the fused kernel's backward is faster than the
-# written-out form on this CPU (None: never), with the softmax in torch ops or on zoo's kernel; and from which
-# compiled models take zoo's softmax kernel over inductor's own. Read once, here, so torch.compile sees constants.
-FUSED_BACKWARD_FROM = fused_attention_backward_from()
-FUSED_BACKWARD_FROM_SOFTMAX_KERNEL = fused_attention_backward_from(softmax_kernel=True)
-COMPILED_SOFTMAX_KERNEL_FROM = compiled_softmax_kernel_from()
-
-
-def _softmax_kernel(x: torch.Tensor, mask: torch.Tensor | None, t_k: int) -> bool:
-    """Whether attention weights from scores like x (the scores, or the queries they are made from) over t_k keys
-    come from zoo/layers/softmax.cpp: bf16 on CPU, causal or unmasked, where the kernel builds; under torch.compile
-    from COMPILED_SOFTMAX_KERNEL_FROM keys (below, inductor's fusion of the torch ops is as fast or faster)."""
-    if mask is not None or x.dtype != torch.bfloat16 or x.device.type != "cpu":
-        return False
-    if torch.compiler.is_compiling() and (COMPILED_SOFTMAX_KERNEL_FROM is None or t_k < COMPILED_SOFTMAX_KERNEL_FROM):
-        return False
-    return _softmax_ops()
-
-
-def _softmax_ops() -> bool:
-    """Whether zoo/layers/softmax.cpp is loaded here (zoo.native), its shapes registered for torch.compile."""
-    return native.load("softmax") and _register_softmax_ops()
-
-
-# torch.compile asks once, while tracing, and keeps the answer. This is what torch.compiler.assume_constant_result
-# marks, set here without calling it: it imports torch._dynamo (1-1.6 s), compiling or not (tests/test_properties.py
-# checks that the decorator still sets this attribute).
-_softmax_ops._dynamo_marked_constant = True
-
-
-@cache
-def _register_softmax_ops() -> bool:
-    """The shapes of softmax.cpp's ops, which torch.compile traces them by."""
-    torch.library.register_fake("zoo::attention_softmax", lambda scores, scale, causal: (
-        torch.empty_like(scores), scores.new_empty((*scores.shape[:-1], 2), dtype=torch.float32)))
-    torch.library.register_fake("zoo::attention_softmax_backward",
-                                lambda grad, scores, stats, scale, causal: torch.empty_like(scores))
-    return True
-
-
-class _AttentionSoftmax(torch.autograd.Function):
-    """softmax.cpp's two ops as one differentiable function, in eager mode and in compiled graphs (a plain
-    autograd.Function: torch.library.register_autograd's wrapper made a small model's step 3-4% slower)."""
-
-    @staticmethod
-    def forward(ctx, scores: torch.Tensor, scale: float, causal: bool) -> torch.Tensor:
-        p, stats = torch.ops.zoo.attention_softmax(scores, scale, causal)
-        ctx.save_for_backward(scores, stats)
-        ctx.scale, ctx.causal = scale, causal
-        return p
-
-    @staticmethod
-    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
-        if torch.is_grad_enabled():  # create_graph=True: the kernel would record nothing to differentiate
-            raise RuntimeError("zoo::attention_softmax has no second derivative; ZOO_NATIVE=0 uses torch's formula, "
-                               "which has")
-        scores, stats = ctx.saved_tensors
-        return torch.ops.zoo.attention_softmax_backward(grad, scores, stats, ctx.scale, ctx.causal), None, None
-
-
-def attention_softmax(scores: torch.Tensor, scale: float, causal: bool) -> torch.Tensor:
-    """softmax(scores * scale) over keys for bf16 CPU scores (..., Tq, Tk), causal: queries are the last of the
-    keys; by zoo/layers/softmax.cpp (differentiable once)."""
-    if not _softmax_ops():
-        raise RuntimeError("zoo/layers/softmax.cpp is not built here (zoo.native: ZOO_NATIVE=0 or no C++ compiler)")
-    return _AttentionSoftmax.apply(scores.contiguous(), scale, causal)
-
-
-def _slow_fused_backward(q: torch.Tensor, t_k: int, mask: torch.Tensor | None = None) -> bool:
-    """Whether low-precision training takes the written-out form instead of the fused kernel: on CPU, where the
-    kernel's bf16/fp16 backward is slower than the product form, at every length on CPUs without AMX and below a
-    length on CPUs with AMX (zoo.hardware: the benchmark rows). Inference and float32 keep the kernel."""
-    if q.device.type != "cpu" or q.dtype not in (torch.bfloat16, torch.float16) or not q.requires_grad:
-        return False
-    start = FUSED_BACKWARD_FROM_SOFTMAX_KERNEL if _softmax_kernel(q, mask, t_k) else FUSED_BACKWARD_FROM
-    return start is None or t_k < start
 
 
 @lru_cache(maxsize=32)

@@ -9,7 +9,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from zoo import native
 from zoo.component import Context, Options, need
 from zoo.registry import NORM
 
@@ -47,40 +46,6 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim or ctx.d_model))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.device.type == "cpu" and x.dtype == self.weight.dtype == torch.float32 \
-                and not torch.compiler.is_compiling():  # compiled, inductor fuses the formula below itself
-            if native.load("rmsnorm"):  # zoo/layers/rmsnorm.cpp: one fused kernel each way, as LayerNorm has
-                return torch.ops.zoo.rms_norm(x, self.weight, self.eps)
-            return _CpuRMSNorm.apply(x, self.weight, self.eps)
         # Normalise in float32 at least, so bf16 activations keep their precision (as Llama does) and float64 its own.
         wide = x.to(torch.promote_types(x.dtype, torch.float32))
         return F.rms_norm(wide, (x.shape[-1],), eps=self.eps).type_as(x) * self.weight
-
-
-class _CpuRMSNorm(torch.autograd.Function):
-    """RMSNorm for float32 on CPU where zoo/layers/rmsnorm.cpp cannot be built (zoo.native): torch has no fused
-    kernel, and F.rms_norm's autograd of the composite formula costs 3-7x LayerNorm (docs/benchmarks.md,
-    "LayerNorm against RMSNorm"); this costs about 1.5x. Forward: one reduction
-    (vector_norm) and one scaling pass. Backward: LayerNorm's own kernel, given a mean of zero, computes
-    RMSNorm's gradients but for the centring term, -rstd * mean(g * w), which one matrix-vector product adds
-    back."""
-
-    @staticmethod
-    @torch.amp.custom_fwd(device_type="cpu", cast_inputs=torch.float32)
-    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-        d = x.shape[-1]
-        rstd = torch.rsqrt(torch.linalg.vector_norm(x, dim=-1, keepdim=True).square_().div_(d).add_(eps))
-        ctx.save_for_backward(x, weight, rstd)
-        return (x * rstd).mul_(weight)
-
-    @staticmethod
-    @torch.amp.custom_bwd(device_type="cpu")
-    def backward(ctx, grad: torch.Tensor):
-        x, weight, rstd = ctx.saved_tensors
-        d, grad = x.shape[-1], grad.contiguous()
-        dx, dw, _ = torch.ops.aten.native_layer_norm_backward(
-            grad, x.contiguous(), [d], torch.zeros_like(rstd), rstd, weight, None,
-            [ctx.needs_input_grad[0], ctx.needs_input_grad[1], False])
-        if dx is not None:
-            dx.add_(torch.matmul(grad, weight).unsqueeze(-1).mul_(rstd), alpha=1.0 / d)
-        return dx, dw, None

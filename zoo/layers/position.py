@@ -17,7 +17,6 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from zoo import native
 from zoo.component import Context, Options, need
 from zoo.registry import POSITION
 
@@ -137,18 +136,16 @@ class RotaryPosition(_GrowingTable):
         return _cos_sin(torch.arange(n, dtype=torch.float32), self.head_dim, self.theta)
 
     def rotate(self, q: torch.Tensor, k: torch.Tensor, offset: int = 0):
-        t, dim = q.shape[-2:]
-        if dim == self.head_dim:
-            rows = self._rows(offset, t)
-        else:  # a rotary part of another size: a few sin/cos per position, cheap next to the attention itself
-            rows = _cos_sin(torch.arange(offset, offset + t, dtype=torch.float32, device=self.table.device),
-                            dim, self.theta)
-        if q.device.type == "cpu" and q.dtype != torch.float64 and not torch.compiler.is_compiling() \
-                and native.load("rope"):  # zoo/layers/rope.cpp: one pass each way, in float32, for any dtype of q
-            cos, sin = rows.float().unbind(1)
-            return torch.ops.zoo.rope(q, cos, sin), torch.ops.zoo.rope(k, cos, sin)
-        cos, sin = rows.to(q.dtype).unbind(1)  # (T, dim) each
+        cos, sin = self.angles(offset, *q.shape[-2:]).to(q.dtype).unbind(1)  # (T, dim) each
         return _rotate(q, cos, sin), _rotate(k, cos, sin)
+
+    def angles(self, offset: int, t: int, dim: int) -> torch.Tensor:
+        """(t, 2, dim): cos and sin of positions offset .. offset + t - 1, for a rotated part of size dim."""
+        if dim == self.head_dim:
+            return self._rows(offset, t)
+        # a rotary part of another size: a few sin/cos per position, cheap next to the attention itself
+        return _cos_sin(torch.arange(offset, offset + t, dtype=torch.float32, device=self.table.device),
+                        dim, self.theta)
 
 
 def _cos_sin(positions: torch.Tensor, dim: int, theta: float) -> torch.Tensor:

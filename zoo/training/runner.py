@@ -70,6 +70,8 @@ from zoo.training.checkpoint import (
 )
 from zoo.training.checkpoint_io import AtomicCheckpointIO
 from zoo.training.data import bits_per_char, build_data
+from zoo.training.kernels import KernelsUsed
+from zoo.training.kernels import check_state as check_kernels_state
 from zoo.training.loggers import build_loggers, finish_loggers, log_config
 from zoo.training.module import ZooModule
 from zoo.training.objectives import higher_is_better
@@ -211,9 +213,15 @@ def _run(cfg: DictConfig, run_dir: Path, start: float, state: dict) -> int:
         num_sanity_val_steps=0, enable_model_summary=False, default_root_dir=run_dir,
         check_val_every_n_epoch=None, use_distributed_sampler=False,  # StepLoader shards batches itself
     )
+    # kernels (zoo.kernels, zoo/training/kernels.py): applied to the built model where the Trainer will run it,
+    # before training's clock starts; named on the banner, in summary.json and in each checkpoint
+    kernels = KernelsUsed(module.model, plain.get("kernels", "auto"), trainer.strategy.root_device, precision["used"])
+    trainer.callbacks.append(kernels)
+    trusted[kernels.state_key] = check_kernels_state
     log_config(loggers, plain)
     if trainer.is_global_zero:
         _print_banner(plain, data, trainer, run_dir, ckpt, ckpt_step, precision)
+        print(kernels.banner, flush=True)  # kernels: the banner's third line
     status = "completed"
     state["training"] = True
     with tf32_matmuls(plain.get("tf32", True) and trainer.strategy.root_device.type == "cuda"):
@@ -226,6 +234,7 @@ def _run(cfg: DictConfig, run_dir: Path, start: float, state: dict) -> int:
             trainer.validate(module, datamodule=data, verbose=False)  # the final evaluation
 
     summary = _summary(plain, data, trainer, throughput, best, status, guard.step, precision)
+    summary.update(kernels.record)  # kernels: cpu_kind, kernels_policy, kernels
     if trainer.is_global_zero:
         atomic_write_json(owned_path(run_dir, "summary.json"), summary)
         if status in ("completed", "diverged") and keep != "all":
@@ -416,8 +425,9 @@ def match_params(model_cfg: dict, tolerance: float = 0.01, count: str = "total")
                              "params": params, "deviation": (params - target) / target}
 
 
-# Keys a resume may change: where output goes and how it is shown, never what is computed.
-RESUME_MAY_CHANGE = ("ckpt_path", "overwrite", "threads", "logger", "sample", "optimized_metric",
+# Keys a resume may change: where output goes and how it is shown, or how it is computed within rounding
+# (threads, kernels: a resume says what changed); never what is computed.
+RESUME_MAY_CHANGE = ("ckpt_path", "overwrite", "threads", "kernels", "logger", "sample", "optimized_metric",
                      "trainer.enable_progress_bar", "data.verify", "checkpoints")
 
 

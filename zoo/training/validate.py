@@ -264,6 +264,13 @@ def check_token_rule(tokens_per_param: Any, evals_per_run: Any) -> None:
     _optional_int_at_least("evals_per_run", evals_per_run, 1)
 
 
+def check_kernels(policy) -> None:
+    """kernels: auto, none or a list of registered kernel names (zoo.kernels), before any data is read."""
+    from zoo.kernels import check_policy  # imports the kernels and the components they serve
+
+    check_policy(policy)
+
+
 def check_run(plain: dict) -> None:
     """Every value of a run config that the architecture check does not cover, in config order."""
     for section in ("model", "data", "trainer", "optim", "sample"):
@@ -274,6 +281,7 @@ def check_run(plain: dict) -> None:
         if not isinstance(plain.get(key, False), bool):
             _fail(key, plain.get(key), "true or false")
     check_token_rule(plain.get("tokens_per_param"), plain.get("evals_per_run"))
+    check_kernels(plain.get("kernels", "auto"))
     if plain.get("checkpoints", "all") not in KEEP_CHECKPOINTS:
         _fail("checkpoints", plain.get("checkpoints"), ", ".join(KEEP_CHECKPOINTS))
     ckpt = plain.get("ckpt_path")

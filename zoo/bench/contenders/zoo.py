@@ -8,6 +8,8 @@ import zoo
 from zoo.bench.contenders.base import lm_loss
 
 if TYPE_CHECKING:
+    from torch import nn
+
     from zoo.bench.settings import Settings, Shape
 
 
@@ -21,6 +23,15 @@ def zoo_config(shape: Shape, family: str, max_seq_len: int | None = None) -> dic
             "norm": {"type": "rmsnorm"}, "ffn": {"name": "swiglu"}}
 
 
+def zoo_model(cfg: dict) -> nn.Module:
+    """zoo's model as train.py runs it: built, then zoo.kernels' pass with its default policy (auto)."""
+    from zoo.kernels import apply_kernels
+
+    model = zoo.build_model(cfg)
+    apply_kernels(model, "auto")
+    return model
+
+
 def build_zoo(shape: Shape, family: str, s: Settings):
-    model = zoo.build_model(zoo_config(shape, family))
+    model = zoo_model(zoo_config(shape, family))
     return model, lambda m, x, y: lm_loss(m(x), y)

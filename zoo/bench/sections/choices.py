@@ -1,9 +1,11 @@
-"""The choices section: the rows behind zoo.hardware's rules on this CPU kind: low-precision attention on the fused
-kernel against the written-out form, the written-out form's softmax under torch.compile, and AdamW's kernels."""
+"""The choices section: the rows behind zoo.hardware's and zoo.kernels' rules on this CPU kind: low-precision
+attention on the fused kernel against the written-out form, the written-out form's softmax under torch.compile,
+and AdamW's kernels."""
 
 from __future__ import annotations
 
 import contextlib
+import math
 from collections.abc import Callable
 from dataclasses import replace
 from functools import partial
@@ -13,7 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import zoo
-from zoo.bench.contenders import FAMILY_LABELS, lm_loss, zoo_config
+from zoo.bench.contenders import FAMILY_LABELS, lm_loss, zoo_config, zoo_model
 from zoo.bench.markdown import ms, ratio, table
 from zoo.bench.registry import section
 from zoo.bench.session import Session, batch
@@ -25,16 +27,16 @@ from zoo.bench.timing import interleave
 def attention_path(fused_from: int | None, softmax_kernel: bool = True):
     """Low-precision attention training on the fused kernel from key length `fused_from` (0: always, None:
     never), the written-out form's softmax on zoo's kernel where it builds (compiled or not) or in torch ops,
-    whatever zoo.hardware chose for this CPU."""
-    import zoo.layers.attention as attention
+    whatever zoo.kernels' rules chose for this CPU (the models have zoo.kernels' pass applied)."""
+    import zoo.kernels.attention as attention
 
-    names = ("FUSED_BACKWARD_FROM", "FUSED_BACKWARD_FROM_SOFTMAX_KERNEL", "COMPILED_SOFTMAX_KERNEL_FROM",
-             "_softmax_kernel")
+    names = ("FUSED_BACKWARD_FROM", "FUSED_BACKWARD_FROM_SOFTMAX_KERNEL", "COMPILED_SOFTMAX_FROM",
+             "softmax_kernel_applies")
     old = [getattr(attention, n) for n in names]
     attention.FUSED_BACKWARD_FROM = attention.FUSED_BACKWARD_FROM_SOFTMAX_KERNEL = fused_from
-    attention.COMPILED_SOFTMAX_KERNEL_FROM = 0  # compiled too: the softmax asked for at every length
+    attention.COMPILED_SOFTMAX_FROM = 0  # compiled too: the softmax asked for at every length
     if not softmax_kernel:
-        attention._softmax_kernel = lambda scores, mask, t_k: False
+        attention.softmax_kernel_applies = lambda scores, mask: False
     try:
         yield
     finally:
@@ -52,9 +54,14 @@ def _bf16_forward_backward(model: nn.Module, x: torch.Tensor, y: torch.Tensor, f
 
 
 def _written_out(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    """zoo's written-out causal attention (AttentionBase._attend's math path), standing alone."""
+    """zoo's written-out causal attention (AttentionBase._written_out), standing alone, its softmax on
+    attention_softmax_cpp where attention_path lets it run."""
+    from zoo.kernels import attention
     from zoo.layers.attention import attention_weights
 
+    scores = q @ k.transpose(-2, -1)
+    if attention.softmax_kernel_applies(scores, None):
+        return attention.attention_softmax(scores, 1 / math.sqrt(q.shape[-1]), True) @ v
     return attention_weights(q, k, None, True) @ v
 
 
@@ -66,10 +73,10 @@ def _attention_step(fn: Callable, q: torch.Tensor, k: torch.Tensor, v: torch.Ten
 
 def _compiled_softmax_rows(s: Settings, n_heads: int, head_dim: int) -> list[str]:
     """Causal attention alone under torch.compile, written out, with zoo's softmax kernel and with inductor's fusion
-    of the torch ops, by key length: the rows behind zoo.hardware.COMPILED_SOFTMAX_KERNEL_FROM."""
-    from zoo import hardware
+    of the torch ops, by key length: the rows behind zoo.kernels.attention.COMPILED_SOFTMAX_KERNEL_FROM."""
+    from zoo.kernels import attention
 
-    rule = hardware.compiled_softmax_kernel_from()
+    rule = attention.COMPILED_SOFTMAX_FROM
     said = "never" if rule is None else f"from key length {rule}"
     rows, wrong = [], 0
     for t in s.attention_lengths:
@@ -87,11 +94,11 @@ def _compiled_softmax_rows(s: Settings, n_heads: int, head_dim: int) -> list[str
     torch._dynamo.reset()
     picks = ("the faster softmax, or one within 5% of it, at every length." if not wrong else
              f"**a softmax more than 5% slower at {wrong} length(s)**: revisit "
-             "zoo.hardware.COMPILED_SOFTMAX_KERNEL_FROM.")
+             "zoo.kernels.attention.COMPILED_SOFTMAX_KERNEL_FROM.")
     return [f"The same attention written out under torch.compile, where inductor fuses the torch ops' softmax into "
             "one pass each way itself, against zoo's softmax kernel in the compiled graph; `inductor's / zoo's` "
-            "above 1: zoo's kernel is faster. The rule (zoo.hardware.COMPILED_SOFTMAX_KERNEL_FROM): zoo's kernel "
-            f"{said}, then the fused attention kernel by the table above, from its own length.", "",
+            "above 1: zoo's kernel is faster. The rule (zoo.kernels.attention.COMPILED_SOFTMAX_KERNEL_FROM): zoo's "
+            f"kernel {said}, then the fused attention kernel by the table above, from its own length.", "",
             table(["key length", "zoo's softmax ms", "inductor's ms", "inductor's / zoo's", "rule picks"], rows), "",
             f"Compiled, the rule ({said}) picks {picks}", ""]
 
@@ -134,17 +141,19 @@ def _verdict(rule: int | None, t: int, kernel: float, written: float,
     return picked + (" (faster)" if mine <= other else " (within 5%)" if mine <= 1.05 * other else " (**slower**)")
 
 
-# The written-out form's two softmaxes, each with its own rule (zoo.hardware): label -> (softmax kernel?, table)
+# The written-out form's two softmaxes, each with its rule (zoo.kernels.attention): label -> (softmax kernel?, table)
 SOFTMAXES = {"zoo's softmax": (True, "FUSED_FROM_SOFTMAX_KERNEL"), "torch ops": (False, "FUSED_FROM")}
 
 
 @section("choices")
 def section_choices(sess: Session) -> str:
-    from zoo import hardware, native
+    from zoo import hardware
+    from zoo.kernels import KERNELS, attention
 
     s, kind = sess.settings, hardware.cpu_kind()
-    forms = {label: v for label, v in SOFTMAXES.items() if not v[0] or native.load("softmax")}
-    rules = {label: hardware.fused_attention_backward_from(softmax_kernel=sk) for label, (sk, _) in forms.items()}
+    forms = {label: v for label, v in SOFTMAXES.items() if not v[0] or KERNELS.get("attention_softmax_cpp").load()}
+    rules = {label: attention.FUSED_BACKWARD_FROM_SOFTMAX_KERNEL if sk else attention.FUSED_BACKWARD_FROM
+             for label, (sk, _) in forms.items()}
     said = {label: "never" if r is None else f"from key length {r}" for label, r in rules.items()}
     auto = hardware.precision_choice({"accelerator": "cpu", "precision": "auto"})
     out = ["## Hardware choices", "",
@@ -155,8 +164,8 @@ def section_choices(sess: Session) -> str:
            "**Attention in bf16 training.** zoo's models under `torch.autocast('cpu', dtype=torch.bfloat16)`, "
            "forward + backward (no optimizer step), with attention on the fused kernel "
            "(`F.scaled_dot_product_attention`) and on the written-out form (`attention.backend=math`'s), its softmax "
-           "on zoo's kernel (zoo/layers/softmax.cpp, where it builds) and in torch ops (without a C++ compiler, with "
-           "`ZOO_NATIVE=0`, under torch.compile on short rows: the table after these), interleaved; "
+           "on zoo's kernel (attention_softmax_cpp, where it builds) and in torch ops (without a C++ compiler, with "
+           "`kernels=none`, under torch.compile on short rows: the table after these), interleaved; "
            "`kernel / written-out` above 1: the written-out form is faster. The rules here: the kernel "
            + "; ".join(f"{said[label]} against the written-out form with {label}" for label in forms)
            + (" (zoo's softmax kernel did not build here: no rows for it)" if len(forms) < len(SOFTMAXES) else "")
@@ -172,7 +181,7 @@ def section_choices(sess: Session) -> str:
         shape = SHAPES[shape_name]
         x, y = batch(shape)
         for family in ("gpt2", "llama"):
-            model = zoo.build_model(zoo_config(shape, family)).train()
+            model = zoo_model(zoo_config(shape, family)).train()
             fns = {"kernel": partial(_bf16_forward_backward, model, x, y, 0),
                    **{label: partial(_bf16_forward_backward, model, x, y, None, sk)
                       for label, (sk, _) in forms.items()}}
@@ -205,7 +214,8 @@ def section_choices(sess: Session) -> str:
         out += [f"Against the written-out form with {label}, the kernel is faster "
                 f"{'from key length ' + str(f) if f else 'at no length'} measured here; the rule ({said[label]}) picks "
                 + ("the faster path, or one within 5% of it, at every length." if not wrong[label] else
-                   f"**a path more than 5% slower at {wrong[label]} length(s)**: revisit zoo.hardware.{table_name}."),
+                   f"**a path more than 5% slower at {wrong[label]} length(s)**: revisit "
+                   f"zoo.kernels.attention.{table_name}."),
                 ""]
     if "zoo's softmax" in forms:
         out += _compiled_softmax_rows(s, n_heads, head_dim)

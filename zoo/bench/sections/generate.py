@@ -11,8 +11,7 @@ from functools import partial
 import torch
 from torch import nn
 
-import zoo
-from zoo.bench.contenders import zoo_config
+from zoo.bench.contenders import zoo_config, zoo_model
 from zoo.bench.markdown import ms, ratio, table
 from zoo.bench.registry import section
 from zoo.bench.session import Session
@@ -27,7 +26,7 @@ def generation_model(s: Settings, attention: str = "gqa") -> tuple[nn.Module, di
     cfg = zoo_config(shape, "llama")
     if attention != "gqa":
         cfg["attention"] = {"name": attention}
-    model = zoo.build_model(cfg).eval()
+    model = zoo_model(cfg).eval()
     return model, cfg
 
 

@@ -13,8 +13,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-import zoo
-from zoo.bench.contenders import lm_loss, zoo_config
+from zoo.bench.contenders import lm_loss, zoo_config, zoo_model
 from zoo.bench.machine import load_average
 from zoo.bench.markdown import num, ratio, table
 from zoo.bench.processes import child_env, run_train_py
@@ -40,7 +39,7 @@ def bare_loop(steps: int, spawned_at: float, spec: dict | None = None) -> dict:
     codes = torch.from_numpy(np.frombuffer(load_default_corpus().encode("utf-32-le"), dtype=np.uint32).astype(np.int64))
     _, data = torch.unique(codes, return_inverse=True)  # character ids in code-point order
     data = data % cfg["vocab_size"]
-    model = zoo.build_model(cfg).train()
+    model = zoo_model(cfg).train()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.1)
     g = torch.Generator().manual_seed(0)
     t_first, t0 = 0.0, 0.0

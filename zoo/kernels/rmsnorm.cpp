@@ -1,5 +1,5 @@
 // RMSNorm over the last dimension of float32 CPU tensors, forward and backward, as the op torch.ops.zoo.rms_norm
-// with its own autograd (zoo/layers/norm.py loads it through zoo.native; torch has no fused RMSNorm on CPU).
+// with its own autograd (zoo/kernels/norm.py applies it to RMSNorm; torch has no fused RMSNorm on CPU).
 //
 //   y = x * rstd * w,   rstd = 1 / sqrt(mean(x^2) + eps)                       (each row of d numbers)
 //   dx = rstd * g * w - x * (rstd^3 / d) * sum(g * w * x),   dw = sum over rows of g * x * rstd
@@ -104,7 +104,7 @@ struct RMSNorm : public torch::autograd::Function<RMSNorm> {
 
     static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                    torch::autograd::variable_list grads) {
-        TORCH_CHECK(!at::GradMode::is_enabled(), "zoo::rms_norm has no second derivative; ZOO_NATIVE=0 uses torch's "
+        TORCH_CHECK(!at::GradMode::is_enabled(), "zoo::rms_norm has no second derivative; kernels=none uses torch's "
                     "formula, which has");  // create_graph=True: the kernels below would record nothing
         auto saved = ctx->get_saved_variables();
         auto [dx, dw] = ::backward(grads[0], saved[0], saved[1], saved[2]);

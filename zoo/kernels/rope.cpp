@@ -1,5 +1,5 @@
 // RoPE's rotation of queries or keys on CPU, forward and backward in one pass each, as the op torch.ops.zoo.rope
-// with its own autograd (zoo/layers/position.py loads it through zoo.native). Written as torch ops, the rotation
+// with its own autograd (zoo/kernels/position.py applies it to RoPE). Written as torch ops, the rotation
 // is eleven small kernels and a cast of the table each way, per layer, which at short contexts cost more than the
 // attention around them.
 //
@@ -60,7 +60,7 @@ struct Rope : public torch::autograd::Function<Rope> {
 
     static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                    torch::autograd::variable_list grads) {
-        TORCH_CHECK(!at::GradMode::is_enabled(), "zoo::rope has no second derivative; ZOO_NATIVE=0 uses torch's "
+        TORCH_CHECK(!at::GradMode::is_enabled(), "zoo::rope has no second derivative; kernels=none uses torch's "
                     "formula, which has");  // create_graph=True: the kernel below would record nothing
         auto saved = ctx->get_saved_variables();
         return {rotate(grads[0], saved[0], saved[1], true), at::Tensor(), at::Tensor()};

@@ -1,6 +1,6 @@
 // Attention's softmax on CPU for bf16 scores, forward and backward in one pass each, as the ops
 // torch.ops.zoo.attention_softmax (-> p, and each row's max and 1 / sum) and zoo.attention_softmax_backward;
-// zoo/layers/attention.py loads them through zoo.native and makes them one autograd.Function, with their shapes
+// zoo/kernels/attention.py makes them one autograd.Function, with their shapes
 // for torch.compile.
 // Written as torch ops, the written-out attention's softmax is six passes over the (B, H, Tq, Tk) scores each way
 // (scale, mask, softmax, the casts to and from float32); at short and middle contexts they cost more than the
@@ -149,7 +149,7 @@ at::Tensor backward(const at::Tensor& g_, const at::Tensor& s, const at::Tensor&
 
 }  // namespace
 
-// Autograd (an autograd.Function) and the shapes torch.compile traces with are in Python (zoo/layers/attention.py):
+// Autograd (an autograd.Function) and the shapes torch.compile traces with are in Python (zoo/kernels/attention.py):
 // the same two ops serve eager mode and compiled graphs.
 TORCH_LIBRARY_FRAGMENT(zoo, m) {
     m.def("attention_softmax(Tensor scores, float scale, bool causal) -> (Tensor, Tensor)");

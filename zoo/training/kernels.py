@@ -1,0 +1,46 @@
+"""The kernels of a run (zoo.kernels): applied once the model is built and the Trainer knows its device, before
+training's clock starts; recorded on the banner, in summary.json (cpu_kind, kernels_policy, kernels) and in each
+checkpoint, so a resume on another machine says in one line what changed."""
+
+from __future__ import annotations
+
+import lightning as L
+import torch
+from lightning.pytorch.utilities import rank_zero_only
+
+from zoo.kernels import apply_kernels, describe, kernel_record, record_changes
+from zoo.training.checkpoint import CheckpointError
+
+
+class KernelsUsed(L.Callback):
+    """Applies the policy's kernels to `model` on construction; its state (the record) travels in checkpoints."""
+
+    def __init__(self, model: torch.nn.Module, policy, device: torch.device, precision: str):
+        self.record = kernel_record(policy, apply_kernels(model, policy, device=device, precision=precision))
+
+    @property
+    def banner(self) -> str:
+        return describe(self.record)
+
+    def state_dict(self) -> dict:
+        return dict(self.record)
+
+    def load_state_dict(self, state: dict) -> None:  # checked by check_state first
+        if line := record_changes(state, self.record):
+            _say(line)
+
+
+@rank_zero_only
+def _say(line: str) -> None:
+    print(line, flush=True)
+
+
+def check_state(state) -> dict:
+    """A checkpoint's kernel record, as data from outside: strings and lists of strings only."""
+    names = lambda v: isinstance(v, list) and all(isinstance(n, str) for n in v)  # noqa: E731
+    if not isinstance(state, dict) or set(state) != {"cpu_kind", "kernels_policy", "kernels"} \
+            or not isinstance(state["cpu_kind"], str) or not names(state["kernels"]) \
+            or not (isinstance(state["kernels_policy"], str) or names(state["kernels_policy"])):
+        raise CheckpointError("checkpoint: callback state KernelsUsed must hold cpu_kind, kernels_policy and kernels "
+                              "(strings)")
+    return state
