@@ -61,11 +61,13 @@ def load_model(source: str):
         except Exception as e:  # not on the hub, or a damaged tokenizer file: one line, whatever the library raised
             raise EvalError(f"{source}: cannot load {what} ({first_line(e)})") from None
         return model.eval(), lambda text: tok(text, verbose=False)["input_ids"], None, None
+    from zoo.kernels import apply_kernels
     from zoo.training.checkpoint import CheckpointError, load_checkpoint
 
     try:
         model, tokenizer, cfg = load_checkpoint(source)
-    except CheckpointError as e:
+        apply_kernels(model, cfg.get("kernels", "auto"))  # the run's kernel policy, as its validation had
+    except (CheckpointError, ConfigError) as e:
         raise EvalError(str(e)) from None
     return model, lambda text: tokenizer.encode(text, errors="replace"), tokenizer.state_dict(), cfg
 

@@ -18,6 +18,7 @@ from zoo.build import ConfigError
 from zoo.cli.common import OneLineParser
 from zoo.generate import generate, position_limit, sampling_error
 from zoo.io import collect_once_at_exit
+from zoo.kernels import apply_kernels
 from zoo.training.checkpoint import CheckpointError, load_checkpoint
 
 
@@ -43,6 +44,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         model, tok, cfg = load_checkpoint(args.checkpoint)
+        apply_kernels(model, cfg.get("kernels", "auto"))  # the run's kernel policy: its speed, its numerics
     except (CheckpointError, ConfigError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
