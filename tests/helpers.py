@@ -35,7 +35,7 @@ def tiny_cfg(name: str = "decoder_only", **over) -> dict:
 
 def run(model, tokens, **kw):
     """Forward any lineage on `tokens` (the encoder_decoder gets them as source and target)."""
-    if model.cfg["name"] == "encoder_decoder":
+    if model.cfg.name == "encoder_decoder":
         return model(tokens, tokens, **kw)
     return model(tokens, **kw)
 

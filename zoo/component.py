@@ -29,7 +29,7 @@ import math
 import types
 import typing
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 
@@ -57,11 +57,15 @@ class Context:
     rotary: bool = False  # the stack's position rotates queries and keys (its `rotary`; RoPE)
     bias: bool = True  # biases in linear layers and LayerNorm
     dropout: float = 0.0
-    norm: Callable[..., Any] | None = None  # the model's norm: norm(dim=None) -> a new norm module
+    norm: Callable[..., Any] = field(default=lambda dim=None: _no_norm())  # the model's: norm(dim=None) -> a new one
 
     @property
     def head_dim(self) -> int:
         return self.d_model // self.n_heads
+
+
+def _no_norm() -> Any:
+    raise TypeError("Context.norm: this context has no norm; zoo.models.stack.context sets the model's")
 
 
 @dataclass(kw_only=True)
@@ -127,11 +131,9 @@ def check_options(key: str, name: str, cls: type, values: Mapping) -> Any:
     return cls(**{k: float(v) if hints[k] is float else v for k, v in values.items()})
 
 
-def build(registry: Any, node: Mapping, ctx: Context, name_key: str = "name", skip: tuple = ()) -> Any:
-    """The component a resolved config node names, built with its options: `factory(ctx, opts)`."""
-    name = node[name_key]
-    opts = registry.options(name)(**{k: v for k, v in node.items() if k != name_key and k not in skip})
-    return registry.get(name)(ctx, opts)
+def build(registry: Any, part: Any, ctx: Context) -> Any:
+    """The component a resolved config's Part (zoo.schema) names, built with its options: `factory(ctx, opts)`."""
+    return registry.get(part.name)(ctx, part.options)
 
 
 def option_values(opts: Any) -> dict:

@@ -54,7 +54,7 @@ class Registry:
             importlib.import_module("zoo.layers")
             importlib.import_module("zoo.models")
 
-    def get(self, name: str) -> Callable[..., Any]:
+    def get(self, name: str) -> Any:  # a factory, often a class whose attributes are read (hard_limit, generates)
         self._load()
         if name not in self._entries:
             raise UnknownNameError(f"{self.kind}: unknown name '{name}'; valid: {', '.join(self.names())}")

@@ -80,7 +80,7 @@ def check_weights(state: Any, model_cfg: Any, path: str | Path) -> None:
         have = got.get(key)
         if have is None:
             raise CheckpointError(f"checkpoint: '{path}' lacks weight 'model.{key}' (shape {list(want.shape)}) "
-                                  f"that its config's {cfg['name']} needs")
+                                  f"that its config's {cfg.name} needs")
         if not isinstance(have, torch.Tensor) or have.shape != want.shape:
             shape = list(have.shape) if isinstance(have, torch.Tensor) else type(have).__name__
             raise CheckpointError(f"checkpoint: '{path}': weight 'model.{key}' has shape {shape}, its config's "
