@@ -210,7 +210,7 @@ def job_factors() -> dict[str, str]:
         hc = HydraConfig.get()
     except ValueError:
         return {}
-    from zoo.training.runner import RESUME_MAY_CHANGE
+    from zoo.training.resume import RESUME_MAY_CHANGE
 
     exclude = set(hc.job.config.override_dirname.exclude_keys or []) | {"seed"}
     varying = _varying_keys(Path(str(hc.sweep.dir))) if str(hc.mode) == "RunMode.MULTIRUN" else None
