@@ -30,7 +30,7 @@ import types
 import typing
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeGuard
 
 
 class ConfigError(ValueError):
@@ -73,12 +73,12 @@ class Options:
     """A component without options of its own."""
 
 
-def is_int(v: Any) -> bool:
+def is_int(v: Any) -> TypeGuard[int]:
     """An integer from a config (YAML's true/false are ints in Python, not counts)."""
     return isinstance(v, int) and not isinstance(v, bool)
 
 
-def is_number(v: Any) -> bool:
+def is_number(v: Any) -> TypeGuard[int | float]:
     """A finite int or float from a config, not a bool."""
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 

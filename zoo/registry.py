@@ -30,7 +30,7 @@ class Registry:
         self._examples: dict[str, list[dict]] = {}
 
     def register(self, name: str, fn: Callable[..., Any] | None = None, *, options: type | None = None,
-                 examples: list[dict] | None = None):
+                 examples: list[dict] | None = None) -> Any:
         """Register `fn` under `name`; usable as a decorator or called directly.
 
         options: the dataclass of the component's own options (zoo.component.Options when it has none);
@@ -76,7 +76,7 @@ class Registry:
         self._load()
         return sorted(self._entries)
 
-    def __contains__(self, name: str) -> bool:
+    def __contains__(self, name: Any) -> bool:
         self._load()
         return name in self._entries
 

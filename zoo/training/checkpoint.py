@@ -178,7 +178,7 @@ def sanitize_for_resume(ckpt: dict, path, callbacks: dict, extra_keys: tuple[str
     that checks (or rebuilds) its state; any other callback state, and any key outside RESUME_KEYS and
     `extra_keys`, is dropped."""
     clean = {k: v for k, v in ckpt.items() if k in RESUME_KEYS or k in extra_keys}
-    saved = ckpt.get("callbacks") if isinstance(ckpt.get("callbacks"), dict) else {}
+    saved: dict = ckpt["callbacks"] if isinstance(ckpt.get("callbacks"), dict) else {}
     kept = {}
     for key, check in callbacks.items():
         if key not in saved:

@@ -6,7 +6,7 @@ The architecture's own values are checked in zoo.build.resolve_config; data file
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NoReturn
 
 from zoo.build import ConfigError, ModelInput, is_int, is_number
 from zoo.hardware import AUTO, resolve_precision
@@ -21,7 +21,7 @@ BYTES_PER_PARAM = {"64-true": 8, "64": 8, 64: 8, "bf16-true": 2, "16-true": 2}  
 TRAINING_COPIES = 4  # weights, gradients and AdamW's two moments
 
 
-def _fail(key: str, v: Any, valid: str) -> None:
+def _fail(key: str, v: Any, valid: str) -> NoReturn:
     raise ConfigError(f"{key}: got {v!r}; valid: {valid}")
 
 
