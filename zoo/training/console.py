@@ -1,5 +1,5 @@
 """What a run says on the console, said once: `say` (stdout) and `warn` (stderr) through the `zoo` logger, on the
-first process only; Lightning's start-up chatter filtered out; the start banner.
+first process only; Lightning's start-up chatter filtered out; the start banner and the closing sample.
 
 Under DDP every process runs the same code; only rank zero speaks, so a line is never printed once per device.
 Errors are the exception: each process reports its own (`warn` passes on every rank).
@@ -17,7 +17,7 @@ import torch
 from lightning_utilities.core.rank_zero import rank_zero_only
 
 from zoo.io import is_secondary_rank
-from zoo.schema import ModelSpec, ZooConfig
+from zoo.schema import ModelSpec, SampleConfig, ZooConfig
 
 
 class _Console(logging.Handler):
@@ -100,3 +100,25 @@ def banner(cfg: ZooConfig, spec: ModelSpec, data: Any, trainer: Any, run_dir: Pa
     return (f"{spec.name} ({parts}): {params / 1e6:.2f}M parameters{active}, {flops / 1e6:.1f} MFLOPs per token "
             f"(training), {cfg.trainer['max_steps']} steps\nprecision {precision['used']}{how} on "
             f"{device}{threads}; run directory: {run_dir}{resumed}")
+
+
+@torch.no_grad()
+def say_sample(model: Any, objective: Any, data: Any, s: SampleConfig) -> None:
+    """What the trained model makes of the prompt (a task: its first validation examples), as sample.* asks."""
+    from zoo.generate import generate, position_limit
+    from zoo.registry import MODEL
+
+    model, tok = model.eval(), data.tokenizer
+    if data.is_task:
+        for src, tgt in data.splits["val"][:3]:
+            pred = objective.predict(model, torch.tensor([src]), len(tgt))[0]
+            say(f"{tok.decode(src)} -> {tok.decode(pred)} (expected {tok.decode(tgt)})")
+        return
+    if not MODEL.get(model.cfg.name).next_token_lm:
+        return  # masked LM and denoising models do not continue text
+    prompt = torch.tensor([tok.encode(s.prompt, errors="replace") or [tok.bos_id]])
+    limit = position_limit(model)
+    note = f" (past {limit} tokens, a sliding window of the last {limit})" \
+        if limit is not None and prompt.shape[1] + s.max_new_tokens > limit else ""
+    out = generate(model, prompt, s.max_new_tokens, s.temperature, s.top_k, slide=True)
+    say(f"--- sample{note} ---\n" + tok.decode(out[0].tolist(), skip_special=True) + "\n--------------")

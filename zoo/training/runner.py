@@ -14,7 +14,6 @@ import sys
 import time
 import traceback
 from pathlib import Path
-from typing import Any
 
 import lightning as L
 import torch
@@ -25,7 +24,6 @@ from zoo.build import ConfigError, spec_of
 from zoo.data.corpus import DataError
 from zoo.hardware import precision_choice
 from zoo.io import RunDirError, WriteError, atomic_write_text, is_write_failure, owned_path, write_failure
-from zoo.registry import MODEL
 from zoo.schema import ZooConfig
 from zoo.training import pretrained
 from zoo.training.callbacks import (
@@ -46,7 +44,7 @@ from zoo.training.checkpoint import (
     sanitize_for_resume,
 )
 from zoo.training.checkpoint_io import AtomicCheckpointIO
-from zoo.training.console import banner, quiet_lightning, say, warn
+from zoo.training.console import banner, quiet_lightning, say, say_sample, warn
 from zoo.training.loggers import build_loggers, finish_loggers, log_config
 from zoo.training.module import ZooModule
 from zoo.training.resume import checkpoint_path
@@ -163,7 +161,7 @@ def _run(composed: DictConfig, run_dir: Path, start: float, state: RunState) -> 
         if status == "interrupted":
             say(f"resume with: {resume_command(run_dir)}")
         if status == "completed" and cfg.sample.max_new_tokens > 0:
-            _sample(module, data, cfg)
+            say_sample(module.model, module.objective, data, cfg.sample)
     return {"completed": EXIT_OK, "diverged": EXIT_DIVERGED}.get(status, EXIT_INTERRUPTED)
 
 
@@ -191,27 +189,6 @@ def _keep_history(loggers: list) -> KeepHistory:
             lg._experiment = HistoryWriter(lg.log_dir)  # set before Lightning creates its own writer
             writers.append(lg._experiment)
     return KeepHistory(writers)
-
-
-@torch.no_grad()
-def _sample(module: ZooModule, data: Any, cfg: ZooConfig) -> None:
-    """What the trained model makes of the prompt (a task: its first validation examples)."""
-    from zoo.generate import generate, position_limit
-
-    model, tok, s = module.model.eval(), data.tokenizer, cfg.sample
-    if data.is_task:
-        for src, tgt in data.splits["val"][:3]:
-            pred = module.objective.predict(model, torch.tensor([src]), len(tgt))[0]
-            say(f"{tok.decode(src)} -> {tok.decode(pred)} (expected {tok.decode(tgt)})")
-        return
-    if not MODEL.get(spec_of(model).name).next_token_lm:
-        return  # masked LM and denoising models do not continue text
-    prompt = torch.tensor([tok.encode(s.prompt, errors="replace") or [tok.bos_id]])
-    limit = position_limit(model)
-    note = f" (past {limit} tokens, a sliding window of the last {limit})" \
-        if limit is not None and prompt.shape[1] + s.max_new_tokens > limit else ""
-    out = generate(model, prompt, s.max_new_tokens, s.temperature, s.top_k, slide=True)
-    say(f"--- sample{note} ---\n" + tok.decode(out[0].tolist(), skip_special=True) + "\n--------------")
 
 
 def main(cfg: DictConfig, run_dir: str | Path | None = None) -> int:
