@@ -35,7 +35,7 @@ def tiny_cfg(name: str = "decoder_only", **over) -> dict:
 
 def run(model, tokens, **kw):
     """Forward any lineage on `tokens` (the encoder_decoder gets them as source and target)."""
-    if model.cfg["name"] == "encoder_decoder":
+    if model.cfg.name == "encoder_decoder":
         return model(tokens, tokens, **kw)
     return model(tokens, **kw)
 
@@ -44,8 +44,9 @@ def make(registry, name: str, d_model: int = 32, n_heads: int = 4, max_seq_len: 
          cross: bool = False, **options):
     """One component alone, built as the stack builds it: registry.get(name)(ctx, opts)."""
     from zoo.component import Context, build
+    from zoo.schema import Part
 
-    return build(registry, {"name": name, **options},
+    return build(registry, Part(name, registry.options(name)(**options)),
                  Context(d_model=d_model, n_heads=n_heads, max_seq_len=max_seq_len, bias=bias, cross=cross))
 
 

@@ -10,7 +10,10 @@ import torch
 
 from tests.helpers import tiny_cfg
 from zoo import ConfigError, build_model, count_params, flops_per_token, resolve_config
+from zoo.layers.ffn import FFNOptions
+from zoo.layers.norm import NormOptions
 from zoo.registry import RESIDUAL
+from zoo.schema import NormPart
 
 
 def test_chapter_rule_attention_4d2_ffn_8d2_per_layer():
@@ -58,8 +61,9 @@ def test_defaults_fill_in_and_dictconfig_works():
     from omegaconf import OmegaConf
 
     cfg = resolve_config(OmegaConf.create({"vocab_size": 10, "ffn": {"name": "swiglu"}}))
-    assert cfg["name"] == "decoder_only" and cfg["ffn"] == {"name": "swiglu", "d_ff": None}
-    assert cfg["norm"] == {"placement": "pre", "type": "layernorm", "eps": 1e-5}
+    assert cfg.name == "decoder_only" and cfg.ffn.name == "swiglu" and cfg.ffn.options == FFNOptions(d_ff=None)
+    assert cfg.norm == NormPart(type="layernorm", placement="pre", options=NormOptions(eps=1e-5))
+    assert cfg.as_dict()["norm"] == {"placement": "pre", "type": "layernorm", "eps": 1e-5}  # the plain form
 
 
 @pytest.mark.parametrize("over,key", [

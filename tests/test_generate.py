@@ -125,7 +125,7 @@ def test_the_library_checks_sampling_values_where_it_uses_them(key, value, error
 
 def test_generate_checks_its_tensors_and_ids():
     model = build_model(tiny_cfg())
-    vocab = model.cfg["vocab_size"]
+    vocab = model.cfg.vocab_size
     cases = [
         (torch.zeros(3, dtype=torch.long), {}, "prompt: expected an integer tensor (batch >= 1, length >= 1), got "
                                                "torch.int64 of shape (3,)"),

@@ -169,11 +169,11 @@ def init_from(directory: Path, text: Path) -> None:
     data), the data, the model, the converted weights."""
     from zoo.build import build_model
     from zoo.training.pretrained import load_weights
-    from zoo.training.runner import _prepare
+    from zoo.training.sizing import prepare_run
 
     plain = OmegaConf.to_container(compose_cfg([f"init_from=hf:{directory}", "data=text_file", f"data.path={text}",
                                                 "data.context=32"]), resolve=True)
-    _prepare(plain)
+    prepare_run(plain)
     load_weights(build_model(plain["model"]), str(directory))
 
 
@@ -360,11 +360,11 @@ def test_each_crafted_directory_is_one_line_from_every_entry_point(pristine, tmp
 
 
 def test_a_damaged_checkpoint_stops_init_from_before_any_data(pristine, tmp_path, monkeypatch):
-    from zoo.training import runner
+    from zoo.training import sizing
 
     directory, outside = damaged_copy(pristine, "sharded", tmp_path)
     truncated(directory / SHARD, outside)
-    monkeypatch.setattr(runner, "build_data", lambda *a: pytest.fail("data built before the error"))
+    monkeypatch.setattr(sizing, "build_data", lambda *a: pytest.fail("data built before the error"))
     with pytest.raises(ConfigError, match=rf"^init_from: 'hf:{directory}': {directory / SHARD}: not a valid "):
         init_from(directory, pristine["text"])
 

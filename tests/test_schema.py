@@ -107,7 +107,7 @@ def test_every_preset_restates_no_default(kind):
 
 def test_rmsnorm_eps_has_one_default():
     assert compose_cfg(["norm=pre_rms"]).model.norm.eps == NormOptions().eps
-    assert resolve_config({"vocab_size": 10, "norm": {"placement": "pre", "type": "rmsnorm"}})["norm"]["eps"] == \
+    assert resolve_config({"vocab_size": 10, "norm": {"placement": "pre", "type": "rmsnorm"}}).norm.options.eps == \
         NormOptions().eps
     assert not any("eps" in p.read_text() for p in (CONF / "norm").glob("*.yaml"))
 
@@ -143,7 +143,8 @@ def test_a_registered_component_gets_its_hydra_option_with_no_yaml(new_position)
 def test_an_old_checkpoint_config_still_resolves():
     old = {"vocab_size": 10, "max_seq_len": 16, "attention": {"name": "mha", "window": None, "backend": "sdpa"},
            "norm": {"placement": "pre", "type": "rmsnorm", "eps": 1e-5}, "ffn": {"name": "gelu", "d_ff": None}}
-    assert resolve_config(old)["attention"] == {"name": "mha", "window": None, "backend": "sdpa", "qk_norm": False}
+    assert resolve_config(old).as_dict()["attention"] == {"name": "mha", "window": None, "backend": "sdpa",
+                                                          "qk_norm": False}
 
 
 def test_default_of_reads_the_schema():

@@ -8,11 +8,12 @@ from zoo import build_model
 from zoo.component import ConfigError, Context, build
 from zoo.generate import generate
 from zoo.registry import POSITION
+from zoo.schema import Part
 
 
 def t5(causal, n_heads=4, **opts):
     ctx = Context(d_model=32, n_heads=n_heads, max_seq_len=16, causal=causal)
-    pos = build(POSITION, {"name": "t5", **opts}, ctx)
+    pos = build(POSITION, Part("t5", POSITION.options("t5")(**opts)), ctx)
     torch.nn.init.normal_(pos.weight)
     return pos
 

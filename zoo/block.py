@@ -8,6 +8,7 @@ in its own residual step, run in turn; a parallel one (`placement.parallel`) wra
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Any
 
 import torch
 from torch import nn
@@ -16,15 +17,18 @@ from zoo.component import Context, Options, build
 from zoo.layers.attention import KVCache
 from zoo.layers.position import Position
 from zoo.registry import ATTENTION, FFN
+from zoo.schema import ModelSpec
 
 
 class TransformerBlock(nn.Module):
-    def __init__(self, ctx: Context, cfg: dict, residual: type[nn.Module], cross: bool = False):
+    def __init__(self, ctx: Context, cfg: ModelSpec, residual: Any, cross: bool = False):
+        """residual: the placement's wrapper class (zoo.layers.residual), from the RESIDUAL registry."""
         super().__init__()
-        sublayers = {"attn": build(ATTENTION, cfg["attention"], ctx)}
+        sublayers = {"attn": build(ATTENTION, cfg.attention, ctx)}
         if cross:
-            sublayers["cross"] = build(ATTENTION, cfg["attention"], replace(ctx, cross=True))
-        sublayers["ffn"] = build(FFN, cfg["ffn"], ctx)
+            sublayers["cross"] = build(ATTENTION, cfg.attention, replace(ctx, cross=True))
+        sublayers["ffn"] = build(FFN, cfg.ffn, ctx)
+        self.parallel: nn.Module | None
         self.window = sublayers["attn"].window  # the stack's mask follows its self-attention's window
         if residual.parallel:  # one residual step around all of them, on one norm
             self.parallel, self.attn, self.cross, self.ffn = residual(sublayers, ctx.norm), None, None, None
@@ -37,14 +41,15 @@ class TransformerBlock(nn.Module):
                 memory: torch.Tensor | None = None, memory_mask: torch.Tensor | None = None,
                 cache: tuple[KVCache, KVCache] | None = None, offset: int = 0) -> torch.Tensor:
         self_cache, cross_cache = cache if cache is not None else (None, None)
-        kw = {"attn": dict(pos=pos, mask=mask, is_causal=is_causal, cache=self_cache, offset=offset),
-              "cross": dict(pos=NO_POSITION, mask=memory_mask, context=memory, cache=cross_cache), "ffn": {}}
+        kw: dict[str, dict[str, Any]] = {
+            "attn": dict(pos=pos, mask=mask, is_causal=is_causal, cache=self_cache, offset=offset),
+            "cross": dict(pos=NO_POSITION, mask=memory_mask, context=memory, cache=cross_cache), "ffn": {}}
         if self.parallel is not None:
             return self.parallel(x, **kw)
-        x = self.attn(x, **kw["attn"])
-        if self.cross is not None:
-            x = self.cross(x, **kw["cross"])
-        return self.ffn(x, **kw["ffn"])
+        for name, step in (("attn", self.attn), ("cross", self.cross), ("ffn", self.ffn)):
+            if step is not None:  # cross: only in a decoder that cross-attends
+                x = step(x, **kw[name])
+        return x
 
 
 NO_POSITION = Position(Context(d_model=1, n_heads=1, max_seq_len=0), Options())  # cross-attention: no positions

@@ -8,12 +8,15 @@ The model config is a plain dict (or the Hydra subtree `cfg.model`):
      "ffn": {"name": "swiglu"}}
 
 Anything left out takes the value in DEFAULTS. Bad values fail in `resolve_config`, with one line
-naming the key, before any weight is allocated.
+naming the key, before any weight is allocated. `resolve_config` returns the typed, frozen
+`zoo.schema.ModelSpec` the models read (`spec.as_dict()` is the plain dict again); every function here
+takes either form, or a `ModelConfig`.
 """
 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import zlib
 from collections.abc import Mapping
 from typing import Any
@@ -33,12 +36,11 @@ from zoo.component import (
     is_number,
     need,
     option_fields,
-    option_values,
 )
 from zoo.mup import FIXED, init_scale, roles, width_mult
 from zoo.mup import check as check_parametrization
 from zoo.registry import ATTENTION, FFN, MODEL, NORM, POSITION, RESIDUAL, Registry
-from zoo.schema import model_defaults
+from zoo.schema import ModelConfig, ModelSpec, NormPart, Part, model_defaults
 
 # The model keys and their defaults, declared once (zoo/schema.py ModelConfig); a component's options are
 # declared, with their defaults, in its own options dataclass.
@@ -53,16 +55,25 @@ COMPONENTS: dict[str, tuple[Registry, str, tuple[str, ...]]] = {
 }
 
 
+# A model config as callers hand it over: a mapping (a dict, an omegaconf DictConfig), a ModelConfig, or one
+# resolve_config has already resolved.
+ModelInput = Mapping | ModelConfig | ModelSpec
+
+
 def _plain(cfg: Any) -> Any:
     if hasattr(cfg, "_metadata"):  # an omegaconf container; imported lazily to keep zoo light
         from omegaconf import OmegaConf
 
         return OmegaConf.to_container(cfg, resolve=True)
+    if isinstance(cfg, ModelConfig):
+        return dataclasses.asdict(cfg)
     return copy.deepcopy(cfg)
 
 
-def resolve_config(model_cfg: Mapping) -> dict:
-    """DEFAULTS overlaid with model_cfg, validated. Returns a new plain dict."""
+def resolve_config(model_cfg: ModelInput) -> ModelSpec:
+    """DEFAULTS overlaid with model_cfg, validated: the typed, frozen ModelSpec (returned as is when given one)."""
+    if isinstance(model_cfg, ModelSpec):
+        return model_cfg
     user = _plain(model_cfg)
     unknown = sorted(set(user) - set(DEFAULTS))
     if unknown:
@@ -76,7 +87,12 @@ def resolve_config(model_cfg: Mapping) -> dict:
         else:
             cfg[key] = value
     _validate(cfg)
-    return cfg
+    parts = _parts(cfg)  # takes the component nodes out of cfg
+    spec = ModelSpec(**cfg, **parts)
+    # Each component checks its own constraints as it is built: build on the meta device, which allocates nothing.
+    on_meta(spec)
+    check_parametrization(spec)  # after the model itself: its reference widths (mup) are built the same way
+    return spec
 
 
 def flatten_config(d: Mapping, prefix: str = "") -> dict:
@@ -130,26 +146,37 @@ def _validate(cfg: dict) -> None:
     norm_keys = ", ".join(sorted(["placement", "type", *option_fields(NORM.options(cfg["norm"]["type"]))]))
     need("name" not in cfg["norm"], "norm.name", "unknown key (the presets pre_ln, post_ln, ... are chosen with "
          f"norm=post_ln and set placement and type); valid: {norm_keys}")
+
+
+def _parts(cfg: dict) -> dict[str, Any]:
+    """Each component node of a checked config -> its Part: the name and its options dataclass, checked."""
+    parts: dict[str, Any] = {}
     for key, (registry, name_key, skip) in COMPONENTS.items():
-        node = cfg[key]
+        node = cfg.pop(key)
         _check_name(registry, f"{key}.{name_key}", node[name_key])
         values = {k: v for k, v in node.items() if k != name_key and k not in skip}
         opts = check_options(key, node[name_key], registry.options(node[name_key]), values)
-        cfg[key] = {name_key: node[name_key], **{k: node[k] for k in skip}, **option_values(opts)}
-    # Each component checks its own constraints as it is built: build on the meta device, which allocates nothing.
-    on_meta(cfg)
-    check_parametrization(cfg)  # after the model itself: its reference widths (mup) are built the same way
+        parts[key] = NormPart(node["type"], node["placement"], opts) if key == "norm" else Part(node[name_key], opts)
+    return parts
 
 
-def build_model(model_cfg: Mapping, seed: int = 0) -> nn.Module:
+def build_model(model_cfg: ModelInput, seed: int = 0) -> nn.Module:
     """Build and initialise a model from registry names and numbers (see the module docstring)."""
     cfg = resolve_config(model_cfg)
-    model = MODEL.get(cfg["name"])(cfg)
+    model = MODEL.get(cfg.name)(cfg)
     init_weights(model, cfg, seed)
     return model
 
 
-def meta_model(model_cfg: Mapping) -> nn.Module:
+def spec_of(model: nn.Module) -> ModelSpec:
+    """The resolved config a zoo model was built from (its `cfg`)."""
+    spec = getattr(model, "cfg", None)
+    if not isinstance(spec, ModelSpec):
+        raise TypeError(f"{type(model).__name__} is not a zoo model (it has no ModelSpec in .cfg)")
+    return spec
+
+
+def meta_model(model_cfg: ModelInput) -> nn.Module:
     """The model built on the meta device: every shape and component, no memory, no initialisation."""
     return on_meta(resolve_config(model_cfg))
 
@@ -164,20 +191,20 @@ class _SkipInit(TorchFunctionMode):
         return func(*args, **(kwargs or {}))
 
 
-def on_meta(cfg: dict) -> nn.Module:
+def on_meta(cfg: ModelSpec) -> nn.Module:
     """meta_model for a config resolve_config has already resolved (and validated, by building it so)."""
     with torch.device("meta"), _SkipInit():
-        return MODEL.get(cfg["name"])(cfg)
+        return MODEL.get(cfg.name)(cfg)
 
 
-def has_final_norm(cfg: dict) -> bool:
+def has_final_norm(cfg: ModelSpec) -> bool:
     """model.final_norm, or where it is null, what the placement needs (pre, sandwich, parallel: yes; post: no)."""
-    if cfg["final_norm"] is not None:
-        return cfg["final_norm"]
-    return RESIDUAL.get(cfg["norm"]["placement"]).final_norm
+    if cfg.final_norm is not None:
+        return cfg.final_norm
+    return RESIDUAL.get(cfg.norm.placement).final_norm
 
 
-def init_weights(model: nn.Module, cfg: dict, seed: int = 0) -> None:
+def init_weights(model: nn.Module, cfg: ModelSpec, seed: int = 0) -> None:
     """The zoo's initialisation, documented in the README:
 
     - weights ~ N(0, init_std): linear layers, embeddings, learned positions, any other weight;
@@ -195,7 +222,7 @@ def init_weights(model: nn.Module, cfg: dict, seed: int = 0) -> None:
         if hasattr(m, "count_as"):  # a part (zoo.component.Part): it declares its init roles
             gains |= {id(getattr(m, name)) for name in declared(m, "gains")}
             residual_out |= {id(getattr(m, name).weight) for name in declared(m, "residual_outputs")}
-    std = cfg["init_std"]
+    std = cfg.init_std
     role = roles(cfg) if width_mult(cfg) != 1 else {}  # muP's roles; at width_mult 1 every factor is 1
     with torch.no_grad():
         for name, p in model.named_parameters():
@@ -221,7 +248,7 @@ def _owners(model: nn.Module) -> dict[int, nn.Module]:
     return owners
 
 
-def count_params(model_cfg: Mapping) -> dict[str, int]:
+def count_params(model_cfg: ModelInput) -> dict[str, int]:
     """Parameters by component, counted on the model built on the meta device (nothing allocated).
 
     Keys: embedding (token embeddings), position, attention, ffn, norm, head (output layers), total,
@@ -242,7 +269,7 @@ def count_params(model_cfg: Mapping) -> dict[str, int]:
     return out
 
 
-def flops_per_token(model_cfg: Mapping, seq_len: int | None = None) -> dict[str, int]:
+def flops_per_token(model_cfg: ModelInput, seq_len: int | None = None) -> dict[str, int]:
     """Matrix-multiply FLOPs per token at context `seq_len` (default max_seq_len).
 
     forward = what each component reports (`flops(t)`; by default 2 per weight of its linear layers,
@@ -251,7 +278,7 @@ def flops_per_token(model_cfg: Mapping, seq_len: int | None = None) -> dict[str,
     2020; PaLM appendix B). train = 3 * forward. For encoder_decoder it is per target token, with a
     source of the same length."""
     model = meta_model(model_cfg)
-    t = seq_len or model.cfg["max_seq_len"]
+    t = seq_len or spec_of(model).max_seq_len
     forward, inside = 0, set()
     for m in model.modules():
         if id(m) in inside or not hasattr(m, "count_as"):

@@ -32,8 +32,8 @@ import math
 import types
 import typing
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
-from typing import Annotated, Any, Protocol
+from dataclasses import dataclass, field
+from typing import Annotated, Any, Protocol, TypeGuard
 
 
 class ConfigError(ValueError):
@@ -60,11 +60,15 @@ class Context:
     rotary: bool = False  # the stack's position rotates queries and keys (its `rotary`; RoPE)
     bias: bool = True  # biases in linear layers and LayerNorm
     dropout: float = 0.0
-    norm: Callable[..., Any] | None = None  # the model's norm: norm(dim=None) -> a new norm module
+    norm: Callable[..., Any] = field(default=lambda dim=None: _no_norm())  # the model's: norm(dim=None) -> a new one
 
     @property
     def head_dim(self) -> int:
         return self.d_model // self.n_heads
+
+
+def _no_norm() -> Any:
+    raise TypeError("Context.norm: this context has no norm; zoo.models.stack.context sets the model's")
 
 
 @dataclass(kw_only=True)
@@ -72,12 +76,12 @@ class Options:
     """A component without options of its own."""
 
 
-def is_int(v: Any) -> bool:
+def is_int(v: Any) -> TypeGuard[int]:
     """An integer from a config (YAML's true/false are ints in Python, not counts)."""
     return isinstance(v, int) and not isinstance(v, bool)
 
 
-def is_number(v: Any) -> bool:
+def is_number(v: Any) -> TypeGuard[int | float]:
     """A finite int or float from a config, not a bool."""
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
@@ -132,11 +136,9 @@ def check_options(key: str, name: str, cls: type, values: Mapping) -> Any:
     return cls(**{k: float(v) if hints[k] is float else v for k, v in values.items()})
 
 
-def build(registry: Any, node: Mapping, ctx: Context, name_key: str = "name", skip: tuple = ()) -> Any:
-    """The component a resolved config node names, built with its options: `factory(ctx, opts)`."""
-    name = node[name_key]
-    opts = registry.options(name)(**{k: v for k, v in node.items() if k != name_key and k not in skip})
-    return registry.get(name)(ctx, opts)
+def build(registry: Any, part: Any, ctx: Context) -> Any:
+    """The component a resolved config's Part (zoo.schema) names, built with its options: `factory(ctx, opts)`."""
+    return registry.get(part.name)(ctx, part.options)
 
 
 def option_values(opts: Any) -> dict:
@@ -212,7 +214,8 @@ class AttentionPart(Part, Protocol):
     record: Annotated[bool, "set true by attention_maps: compute with the math backend and keep the weights "
                             "(B, H, Tq, Tk) in `weights`"]
 
-    def forward(self, x, pos, mask=None, is_causal=False, context=None, cache=None, offset=0):
+    def forward(self, x: Any, pos: Any, mask: Any = None, is_causal: bool = False, context: Any = None,
+                cache: Any = None, offset: int = 0) -> Any:
         """x (B, T, d_model) -> (B, T, d_model); positions from `pos` (a PositionPart), keys and values from
         `context` when cross-attending, past ones kept in `cache` (a KVCache) when decoding."""
 
@@ -230,27 +233,27 @@ class PositionPart(Part, Protocol):
                                 "longer sequences"]
     max_len: Annotated[int | None, "that limit; null: any length"]
 
-    def embed(self, x, offset: int = 0):
+    def embed(self, x: Any, offset: int = 0) -> Any:
         """Token embeddings x (B, T, d_model) with the positions added (an absolute scheme), else x."""
 
-    def rotate(self, q, k, offset: int = 0):
+    def rotate(self, q: Any, k: Any, offset: int = 0) -> Any:
         """Queries and keys (B, H, T, dim) rotated by their positions (a rotary scheme), else (q, k)."""
 
-    def score_bias(self, t_q: int, t_k: int, offset: int = 0):
+    def score_bias(self, t_q: int, t_k: int, offset: int = 0) -> Any:
         """(H, t_q, t_k) added to the attention scores (a bias scheme: ALiBi, T5), else None."""
 
 
 class NormPart(Part, Protocol):
     """A norm, built as `factory(ctx, opts, dim=None)` over the last dimension, dim (default d_model)."""
 
-    def forward(self, x):
+    def forward(self, x: Any) -> Any:
         """x (..., dim) -> normalised, the same shape and dtype."""
 
 
 class FFNPart(Part, Protocol):
     """A position-wise feed-forward network, built as `factory(ctx, opts)`."""
 
-    def forward(self, x):
+    def forward(self, x: Any) -> Any:
         """x (B, T, d_model) -> (B, T, d_model)."""
 
     @classmethod
@@ -267,7 +270,7 @@ class Placement(Protocol):
     parallel: Annotated[bool, "the block hands it all its sublayers at once, for one residual step, "
                               "instead of one at a time"]
 
-    def forward(self, x, **kw):
+    def forward(self, x: Any, **kw: Any) -> Any:
         """x (B, T, d_model) -> x after the residual step; kw: the sublayer's keyword arguments (by name when
         parallel)."""
 
@@ -282,7 +285,7 @@ class Lineage(Protocol):
     next_token_lm: Annotated[bool, "a per-token next-token loss on running text (perplexity, bits per "
                                    "character)"]
 
-    def forward(self, *inputs, **kw):
+    def forward(self, *inputs: Any, **kw: Any) -> Any:
         """tokens (B, T) (needs_source: source (B, S) and target (B, T)) -> logits (B, T, vocab_size)."""
 
 
@@ -309,7 +312,7 @@ class Member:
 def _parameters(fn: Callable) -> str:
     import inspect
 
-    prefix = {inspect.Parameter.VAR_POSITIONAL: "*", inspect.Parameter.VAR_KEYWORD: "**"}
+    prefix: dict[Any, str] = {inspect.Parameter.VAR_POSITIONAL: "*", inspect.Parameter.VAR_KEYWORD: "**"}
     params = list(inspect.signature(fn).parameters.values())[1:]  # without self / cls
     return f"({', '.join(prefix.get(p.kind, '') + p.name for p in params)})"
 
@@ -362,7 +365,7 @@ def contract_markdown() -> str:
     lines, shared = [], {m.name for m in members(Part)}
     for kind, protocol in [("every part", Part), *PROTOCOLS.items()]:
         rows = [m for m in members(protocol) if protocol is Part or m.name not in shared]
-        lines += [f"**{kind}** (`{protocol.__name__}`): {' '.join(protocol.__doc__.split())}", "",
+        lines += [f"**{kind}** (`{protocol.__name__}`): {' '.join((protocol.__doc__ or '').split())}", "",
                   "| member | meaning | if a part leaves it out |", "|---|---|---|"]
         for m in rows:
             name = m.name + (m.type if m.kind == "method" else "")

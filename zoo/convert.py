@@ -531,9 +531,9 @@ class _Copier:
 
     def build(self, cfg: dict) -> nn.Module:
         """The zoo model of `cfg`, its parameters on the meta device: the values come from `write`."""
-        cfg = resolve_config(cfg)
+        spec = resolve_config(cfg)
         with _parameters_on_meta():
-            model = MODEL.get(cfg["name"])(cfg)
+            model = MODEL.get(spec.name)(spec)
         self.zoo_names = {id(p): n for n, p in model.named_parameters()}
         return model
 

@@ -176,14 +176,14 @@ def evaluate(source: str, overrides: list[str] | None = None, split: str = "val"
     data = data_config(overrides, None) if source.startswith(HF_PREFIX) else None  # bad overrides before loading
     model, encode, tokenizer_state, run_cfg = load_model(source)
     if not model.next_token_lm:
-        raise EvalError(f"model: {type(model).__name__} ({model.cfg['name']}) is not a next-token LM: its loss is "
+        raise EvalError(f"model: {type(model).__name__} ({model.cfg.name}) is not a next-token LM: its loss is "
                         "not a loss per next token, so it has no perplexity")
     if data is None:
         data = data_config(overrides, run_cfg)
     text_source(data, split)
     context = data["context"]  # data.context=N wins; else a checkpoint's training context, an hf: model's whole one
     if not any(o.lstrip("+~").startswith("data.context=") for o in overrides):
-        context = run_cfg["data"]["context"] if run_cfg is not None else model.cfg["max_seq_len"]
+        context = run_cfg["data"]["context"] if run_cfg is not None else model.cfg.max_seq_len
     limit = position_limit(model)
     if not isinstance(context, int) or context < 1 or (limit is not None and context > limit):
         raise EvalError(f"data.context: {context} is past this model's learned positions (max_seq_len={limit}); "
@@ -209,7 +209,7 @@ def evaluate(source: str, overrides: list[str] | None = None, split: str = "val"
             done += w.shape[0]
             bar.update(w.shape[0])
     loss = total / n_tokens
-    return {"model": source, "lineage": model.cfg["name"], "data": data.get("path") or data.get("dataset") or
+    return {"model": source, "lineage": model.cfg.name, "data": data.get("path") or data.get("dataset") or
             "embedded corpus", "split": split, "windows": n_windows, "context": context, "tokens": n_tokens,
             "loss": loss, "perplexity": math.exp(loss), "bytes": n_tokens * bytes_per_token,
             "bits_per_byte": loss / (bytes_per_token * math.log(2)),

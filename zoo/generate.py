@@ -114,13 +114,14 @@ def generate(model: nn.Module, prompt: torch.Tensor, max_new_tokens: int, temper
     eos_id; rows that finished earlier are padded with eos_id."""
     if error := sampling_error(max_new_tokens, temperature, top_k, top_p):
         raise ValueError(error)
-    vocab_size = getattr(model, "cfg", {}).get("vocab_size")
+    spec = getattr(model, "cfg", None)  # a zoo model's ModelSpec; any other module: nothing to check against
+    vocab_size = getattr(spec, "vocab_size", None)
     check_ids("prompt", prompt, vocab_size)
     if src is not None:
         check_ids("src", src, vocab_size)
     if eos_id is not None and not (is_int(eos_id) and 0 <= eos_id and (vocab_size is None or eos_id < vocab_size)):
         raise ValueError(f"eos_id: got {eos_id!r}; valid: an id of the model's vocabulary, or None")
-    name = getattr(model, "cfg", {}).get("name")
+    name = getattr(spec, "name", None)
     if not getattr(model, "generates", False):
         raise ValueError(f"model '{name}' does not generate; generation needs {', '.join(generating_models())}")
     if model.needs_source and src is None:

@@ -102,7 +102,7 @@ def inspect_config(overrides: list[str]) -> dict:
         context = data_context(data)
         if model.get("max_seq_len") is None:
             model["max_seq_len"] = context
-        model = resolve_config(model)
+        model = resolve_config(model).as_dict()
         params = count_params(model)
         flops = flops_per_token(model, context)
     except (ConfigError, DataError, KeyError) as e:

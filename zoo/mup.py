@@ -28,29 +28,33 @@ width_mult = d_model / model.mup_base_d_model, and the model at the base width e
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import dataclasses
+from typing import TYPE_CHECKING
 
 from torch import nn
 
 from zoo.component import ConfigError, need
 
+if TYPE_CHECKING:  # zoo.schema's ModelSpec: imported by the models, which this module serves
+    from zoo.schema import ModelSpec
+
 PARAMETRIZATIONS = ("standard", "mup")
 HIDDEN, VECTOR, FIXED = "hidden", "vector", "fixed"  # a parameter's muP role
 
 
-def width_mult(cfg: Mapping) -> float:
+def width_mult(cfg: ModelSpec) -> float:
     """d_model / mup_base_d_model under muP; 1 under the standard parametrization."""
-    return cfg["d_model"] / cfg["mup_base_d_model"] if cfg["parametrization"] == "mup" else 1.0
+    return cfg.d_model / cfg.mup_base_d_model if cfg.parametrization == "mup" else 1.0
 
 
-def output_scale(cfg: Mapping) -> float:
+def output_scale(cfg: ModelSpec) -> float:
     """What the readout multiplies its input by: 1 / width_mult (muP's output multiplier)."""
     return 1 / width_mult(cfg)
 
 
-def check(cfg: dict) -> None:
+def check(cfg: ModelSpec) -> None:
     """model.parametrization and model.mup_base_d_model, then (mup) that the base and double-base models build."""
-    p, base = cfg["parametrization"], cfg["mup_base_d_model"]
+    p, base = cfg.parametrization, cfg.mup_base_d_model
     need(p in PARAMETRIZATIONS, "parametrization", f"unknown {p!r}; valid: {', '.join(PARAMETRIZATIONS)}")
     need(isinstance(base, int) and not isinstance(base, bool) and base > 0, "mup_base_d_model",
          f"must be a positive integer, got {base!r}")
@@ -58,28 +62,29 @@ def check(cfg: dict) -> None:
         _reference_models(cfg)
 
 
-def at_width(cfg: dict, d_model: int) -> dict:
+def at_width(cfg: ModelSpec, d_model: int) -> ModelSpec:
     """cfg at another width: heads of the same size, and the widths components declare scaled along."""
-    heads = cfg["n_heads"] * d_model / cfg["d_model"]
+    heads = cfg.n_heads * d_model / cfg.d_model
     need(heads == int(heads), "parametrization",
-         f"mup keeps the head size ({cfg['d_model'] // cfg['n_heads']}) at the base width "
-         f"mup_base_d_model={cfg['mup_base_d_model']}, which needs {heads:g} heads; valid: a d_model and n_heads "
+         f"mup keeps the head size ({cfg.d_model // cfg.n_heads}) at the base width "
+         f"mup_base_d_model={cfg.mup_base_d_model}, which needs {heads:g} heads; valid: a d_model and n_heads "
          "whose head size divides mup_base_d_model")
-    from zoo.build import COMPONENTS  # zoo.build imports this module
 
-    out = {**cfg, "d_model": d_model, "n_heads": int(heads)}
-    for key, (registry, name_key, _) in COMPONENTS.items():
-        widths = getattr(registry.options(cfg[key][name_key]), "widths", ())
-        out[key] = {**cfg[key], **{w: max(1, round(cfg[key][w] * d_model / cfg["d_model"]))
-                                   for w in widths if cfg[key].get(w) is not None}}
-    return out
+    def scaled(part):  # a Part or NormPart with the widths its options declare (ffn's d_ff, ...) scaled
+        opts = part.options
+        widths = {w: max(1, round(getattr(opts, w) * d_model / cfg.d_model))
+                  for w in getattr(opts, "widths", ()) if getattr(opts, w) is not None}
+        return dataclasses.replace(part, options=dataclasses.replace(opts, **widths))
+
+    return dataclasses.replace(cfg, d_model=d_model, n_heads=int(heads), attention=scaled(cfg.attention),
+                               position=scaled(cfg.position), norm=scaled(cfg.norm), ffn=scaled(cfg.ffn))
 
 
-def _reference_models(cfg: dict) -> tuple[nn.Module, nn.Module]:
+def _reference_models(cfg: ModelSpec) -> tuple[nn.Module, nn.Module]:
     """The model at the base width and at twice it, on the meta device (shapes only)."""
     from zoo.build import on_meta
 
-    base = cfg["mup_base_d_model"]
+    base = cfg.mup_base_d_model
     models = []
     for d in (base, 2 * base):
         other = at_width(cfg, d)
@@ -87,11 +92,11 @@ def _reference_models(cfg: dict) -> tuple[nn.Module, nn.Module]:
             models.append(on_meta(other))
         except ConfigError as e:
             raise ConfigError(f"model.parametrization: mup's reference model at d_model={d} (n_heads="
-                              f"{other['n_heads']}) cannot be built: {e}") from None
+                              f"{other.n_heads}) cannot be built: {e}") from None
     return models[0], models[1]
 
 
-def roles(cfg: dict) -> dict[str, str]:
+def roles(cfg: ModelSpec) -> dict[str, str]:
     """Each parameter's name -> its muP role (HIDDEN, VECTOR or FIXED): see the module docstring."""
     small, large = _reference_models(cfg)
     sizes = {name: p.shape for name, p in large.named_parameters()}
@@ -110,7 +115,7 @@ def roles(cfg: dict) -> dict[str, str]:
     return out
 
 
-def init_scale(role: str, cfg: Mapping) -> float:
+def init_scale(role: str, cfg: ModelSpec) -> float:
     """The factor on a parameter's standard init std: 1 / sqrt(width_mult) for hidden weights, else 1."""
     return width_mult(cfg) ** -0.5 if role == HIDDEN else 1.0
 
@@ -119,7 +124,9 @@ def param_groups(model: nn.Module, lr: float, weight_decay: float) -> list[dict]
     """AdamW parameter groups for a zoo model: decoupled weight decay on matrices only (norms, biases, embeddings
     and learned positions are not decayed), and under muP hidden weights at lr / width_mult with weight decay
     * width_mult. A plain PyTorch user: `torch.optim.AdamW(param_groups(model, lr=1e-3, weight_decay=0.1))`."""
-    cfg = model.cfg
+    from zoo.build import spec_of  # zoo.build imports this module
+
+    cfg = spec_of(model)
     mult = width_mult(cfg)
     role = roles(cfg) if mult != 1 else {}
     embeddings = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}

@@ -37,8 +37,8 @@ class Registry:
         self._options: dict[str, type] = {}
         self._examples: dict[str, list[dict]] = {}
 
-    def register(self, name: str, fn: Callable[..., Any] | None = None, *, options: type | None = None,
-                 examples: list[dict] | None = None):
+    def register(self, name: str, fn: Any = None, *, options: type | None = None,
+                 examples: list[dict] | None = None) -> Any:
         """Register `fn` under `name`; usable as a decorator or called directly.
 
         options: the dataclass of the component's own options (zoo.component.Options when it has none);
@@ -63,7 +63,7 @@ class Registry:
             importlib.import_module("zoo.models")
             load_plugins()
 
-    def get(self, name: str) -> Callable[..., Any]:
+    def get(self, name: str) -> Any:  # a factory, often a class whose attributes are read (hard_limit, generates)
         self._load()
         if name not in self._entries:
             raise UnknownNameError(f"{self.kind}: unknown name '{name}'; valid: {', '.join(self.names())}")
@@ -85,7 +85,7 @@ class Registry:
         self._load()
         return sorted(self._entries)
 
-    def __contains__(self, name: str) -> bool:
+    def __contains__(self, name: Any) -> bool:
         self._load()
         return name in self._entries
 
@@ -112,6 +112,8 @@ def load_plugins() -> None:
         try:
             if is_file:
                 spec = importlib.util.spec_from_file_location(name, Path(plugin).resolve())
+                if spec is None or spec.loader is None:
+                    raise ImportError("not a Python source file")
                 module = importlib.util.module_from_spec(spec)
                 sys.modules[name] = module  # before it runs: a re-entrant lookup (its registrations) imports it once
                 try:

@@ -2,8 +2,13 @@
 
 - `ModelConfig`: the model's numbers (zoo.build.DEFAULTS is made from it). A component's options are not
   here: each component declares them in its own options dataclass (zoo/layers/*.py).
+- `ModelSpec`: what `zoo.build.resolve_config` makes of a `ModelConfig` (or a dict): every key set and
+  checked, frozen, each component a `Part` holding its name and an instance of its options dataclass. The
+  models, blocks and layers read its attributes (`cfg.attention.options.window`); `as_dict()` gives back the
+  plain form that config.yaml, summary.json and checkpoints store.
 - `ZooConfig`: the training config (optim, sample, the top-level keys). data, trainer and logger differ
-  from one preset to the next, so they stay mappings, checked by zoo.training.validate.
+  from one preset to the next, so they stay mappings, checked by zoo.training.validate. A run reads it
+  typed (`ZooConfig.from_plain`) once its plain form has been checked and sized.
 - `register()` puts them in Hydra's ConfigStore: `zoo_schema` (the first entry of conf/config.yaml's
   defaults list) and, for every registered component, a node `_zoo/<kind>/<name>` holding its name and
   its options with their dataclass defaults. A preset in conf/<kind>/ starts from that node and writes
@@ -20,11 +25,18 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
 import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
+
+from zoo.component import Options
+
+if TYPE_CHECKING:  # the components import torch; the schema must not (train.py composes without it)
+    from zoo.layers.attention import AttentionOptions
+    from zoo.layers.norm import NormOptions
 
 
 @dataclass
@@ -54,6 +66,64 @@ class ModelConfig:
     position: Any = field(default_factory=lambda: {"name": "learned"})
     norm: Any = field(default_factory=lambda: {"placement": "pre", "type": "layernorm"})
     ffn: Any = field(default_factory=lambda: {"name": "gelu"})
+
+
+Opts = TypeVar("Opts", bound=Options)  # a component's options dataclass
+
+
+@dataclass(frozen=True)
+class Part(Generic[Opts]):
+    """A resolved component: its registry name and its options (an instance of the dataclass it registered with)."""
+
+    name: str
+    options: Opts
+
+    def as_dict(self) -> dict:
+        return {"name": self.name, **dataclasses.asdict(self.options)}
+
+
+@dataclass(frozen=True)
+class NormPart(Generic[Opts]):
+    """The resolved norm: its registry name is its `type`; `placement` names the residual wrapper around it."""
+
+    type: str
+    placement: str
+    options: Opts
+
+    def as_dict(self) -> dict:
+        return {"type": self.type, "placement": self.placement, **dataclasses.asdict(self.options)}
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """A resolved model config: ModelConfig's keys (tests/test_schema.py keeps the two alike), every one set and
+    checked, the components as Parts. Made by zoo.build.resolve_config; read by the models, blocks and layers."""
+
+    name: str
+    vocab_size: int
+    d_model: int
+    n_layers: int
+    n_decoder_layers: int | None
+    n_heads: int
+    max_seq_len: int
+    dropout: float
+    bias: bool
+    tie_embeddings: bool
+    scale_embeddings: bool
+    embed_norm: bool
+    init_std: float
+    final_norm: bool | None
+    parametrization: str
+    mup_base_d_model: int
+    attention: Part[AttentionOptions]
+    position: Part[Options]
+    norm: NormPart[NormOptions]
+    ffn: Part[Options]
+
+    def as_dict(self) -> dict:
+        """The plain form (what config.yaml, summary.json and checkpoints hold): resolve_config gives it back."""
+        return {f.name: value.as_dict() if isinstance(value, (Part, NormPart)) else value
+                for f in dataclasses.fields(self) for value in [getattr(self, f.name)]}
 
 
 @dataclass
@@ -113,6 +183,42 @@ class ZooConfig:
     checkpoints: str = "all"
     evals_per_run: int | None = None  # with tokens_per_param: trainer.val_check_interval = max_steps / evals_per_run
 
+    @classmethod
+    def from_plain(cls, plain: Any) -> ZooConfig:
+        """A checked run config as plain data (a dict, as saved in config.yaml and checkpoints) -> typed. Keys the
+        schema does not declare (hydra's own, say) are left out; a missing one takes its default."""
+        plain = json_copy(plain)
+        sections = {"model": ModelConfig, "optim": OptimConfig, "sample": SampleConfig}
+        values: dict[str, Any] = {}
+        for f in dataclasses.fields(cls):
+            if f.name not in plain:
+                continue
+            node = sections.get(f.name)
+            values[f.name] = _section(node, plain[f.name]) if node is not None else plain[f.name]
+        if isinstance(values.get("budget"), dict):  # a sized run's config keeps budget's record: its kind is the key
+            values["budget"] = values["budget"].get("kind")
+        return cls(**values)
+
+    def to_plain(self) -> dict:
+        """The plain form: what config.yaml and checkpoints hold."""
+        return json_copy(dataclasses.asdict(self))
+
+
+def _section(node: type, plain: Any) -> Any:
+    names = {f.name for f in dataclasses.fields(node)}
+    return node(**{k: v for k, v in plain.items() if k in names})
+
+
+def json_copy(value: Any) -> Any:
+    """A deep copy of plain data with every ModelSpec and Part turned into its plain form."""
+    if isinstance(value, (ModelSpec, Part, NormPart)):
+        return value.as_dict()
+    if isinstance(value, dict):
+        return {k: json_copy(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_copy(v) for v in value]
+    return value
+
 
 def model_defaults() -> dict:
     """ModelConfig's defaults as a plain dict: zoo.build.DEFAULTS."""
@@ -129,7 +235,7 @@ def default_of(key: str, missing: Any = None) -> Any:
             node = node[part]
         else:
             return missing
-    return dataclasses.asdict(node) if dataclasses.is_dataclass(node) else node
+    return dataclasses.asdict(node) if dataclasses.is_dataclass(node) and not isinstance(node, type) else node
 
 
 # config group -> (registry kind, the key that names the component). Norm presets (pre_ln, ...) pair a
@@ -240,7 +346,7 @@ def component_node(kind: str, name: str, rows: list) -> type:
     for option, type_text, default in rows:
         word, optional = type_text.removesuffix(" | None"), type_text.endswith(" | None")
         t = _TYPES[word] | None if optional else _TYPES[word]
-        fields.append((option, t, field(default_factory=lambda d=default: copy.deepcopy(d))
+        fields.append((option, t, field(default_factory=functools.partial(copy.deepcopy, default))
                        if isinstance(default, (list, dict)) else field(default=default)))
     node = dataclasses.make_dataclass(f"{kind}_{name}", fields)
     node.__module__ = __name__  # made here; pickled by value (cloudpickle) when a launcher sends the ConfigStore
@@ -282,7 +388,7 @@ def one_line(error: BaseException) -> str | None:
     `model.d_model: got 'abc'; valid: an integer`. None when the error is not a typed value's."""
     from omegaconf.errors import ValidationError
 
-    seen = error
+    seen: BaseException | None = error
     while seen is not None and not isinstance(seen, ValidationError):
         seen = seen.__cause__ or seen.__context__
     if seen is None:
@@ -292,8 +398,9 @@ def one_line(error: BaseException) -> str | None:
     if dataclasses.is_dataclass(seen.object_type):
         hints = typing.get_type_hints(seen.object_type)
     t = hints.get(str(seen.key).rpartition(".")[2]) if seen.key is not None else None
-    target = seen.msg.splitlines()[0].rpartition(" to ")[2] if "could not be converted" in seen.msg else None
-    words = _describe(t) if t is not None else _NODE_WORDS.get(target, seen.msg.splitlines()[0])
+    first = seen.msg.splitlines()[0] if seen.msg else ""
+    target = first.rpartition(" to ")[2] if "could not be converted" in first else ""
+    words = _describe(t) if t is not None else _NODE_WORDS.get(target, first)
     return f"{key}: got {seen.value!r}; valid: {words}" if seen.value is not None else f"{key}: {words}"
 
 
@@ -308,5 +415,5 @@ def _describe(t: Any) -> str:
     if origin is list:
         return f"a list of {_describe(args[0]).removeprefix('a ').removeprefix('an ')}s" if args else "a list"
     if dataclasses.is_dataclass(t):
-        return f"a mapping of its settings (zoo/schema.py {t.__name__})"
+        return f"a mapping of its settings (zoo/schema.py {getattr(t, '__name__', t)})"
     return {int: "an integer", float: "a number", bool: "true or false", str: "a string"}.get(t, str(t))

@@ -62,3 +62,15 @@ def test_debug_fast_is_a_quiet_short_run_without_checkpoints(tmp_path):
     assert proc.stderr.strip() == "", proc.stderr[-2000:]
     final = [seg for seg in proc.stdout.replace("\r", "\n").splitlines() if "10/10" in seg][-1]
     assert "tok/s=" in final and "it/s" not in final and "s/it" not in final  # one notion of speed: tok/s
+
+
+def test_info_lines_come_from_the_first_process_only_and_errors_from_every_one(monkeypatch, capsys):
+    """One rank-zero logger (zoo.training.console): under DDP a line is said once, an error by each process."""
+    from zoo.training.console import say, warn
+
+    say("first")
+    monkeypatch.setenv("LOCAL_RANK", "1")  # a DDP worker other than the first
+    say("second")
+    warn("error: third")
+    out, err = capsys.readouterr()
+    assert out == "first\n" and err == "error: third\n"

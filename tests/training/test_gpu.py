@@ -21,7 +21,8 @@ from zoo.hardware import adamw_implementation, resolve_precision
 from zoo.prepare import prepare
 from zoo.training.data import StepLoader, build_data
 from zoo.training.objectives import OBJECTIVE
-from zoo.training.runner import _prepare, tf32_matmuls
+from zoo.training.runner import tf32_matmuls
+from zoo.training.sizing import prepare_run
 
 ROOT = Path(__file__).resolve().parents[2]
 GPT2_SMALL = 124_439_808  # GPT-2 small's parameters (tied head, 50,257 ids), as Hugging Face counts them
@@ -97,7 +98,7 @@ def test_gpt2_small_is_124m_on_a_prepared_corpus(corpus):
     # from the prepared corpus), counted on the meta device
     plain = OmegaConf.to_container(compose_cfg(["experiment=gpt2_small", f"data.path={corpus}", "trainer=cpu",
                                                 "data.eval_batches=1"]), resolve=True)
-    data = _prepare(plain)
+    data, _ = prepare_run(plain)
     m = plain["model"]
     assert (m["d_model"], m["n_layers"], m["n_heads"], m["ffn"]["name"], m["position"]["name"]) == \
         (768, 12, 12, "gelu_tanh", "learned")
@@ -174,10 +175,10 @@ def test_fsdp_composes_and_is_refused_on_cpu_in_one_line(corpus):
         pytest.skip("this machine has a GPU")
     plain = OmegaConf.to_container(cfg, resolve=True)
     with pytest.raises(ConfigError, match="trainer.accelerator: 'gpu' but this machine has no CUDA GPU"):
-        _prepare(plain)
+        prepare_run(plain)
     plain["trainer"]["accelerator"] = "cpu"
     with pytest.raises(ConfigError, match="trainer: The strategy `fsdp` requires a GPU accelerator"):
-        _prepare(plain)
+        prepare_run(plain)
 
 
 @pytest.mark.parametrize("overrides,nodes,tasks", [

@@ -228,12 +228,12 @@ def test_a_read_only_run_directory(finished, tmp_path, outside, capsys, mode):
 
 
 # Where each of a run's writes happens: the disk is filled (for real: a small tmpfs) just before it.
-WRITES = {".zoo-run": ("zoo.training.runner", "write_marker"), "run.lock": ("zoo.training.runner", "lock_run_dir"),
+WRITES = {".zoo-run": ("zoo.training.run_dir", "write_marker"), "run.lock": ("zoo.training.run_dir", "lock_run_dir"),
           "config.yaml": ("zoo.training.runner", "atomic_write_text"),
           "hparams.yaml": ("zoo.training.callbacks", "HistoryWriter.log_hparams"),
           "metrics.csv": ("zoo.training.callbacks", "HistoryWriter.save"),
           "checkpoints/best.ckpt": ("zoo.training.checkpoint_io", "AtomicCheckpointIO.save_checkpoint"),
-          "summary.json": ("zoo.training.runner", "_summary")}
+          "summary.json": ("zoo.training.runner", "summarize")}
 
 
 @pytest.mark.parametrize("target", WRITES)

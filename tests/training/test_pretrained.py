@@ -130,10 +130,10 @@ def hydra_run(tmp_path):
 
 def prepared(overrides: list[str]) -> dict:
     """The run config as the run sizes it (checkpoint architecture, its tokenizer's vocabulary), data built."""
-    from zoo.training.runner import _prepare
+    from zoo.training.sizing import prepare_run
 
     plain = OmegaConf.to_container(compose_cfg(overrides), resolve=True)
-    _prepare(plain)
+    prepare_run(plain)
     return plain
 
 
@@ -160,7 +160,7 @@ def test_logits_on_the_pretrained_ids_equal_hugging_faces(checkpoints, family):
             ours, theirs = model(src + N_SPECIAL, tgt + N_SPECIAL), hf(input_ids=src, decoder_input_ids=tgt).logits
         else:
             ours, theirs = model(ids + N_SPECIAL), hf(input_ids=ids).logits
-    assert model.cfg["vocab_size"] == N_SPECIAL + len(tok)
+    assert model.cfg.vocab_size == N_SPECIAL + len(tok)
     torch.testing.assert_close(ours[..., N_SPECIAL:], theirs, atol=1e-4, rtol=0)
 
 
@@ -192,7 +192,7 @@ def test_the_vocabulary_covers_the_tokenizer_and_the_checkpoints_rows(checkpoint
     hf.save_pretrained(str(tmp_path / "gpt2"))
     tok.save_pretrained(str(tmp_path / "gpt2"))
     model = pretrained_model({**checkpoints, "padded": str(tmp_path / "gpt2")}, "padded")
-    assert model.cfg["vocab_size"] == N_SPECIAL + max(rows, len(tok))
+    assert model.cfg.vocab_size == N_SPECIAL + max(rows, len(tok))
     embed, theirs = model.embed.weight.detach(), hf.transformer.wte.weight.detach()
     assert torch.equal(embed[N_SPECIAL:N_SPECIAL + rows], theirs)
     if extra < 0:  # the tokenizer's last ids have no pretrained row: the mean
@@ -298,9 +298,9 @@ def test_bad_init_from_is_one_line_before_any_data(hydra_run, checkpoints, tmp_p
     neo = tmp_path / "neo"
     transformers.GPTNeoConfig(vocab_size=50, hidden_size=16, num_layers=1, num_heads=2,
                               attention_types=[[["global"], 1]]).save_pretrained(str(neo))
-    from zoo.training import runner
+    from zoo.training import sizing
 
-    monkeypatch.setattr(runner, "build_data", lambda *a: pytest.fail("data built before the error"))
+    monkeypatch.setattr(sizing, "build_data", lambda *a: pytest.fail("data built before the error"))
     over = [o.format(gpt2=checkpoints["gpt2"], neo=neo) for o in overrides]
     with pytest.raises(ConfigError, match=message):
         hydra_run(over if "data=copy" in over else [*data(checkpoints), *over])

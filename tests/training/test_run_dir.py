@@ -322,10 +322,10 @@ def test_atomic_writes_get_the_umask_permissions(tmp_path, umask, mode):
 
 
 def test_trimming_history_keeps_rows_before_the_step_and_drops_a_cut_line(tmp_path):
-    from zoo.training.runner import _trim_history
+    from zoo.training.run_dir import trim_history
 
     path = tmp_path / "metrics.csv"
     path.write_text("epoch,step,train_loss,val_loss\r\n0,0,4.5,\r\n0,1,4.4,\r\n0,1,,4.3\r\n0,2,4.2,\r\n0,3,4.")
-    _trim_history(path, 2)
+    trim_history(path, 2)
     assert path.read_bytes() == b"epoch,step,train_loss,val_loss\r\n0,0,4.5,\r\n0,1,4.4,\r\n0,1,,4.3\r\n"
     assert [p.name for p in tmp_path.iterdir()] == ["metrics.csv"]  # rewritten through a temp file, renamed

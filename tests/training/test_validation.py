@@ -6,6 +6,7 @@ import torch
 from hydra.errors import ConfigCompositionException
 
 import zoo.training.runner as runner
+import zoo.training.sizing as sizing
 from tests.helpers import TINY, TINY_TASK, compose_cfg, lineages
 from zoo.registry import POSITION
 from zoo.schema import one_line
@@ -97,7 +98,7 @@ def test_bad_value_is_one_line_exit_2_before_data(overrides, error, tmp_path, ca
     def no_data(*a, **k):
         raise AssertionError("data was loaded before the bad value was refused")
 
-    monkeypatch.setattr(runner, "build_data", no_data)
+    monkeypatch.setattr(sizing, "build_data", no_data)
     task = any(o.startswith("data=copy") for o in overrides)
     try:
         cfg = compose_cfg((TINY_TASK if task else TINY) + overrides)

@@ -105,10 +105,12 @@ def compose(overrides: list[str]) -> dict:
     try:
         with initialize_config_dir(config_dir=str(conf), version_base="1.3", job_name="zoo"):
             cfg = hydra_compose("config", overrides=overrides)
-        return OmegaConf.to_container(cfg, resolve=True)
+        plain = OmegaConf.to_container(cfg, resolve=True)
     except Exception as e:  # hydra and omegaconf errors span many lines and types: keep the first line
         from zoo.schema import one_line
 
         if typed := one_line(e):  # a wrongly typed value: its key, the value and the type
             raise ConfigError(typed) from None
         raise ConfigError(f"overrides: {first_line(e)}") from None
+    assert isinstance(plain, dict)  # config.yaml is a mapping
+    return plain

@@ -36,13 +36,14 @@ def task(cfg: DictConfig) -> float | None:
     """What Hydra runs for each job: one training run."""
     # torch and Lightning load here, after the argument checks and --help: a typo costs no import time.
     from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
 
     from zoo.training import final_metric
     from zoo.training import main as train
 
     resume_gc()  # everything is loaded: collect once, freeze it, collector back on for the run
     code = train(cfg)
-    if code and HydraConfig.get().mode.name == "RUN":  # in a sweep, one failed run must not stop the others
+    if code and HydraConfig.get().mode == RunMode.RUN:  # in a sweep, one failed run must not stop the others
         sys.exit(code)
     if cfg.get("optimized_metric"):  # what a search sweeper (Optuna) minimises or maximises
         return final_metric(HydraConfig.get().runtime.output_dir, cfg.optimized_metric)

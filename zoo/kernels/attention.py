@@ -15,12 +15,19 @@ from __future__ import annotations
 
 import math
 from functools import cache
+from typing import TYPE_CHECKING
 
 import torch
 
 from zoo.hardware import cpu_kind
 from zoo.kernels.apply import Kernel, register
 from zoo.layers.attention import AttentionBase
+
+# A kernel's methods go in front of the class it serves (apply.py); to the type checker they are that class's.
+if TYPE_CHECKING:
+    _Served = AttentionBase
+else:
+    _Served = object
 
 # cpu_kind -> the shortest key length from which the fused kernel's backward is faster than the written-out form
 # (absent: never), with the written-out form's softmax in torch ops, or on attention_softmax_cpp
@@ -45,14 +52,14 @@ def softmax_kernel_applies(scores: torch.Tensor, mask: torch.Tensor | None) -> b
     return not torch.compiler.is_compiling() or (COMPILED_SOFTMAX_FROM is not None and t_k >= COMPILED_SOFTMAX_FROM)
 
 
-class CppAttentionSoftmax:
+class CppAttentionSoftmax(_Served):
     def _softmax(self, scores, mask, is_causal, qk_dim: int) -> torch.Tensor:
         if softmax_kernel_applies(scores, mask):
             return attention_softmax(scores, 1 / math.sqrt(qk_dim), is_causal)
         return super()._softmax(scores, mask, is_causal, qk_dim)
 
 
-class WrittenOutAttention:
+class WrittenOutAttention(_Served):
     def _attend(self, q, k, v, mask, is_causal, qk_dim: int | None = None) -> torch.Tensor:
         if not self.record and written_out_is_faster(q, k.shape[2], mask, isinstance(self, CppAttentionSoftmax)):
             return self._written_out(q, k, v, mask, is_causal, qk_dim)

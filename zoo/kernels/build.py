@@ -64,7 +64,7 @@ def is_built(name: str) -> bool:
     """Whether zoo/kernels/<name>.cpp is in the cache for this machine (loaded or not); nothing is built."""
     cxx = compiler()
     try:
-        return bool(cxx) and library(name, cxx).is_file()
+        return cxx is not None and library(name, cxx).is_file()
     except (OSError, subprocess.SubprocessError):
         return False
 

@@ -4,13 +4,21 @@ the table each way, per layer (docs/benchmarks.md)."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
 from zoo.kernels.apply import Kernel, register
 from zoo.layers.position import RotaryPosition
 
+# A kernel's methods go in front of the class it serves (apply.py); to the type checker they are that class's.
+if TYPE_CHECKING:
+    _Served = RotaryPosition
+else:
+    _Served = object
 
-class CppRotary:
+
+class CppRotary(_Served):
     def rotate(self, q: torch.Tensor, k: torch.Tensor, offset: int = 0):
         if q.device.type == "cpu" and q.dtype != torch.float64 and not torch.compiler.is_compiling():
             cos, sin = self.angles(offset, *q.shape[-2:]).float().unbind(1)

@@ -6,6 +6,7 @@ parameter-matched 2/3 of that (three matrices instead of two), rounded up to a m
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from functools import partial
 from typing import ClassVar
@@ -17,7 +18,7 @@ from torch import nn
 from zoo.component import Context, Options, need
 from zoo.registry import FFN
 
-ACTIVATIONS = {
+ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "relu": F.relu,
     "gelu": F.gelu,
     "gelu_tanh": partial(F.gelu, approximate="tanh"),  # GPT-2's "gelu_new"

@@ -72,6 +72,8 @@ class LearnedPosition(Position):
 class _GrowingTable(Position):
     """A scheme whose per-position table is computed once and regrown (doubled) only on demand."""
 
+    table: torch.Tensor  # a buffer: (positions, ...)
+
     def __init__(self, ctx: Context, opts: Options):
         super().__init__(ctx, opts)
         self.register_buffer("table", self._table(ctx.max_seq_len), persistent=False)

@@ -7,6 +7,7 @@ from torch import nn
 
 from zoo.models.stack import Cache, Readout, Stack, context
 from zoo.registry import MODEL
+from zoo.schema import ModelSpec
 
 
 @MODEL.register("decoder_only")
@@ -15,13 +16,13 @@ class DecoderOnly(nn.Module):
     needs_source = False
     next_token_lm = True  # a per-token next-token loss (perplexity, bits per character) on running text
 
-    def __init__(self, cfg: dict):
+    def __init__(self, cfg: ModelSpec):
         super().__init__()
         self.cfg = cfg
-        self.embed = nn.Embedding(cfg["vocab_size"], cfg["d_model"])
-        self.decoder = Stack(cfg, context(cfg, cfg["n_layers"], causal=True), self.embed, cfg["n_layers"])
-        self.head = Readout(cfg, cfg["d_model"], cfg["vocab_size"], bias=False)
-        if cfg["tie_embeddings"]:
+        self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        self.decoder = Stack(cfg, context(cfg, cfg.n_layers, causal=True), self.embed, cfg.n_layers)
+        self.head = Readout(cfg, cfg.d_model, cfg.vocab_size, bias=False)
+        if cfg.tie_embeddings:
             self.head.weight = self.embed.weight
 
     def forward(self, tokens: torch.Tensor, cache: Cache | None = None) -> torch.Tensor:

@@ -10,6 +10,7 @@ from torch import nn
 
 from zoo.models.stack import Cache, Readout, Stack, context
 from zoo.registry import MODEL
+from zoo.schema import ModelSpec
 
 
 @MODEL.register("encoder_decoder")
@@ -18,16 +19,16 @@ class EncoderDecoder(nn.Module):
     needs_source = True  # the forward pass and generation take a source sequence to encode
     next_token_lm = False
 
-    def __init__(self, cfg: dict):
+    def __init__(self, cfg: ModelSpec):
         super().__init__()
         self.cfg = cfg
-        self.embed = nn.Embedding(cfg["vocab_size"], cfg["d_model"])
-        n_enc, n_dec = cfg["n_layers"], cfg.get("n_decoder_layers") or cfg["n_layers"]
+        self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        n_enc, n_dec = cfg.n_layers, cfg.n_decoder_layers or cfg.n_layers
         ctx = context(cfg, n_enc + n_dec)
         self.encoder = Stack(cfg, ctx, self.embed, n_enc)
         self.decoder = Stack(cfg, replace(ctx, causal=True, layer=n_enc), self.embed, n_dec, cross=True)
-        self.head = Readout(cfg, cfg["d_model"], cfg["vocab_size"], bias=False)
-        if cfg["tie_embeddings"]:
+        self.head = Readout(cfg, cfg.d_model, cfg.vocab_size, bias=False)
+        if cfg.tie_embeddings:
             self.head.weight = self.embed.weight
 
     def encode(self, src: torch.Tensor, src_padding: torch.Tensor | None = None) -> torch.Tensor:

@@ -8,6 +8,7 @@ from torch import nn
 
 from zoo.models.stack import Readout, Stack, context
 from zoo.registry import MODEL
+from zoo.schema import ModelSpec
 
 
 @MODEL.register("encoder_only")
@@ -16,17 +17,17 @@ class EncoderOnly(nn.Module):
     needs_source = False
     next_token_lm = False
 
-    def __init__(self, cfg: dict):
+    def __init__(self, cfg: ModelSpec):
         super().__init__()
         self.cfg = cfg
-        d, vocab, bias = cfg["d_model"], cfg["vocab_size"], cfg["bias"]
+        d, vocab, bias = cfg.d_model, cfg.vocab_size, cfg.bias
         self.embed = nn.Embedding(vocab, d)
-        ctx = context(cfg, cfg["n_layers"])
-        self.encoder = Stack(cfg, ctx, self.embed, cfg["n_layers"])
+        ctx = context(cfg, cfg.n_layers)
+        self.encoder = Stack(cfg, ctx, self.embed, cfg.n_layers)
         # BERT's MLM head: a dense + GELU + norm transform, then the output projection with a bias.
         self.head_dense, self.head_norm = nn.Linear(d, d, bias=bias), ctx.norm()
         self.head = Readout(cfg, d, vocab, bias=bias)
-        if cfg["tie_embeddings"]:
+        if cfg.tie_embeddings:
             self.head.weight = self.embed.weight
 
     def forward(self, tokens: torch.Tensor, padding: torch.Tensor | None = None) -> torch.Tensor:

@@ -14,17 +14,16 @@ from zoo.component import Context, build
 from zoo.layers.attention import KVCache, attention_bias, cross_attention_mask
 from zoo.mup import output_scale
 from zoo.registry import NORM, POSITION, RESIDUAL
+from zoo.schema import ModelSpec
 
 Cache = list[tuple[KVCache, KVCache]]  # per layer: (self-attention, cross-attention)
 
 
-def context(cfg: dict, n_layers: int, causal: bool = False) -> Context:
+def context(cfg: ModelSpec, n_layers: int, causal: bool = False) -> Context:
     """The build context of a model with n_layers blocks in all, its norm factory included."""
-    ctx = Context(d_model=cfg["d_model"], n_heads=cfg["n_heads"], max_seq_len=cfg["max_seq_len"],
-                  n_layers=n_layers, causal=causal, bias=cfg["bias"], dropout=cfg["dropout"])
-    norm = cfg["norm"]
-    opts = NORM.options(norm["type"])(**{k: v for k, v in norm.items() if k not in ("type", "placement")})
-    return replace(ctx, norm=partial(NORM.get(norm["type"]), ctx, opts))
+    ctx = Context(d_model=cfg.d_model, n_heads=cfg.n_heads, max_seq_len=cfg.max_seq_len,
+                  n_layers=n_layers, causal=causal, bias=cfg.bias, dropout=cfg.dropout)
+    return replace(ctx, norm=partial(NORM.get(cfg.norm.type), ctx, cfg.norm.options))
 
 
 class Stack(nn.Module):
@@ -33,20 +32,20 @@ class Stack(nn.Module):
     causal=True makes it a decoder (each token sees only earlier ones); cross=True adds
     cross-attention to an encoder's output. ctx.layer is the index of its first block in the model."""
 
-    def __init__(self, cfg: dict, ctx: Context, embed: nn.Embedding, n_layers: int, cross: bool = False):
+    def __init__(self, cfg: ModelSpec, ctx: Context, embed: nn.Embedding, n_layers: int, cross: bool = False):
         super().__init__()
         self.embed, self.causal = embed, ctx.causal
-        self.embed_scale = math.sqrt(ctx.d_model) if cfg["scale_embeddings"] else 1.0
-        self.position = build(POSITION, cfg["position"], ctx)
+        self.embed_scale = math.sqrt(ctx.d_model) if cfg.scale_embeddings else 1.0
+        self.position = build(POSITION, cfg.position, ctx)
         ctx = replace(ctx, rotary=self.position.rotary)  # what an attention with a rotary part of its own asks
-        self.embed_norm = ctx.norm() if cfg["embed_norm"] else nn.Identity()
+        self.embed_norm = ctx.norm() if cfg.embed_norm else nn.Identity()
         self.dropout = nn.Dropout(ctx.dropout)
-        residual = RESIDUAL.get(cfg["norm"]["placement"])
+        residual = RESIDUAL.get(cfg.norm.placement)
         self.blocks = nn.ModuleList(
             TransformerBlock(replace(ctx, layer=ctx.layer + i), cfg, residual, cross) for i in range(n_layers)
         )
         self.window = self.blocks[0].window  # one mask for every layer: their attention's (AttentionPart)
-        final = cfg.get("final_norm")  # None: the placement decides (Post-LN has none; nn.Transformer adds one)
+        final = cfg.final_norm  # None: the placement decides (Post-LN has none; nn.Transformer adds one)
         self.final_norm = ctx.norm() if (residual.final_norm if final is None else final) else nn.Identity()
 
     def forward(self, tokens: torch.Tensor, padding: torch.Tensor | None = None,
@@ -76,7 +75,7 @@ class Readout(nn.Linear):
 
     readout = True  # zoo.mup.roles: the output multiplier, not the fan-in rule, keeps this layer's updates steady
 
-    def __init__(self, cfg: dict, d_in: int, d_out: int, bias: bool):
+    def __init__(self, cfg: ModelSpec, d_in: int, d_out: int, bias: bool):
         super().__init__(d_in, d_out, bias=bias)
         self.scale = output_scale(cfg)
 

@@ -203,7 +203,7 @@ class HistoryWriter(ExperimentWriter):
     rows a resume will redo before training starts."""
 
     def __init__(self, log_dir: str):
-        self.hparams = {}
+        self.hparams: dict = {}
         self.metrics: list[dict] = []
         self.log_dir = log_dir
         self.metrics_file_path = os.path.join(log_dir, self.NAME_METRICS_FILE)

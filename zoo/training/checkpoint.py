@@ -80,7 +80,7 @@ def check_weights(state: Any, model_cfg: Any, path: str | Path) -> None:
         have = got.get(key)
         if have is None:
             raise CheckpointError(f"checkpoint: '{path}' lacks weight 'model.{key}' (shape {list(want.shape)}) "
-                                  f"that its config's {cfg['name']} needs")
+                                  f"that its config's {cfg.name} needs")
         if not isinstance(have, torch.Tensor) or have.shape != want.shape:
             shape = list(have.shape) if isinstance(have, torch.Tensor) else type(have).__name__
             raise CheckpointError(f"checkpoint: '{path}': weight 'model.{key}' has shape {shape}, its config's "
@@ -178,7 +178,7 @@ def sanitize_for_resume(ckpt: dict, path, callbacks: dict, extra_keys: tuple[str
     that checks (or rebuilds) its state; any other callback state, and any key outside RESUME_KEYS and
     `extra_keys`, is dropped."""
     clean = {k: v for k, v in ckpt.items() if k in RESUME_KEYS or k in extra_keys}
-    saved = ckpt.get("callbacks") if isinstance(ckpt.get("callbacks"), dict) else {}
+    saved: dict = ckpt["callbacks"] if isinstance(ckpt.get("callbacks"), dict) else {}
     kept = {}
     for key, check in callbacks.items():
         if key not in saved:

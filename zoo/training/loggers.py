@@ -29,6 +29,7 @@ from hydra.experimental.callback import Callback
 
 from zoo.build import ConfigError, flatten_config
 from zoo.net import RETRIES, bound_network, timeout_s
+from zoo.training.console import say, warn
 from zoo.training.safety import instantiate_allowed
 
 DEFAULT_EXPERIMENT = "zoo"  # MLflow experiment of runs outside a multirun
@@ -176,7 +177,7 @@ def finish_loggers(loggers: list, summary: dict, run_dir: Path) -> None:
             status = {"completed": "FINISHED", "diverged": "FAILED"}.get(summary.get("status"), "KILLED")
             dashboard.call("the end status", lg.experiment.set_terminated, lg.run_id, status)
         if dashboard is not None and (line := dashboard.report()):
-            print(line, file=sys.stderr, flush=True)
+            warn(line)
 
 
 def _wandb_files(run: Any, run_dir: Path, names: tuple[str, ...]) -> None:
@@ -210,7 +211,7 @@ def job_factors() -> dict[str, str]:
         hc = HydraConfig.get()
     except ValueError:
         return {}
-    from zoo.training.runner import RESUME_MAY_CHANGE
+    from zoo.training.resume import RESUME_MAY_CHANGE
 
     exclude = set(hc.job.config.override_dirname.exclude_keys or []) | {"seed"}
     varying = _varying_keys(Path(str(hc.sweep.dir))) if str(hc.mode) == "RunMode.MULTIRUN" else None
@@ -419,7 +420,7 @@ class MLflowSweep(Callback):
                                              tags={ROLE_TAG: "sweep", SWEEP_TAG: sweep})
                 self.experiment = experiment
         except ConfigError as e:  # before any job starts: one line and exit code 2, as a job would
-            print(f"error: {e}", file=sys.stderr, flush=True)
+            warn(f"error: {e}")
             sys.exit(2)
         self.run_id = run.info.run_id
 
@@ -438,13 +439,13 @@ class MLflowSweep(Callback):
             self.client.set_terminated(self.run_id, "FINISHED")
             uri = str(self.client.tracking_uri)
             if uri.startswith("http"):
-                print(f"mlflow: the sweep's runs: {experiment_url(uri, self.experiment)}", flush=True)
+                say(f"mlflow: the sweep's runs: {experiment_url(uri, self.experiment)}")
             else:  # a local store: its runs are served by `mlflow ui`, on port 5000 by default
-                print(f"mlflow: the sweep's runs: {experiment_url('http://127.0.0.1:5000', self.experiment)} once "
-                      f"`mlflow ui --backend-store-uri {uri}` serves them", flush=True)
+                say(f"mlflow: the sweep's runs: {experiment_url('http://127.0.0.1:5000', self.experiment)} once "
+                    f"`mlflow ui --backend-store-uri {uri}` serves them")
         except Exception as e:  # the server stopped answering during the sweep: its files are all on disk
-            print(f"warning: mlflow: the sweep's report and end status not logged ({_reason(e)}); they are in "
-                  f"{root}", file=sys.stderr, flush=True)
+            warn(f"warning: mlflow: the sweep's report and end status not logged ({_reason(e)}); they are in "
+                 f"{root}")
 
 
 

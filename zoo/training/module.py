@@ -3,28 +3,30 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import lightning as L
 import torch
 from lightning.pytorch.plugins.precision import Precision
 from lightning.pytorch.utilities import GradClipAlgorithmType
 
-from zoo.build import build_model
+from zoo.build import build_model, spec_of
 from zoo.component import aux_losses, clear_aux_losses
 from zoo.hardware import adamw_implementation
 from zoo.mup import param_groups
-from zoo.schema import OptimConfig
+from zoo.schema import ZooConfig, json_copy
 from zoo.training.objectives import OBJECTIVE
 
 
 class ZooModule(L.LightningModule):
-    def __init__(self, cfg: dict):
-        """cfg: the whole resolved run config as plain data (model.vocab_size filled in)."""
+    def __init__(self, plain: dict):
+        """plain: the whole resolved run config as plain data (model.vocab_size filled in), as checkpoints keep it."""
         super().__init__()
-        self.save_hyperparameters({"cfg": cfg})  # plain data: checkpoints load with weights_only=True
-        self.cfg = cfg
-        self.model = build_model(cfg["model"], seed=cfg["seed"])
-        self.objective = OBJECTIVE.get(cfg["model"]["name"])(cfg["model"]["vocab_size"])
+        self.save_hyperparameters({"cfg": json_copy(plain)})  # plain data: checkpoints load with weights_only=True
+        self.cfg = ZooConfig.from_plain(plain)
+        self.model = build_model(self.cfg.model, seed=self.cfg.seed)
+        spec = spec_of(self.model)
+        self.objective = OBJECTIVE.get(spec.name)(spec.vocab_size)
         self.step_fn = self.objective.loss
         self.tokenizer_state: dict = {}  # set by the run before fit
 
@@ -39,16 +41,17 @@ class ZooModule(L.LightningModule):
         self._resumed_rng_state = checkpoint.get("rng_state")
 
     def on_train_batch_start(self, batch: dict, batch_idx: int) -> None:
-        if getattr(self, "_resumed_rng_state", None) is not None:  # the first step after a resume
+        state = getattr(self, "_resumed_rng_state", None)
+        if state is not None:  # the first step after a resume
             # Restored here, not on load: Lightning draws random numbers in between.
-            torch.set_rng_state(self._resumed_rng_state)
+            torch.set_rng_state(state)
             self._resumed_rng_state = None
             # Lightning's logging step can be off by one after a resume; with one optimizer it equals
             # the optimizer step, so metrics.csv rows line up with an uninterrupted run's.
             self.trainer.fit_loop.epoch_loop._batches_that_stepped = self.trainer.global_step
 
     def setup(self, stage: str) -> None:
-        if self.cfg.get("compile") and not hasattr(self, "_compiled"):
+        if self.cfg.compile and not hasattr(self, "_compiled"):
             self._compiled = torch.compile(self.model)
             self.step_fn = lambda model, batch: self.objective.loss(self._compiled, batch)
 
@@ -70,14 +73,14 @@ class ZooModule(L.LightningModule):
             self.log(f"val_{k}", v)
 
     def on_validation_epoch_end(self) -> None:
-        data = self.trainer.datamodule
+        data: Any = getattr(self.trainer, "datamodule", None)  # set by fit and validate
         if data is not None and data.long_val_batches:  # data.long_context: does the model extrapolate?
             with torch.no_grad():
                 losses = [self.objective.loss(self.model, self.transfer_batch_to_device(b, self.device, 0))[0]
                           for b in data.long_val_batches]
             self.log("val_loss_long", torch.stack(losses).mean())
         if data is not None and data.is_task:
-            n = self.cfg["data"].get("eval_examples", 256)
+            n = self.cfg.data.get("eval_examples", 256)
             for split, key in (("val", "exact_match"), ("test", "exact_match_long")):
                 self.log(key, self.objective.exact_match(self.model, data.splits[split][:n]), prog_bar=True)
 
@@ -88,12 +91,12 @@ class ZooModule(L.LightningModule):
           here first (its step then knows). Then they are clipped as every other run clips them.
         - FSDP (trainer=fsdp): each rank holds a shard of the gradients, so the norm is the root module's
           clip_grad_norm_, over every shard (torch.nn.utils' would see one)."""
-        root = self.trainer.strategy.model
+        root: Any = self.trainer.strategy.model
         fsdp = hasattr(root, "clip_grad_norm_") and gradient_clip_algorithm in (None, "norm")
         fused = getattr(optimizer, "_step_supports_amp_scaling", False)
         if not gradient_clip_val or not (fsdp or fused):
             return self.clip_gradients(optimizer, gradient_clip_val, gradient_clip_algorithm)
-        plugin = self.trainer.precision_plugin
+        plugin: Any = self.trainer.precision_plugin
         if fused and getattr(plugin, "scaler", None) is not None:
             plugin.scaler.unscale_(optimizer)
         if fsdp:
@@ -104,15 +107,15 @@ class ZooModule(L.LightningModule):
             Precision.clip_gradients(plugin, optimizer, gradient_clip_val, algorithm)
 
     def configure_optimizers(self):
-        opt = self.cfg["optim"]
+        opt = self.cfg.optim
         # Decoupled weight decay on matrices only, and muP's per-group learning rates (zoo/mup.py).
         optimizer = torch.optim.AdamW(
-            param_groups(self.model, opt["lr"], opt["weight_decay"]),
-            lr=opt["lr"], betas=tuple(opt["betas"]), eps=opt.get("eps", OptimConfig.eps),
-            **adamw_implementation(opt.get("fused"), next(self.model.parameters()).device, self.trainer.precision),
+            param_groups(self.model, opt.lr, opt.weight_decay),
+            lr=opt.lr, betas=tuple(opt.betas), eps=opt.eps,
+            **adamw_implementation(opt.fused, next(self.model.parameters()).device, self.trainer.precision),
         )
         schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(
-            opt["warmup_steps"], self.cfg["trainer"]["max_steps"], opt["min_lr"] / opt["lr"]))
+            opt.warmup_steps, self.cfg.trainer["max_steps"], opt.min_lr / opt.lr))
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}
 
 

@@ -68,7 +68,11 @@ class InitFrom:
 
 def source_of(plain: dict) -> str | None:
     """The model id or directory `init_from` names, or None; a one-line error for anything but hf:<...>."""
-    value = plain.get("init_from")
+    return source_in(plain.get("init_from"))
+
+
+def source_in(value: Any) -> str | None:
+    """source_of for init_from's value."""
     if value is None:
         return None
     if not isinstance(value, str) or not value.startswith(PREFIX) or value == PREFIX:
@@ -116,7 +120,7 @@ def _base_config(source: str) -> dict:
             hf_config = check_pretrained(_path(source))
         else:
             hf_config = _hub_config(transformers, source)
-        return resolve_config(config_from_hf(hf_config))  # every option spelled out, with its default
+        return resolve_config(config_from_hf(hf_config)).as_dict()  # every option spelled out, with its default
     except ConversionError as e:
         raise ConfigError(f"init_from: 'hf:{source}': {e}") from None
 
@@ -280,7 +284,7 @@ def _token_tensors(model: nn.Module) -> set[int]:
     """ids of the parameters with one row per token: the token embedding, the output head's weight and bias
     (modules outside every component whose size is the vocabulary)."""
     inside = {id(m) for c in model.modules() if hasattr(c, "count_as") for m in c.modules()}
-    vocab, out = model.cfg["vocab_size"], set()
+    vocab, out = model.cfg.vocab_size, set()
     for m in model.modules():
         if id(m) in inside:
             continue
@@ -350,13 +354,11 @@ def load_weights(model: nn.Module, source: str) -> str:
             f"{roles or 'no token'} ({N_SPECIAL - len(specials)} the mean row)")
 
 
-def init_weights(model: nn.Module, plain: dict) -> None:
-    """The run's weights from init_from (a fresh run only: a resume takes its checkpoint's); prints the report."""
-    from zoo.io import is_secondary_rank
+def init_weights(model: nn.Module, init_from: str | None) -> None:
+    """The run's weights from init_from (a fresh run only: a resume takes its checkpoint's); says what it loaded."""
+    from zoo.training.console import say
 
-    source = source_of(plain)
+    source = source_in(init_from)
     if source is None:
         return
-    line = load_weights(model, source)
-    if not is_secondary_rank():
-        print(line, flush=True)
+    say(load_weights(model, source))

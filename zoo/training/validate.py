@@ -6,9 +6,9 @@ The architecture's own values are checked in zoo.build.resolve_config; data file
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NoReturn
 
-from zoo.build import ConfigError, is_int, is_number
+from zoo.build import ConfigError, ModelInput, is_int, is_number
 from zoo.hardware import AUTO, resolve_precision
 from zoo.hardware import on_gpu as _on_gpu
 from zoo.io import first_line
@@ -21,7 +21,7 @@ BYTES_PER_PARAM = {"64-true": 8, "64": 8, 64: 8, "bf16-true": 2, "16-true": 2}  
 TRAINING_COPIES = 4  # weights, gradients and AdamW's two moments
 
 
-def _fail(key: str, v: Any, valid: str) -> None:
+def _fail(key: str, v: Any, valid: str) -> NoReturn:
     raise ConfigError(f"{key}: got {v!r}; valid: {valid}")
 
 
@@ -239,7 +239,7 @@ def _gib(n: float) -> str:
     return f"{n / 2**30:.1f} GiB"
 
 
-def check_memory(model_cfg: dict, trainer: dict | None = None, training: bool = True, key: str = "model") -> None:
+def check_memory(model_cfg: ModelInput, trainer: dict | None = None, training: bool = True, key: str = "model") -> None:
     """Refuse a model whose weights (and, to train, gradients and AdamW's two moments) cannot fit in memory,
     from the parameter count alone, before anything is allocated. Activations come on top."""
     from zoo.build import count_params

@@ -1,0 +1,97 @@
+"""The typed config reaches the code: resolve_config returns a frozen ModelSpec whose components are their options
+dataclasses, the models, blocks and layers read its attributes (never a config by string key), and a run reads
+its ZooConfig typed while config.yaml and checkpoints keep the plain form."""
+
+import ast
+import dataclasses
+from pathlib import Path
+
+import pytest
+from omegaconf import OmegaConf
+
+from tests.helpers import tiny_cfg
+from zoo import build_model, count_params, resolve_config
+from zoo.layers.attention import GQAOptions
+from zoo.layers.norm import NormOptions
+from zoo.schema import ModelConfig, ModelSpec, NormPart, Part, ZooConfig
+
+ROOT = Path(__file__).resolve().parents[1]
+# Where the config is read typed only: the parts a model is made of.
+TYPED_ONLY = [*sorted((ROOT / "zoo" / "models").glob("*.py")), *sorted((ROOT / "zoo" / "layers").glob("*.py")),
+              ROOT / "zoo" / "block.py"]
+CONFIG_NAMES = {"cfg", "config", "plain", "model_cfg", "spec", "opts", "options", "node"}
+
+
+def _root_name(node: ast.expr) -> str | None:
+    """`cfg` for cfg, cfg.attention, cfg["a"]["b"], self.cfg: the name a chain of lookups starts from."""
+    while isinstance(node, (ast.Attribute, ast.Subscript, ast.Call)):
+        if isinstance(node, ast.Attribute) and node.attr in CONFIG_NAMES:
+            return node.attr
+        node = node.func if isinstance(node, ast.Call) else node.value
+    return node.id if isinstance(node, ast.Name) else None
+
+
+def string_key_reads(source: str) -> list[str]:
+    """Every `<config>["key"]` and `<config>.get("key")` in source, where <config> is named as a config is."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant) and \
+                isinstance(node.slice.value, str) and _root_name(node.value) in CONFIG_NAMES:
+            found.append(f"line {node.lineno}: {ast.unparse(node)}")
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "get" and \
+                _root_name(node.func.value) in CONFIG_NAMES:
+            found.append(f"line {node.lineno}: {ast.unparse(node)}")
+    return found
+
+
+def test_the_check_finds_string_key_reads():
+    found = string_key_reads('n = cfg["d_model"]\nw = self.cfg["attention"]["window"]\nf = cfg.get("final_norm")')
+    assert sorted(found) == ["line 1: cfg['d_model']", "line 2: self.cfg['attention']",
+                             "line 2: self.cfg['attention']['window']", "line 3: cfg.get('final_norm')"]
+    assert string_key_reads('n = cfg.d_model\nkw = {"a": 1}\nx = kw["a"]') == []
+
+
+@pytest.mark.parametrize("path", TYPED_ONLY, ids=lambda p: str(p.relative_to(ROOT)))
+def test_models_blocks_and_layers_read_the_config_by_attribute(path):
+    assert string_key_reads(path.read_text()) == []
+
+
+def test_resolve_config_returns_a_frozen_spec_of_options_dataclasses():
+    spec = resolve_config(tiny_cfg(attention={"name": "gqa", "n_kv_heads": 2},
+                                   norm={"placement": "pre", "type": "rmsnorm"}))
+    assert isinstance(spec, ModelSpec)
+    assert spec.attention == Part("gqa", GQAOptions(n_kv_heads=2))
+    assert spec.norm == NormPart("rmsnorm", "pre", NormOptions())
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        spec.d_model = 64  # type: ignore[misc]
+    assert resolve_config(spec) is spec  # already resolved: returned as it is
+
+
+def test_the_spec_has_the_schemas_keys_and_gives_back_the_plain_form():
+    assert [f.name for f in dataclasses.fields(ModelSpec)] == [f.name for f in dataclasses.fields(ModelConfig)]
+    plain = resolve_config(tiny_cfg(ffn={"name": "swiglu", "d_ff": 48})).as_dict()
+    assert plain["ffn"] == {"name": "swiglu", "d_ff": 48} and plain["norm"] == {
+        "type": "layernorm", "placement": "pre", "eps": 1e-5}
+    assert resolve_config(plain).as_dict() == plain  # the plain form resolves to the same spec
+
+
+@pytest.mark.parametrize("form", ["dict", "DictConfig", "ModelConfig", "ModelSpec"])
+def test_build_model_takes_every_form_it_took_and_the_typed_ones(form):
+    cfg = tiny_cfg(ffn={"name": "swiglu"})
+    given = {"dict": lambda: cfg, "DictConfig": lambda: OmegaConf.create(cfg),
+             "ModelConfig": lambda: ModelConfig(**{**dataclasses.asdict(ModelConfig()), **cfg}),
+             "ModelSpec": lambda: resolve_config(cfg)}[form]()
+    assert build_model(given).cfg == resolve_config(cfg)
+    assert count_params(given) == count_params(cfg)
+
+
+def test_a_run_config_reads_typed_and_keeps_its_plain_form():
+    plain = {"model": resolve_config(tiny_cfg()).as_dict(), "optim": {"lr": 0.01, "min_lr": 0.001},
+             "sample": {"max_new_tokens": 0}, "data": {"kind": "text", "context": 8}, "trainer": {"max_steps": 3},
+             "seed": 3, "budget": {"kind": "params", "d_ff": 40}, "hydra": {"ignored": True}}
+    cfg = ZooConfig.from_plain(plain)
+    assert cfg.optim.lr == 0.01 and cfg.optim.warmup_steps == 100  # a key left out takes the schema's default
+    assert cfg.sample.max_new_tokens == 0 and cfg.seed == 3 and cfg.trainer["max_steps"] == 3
+    assert cfg.budget == "params"  # a sized run's config holds budget's record; the key is its kind
+    assert resolve_config(cfg.model) == resolve_config(plain["model"])
+    assert cfg.to_plain()["model"] == plain["model"] and "hydra" not in cfg.to_plain()

@@ -1,0 +1,207 @@
+"""A run's directory: owned from before the run's first write until it returns (its marker says the directory is a
+zoo run, its lock that this process runs there), an earlier run in it refused, replaced (overwrite=true) or, in a
+sweep run again in its own directory, continued; what a finished run keeps of its checkpoints.
+
+Every run directory ends up holding config.yaml (resolved), metrics.csv, checkpoints/{last,best}.ckpt and
+summary.json, whatever happened: a diverged or failed run still writes its summary (zoo.training.summary).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from omegaconf import OmegaConf
+
+from zoo.component import ConfigError
+from zoo.io import (
+    RunDirError,
+    WriteError,
+    atomic_write,
+    busy_message,
+    check_run_dir,
+    is_secondary_rank,
+    lock_run_dir,
+    owned_path,
+    remove_run_files,
+    remove_temp_files,
+    write_marker,
+)
+from zoo.training.callbacks import read_header, read_rows
+from zoo.training.checkpoint import read_checkpoint
+from zoo.training.resume import settings_difference
+
+
+class RunDirRefused(RunDirError):
+    """The run directory is busy or holds another run: refused before anything is written there."""
+
+
+@dataclass
+class RunState:
+    """What the run knows of its directory."""
+
+    owner: bool  # this process owns it (the first rank; a DDP worker writes nothing there)
+    held_run: list[str] = field(default_factory=list)  # what an earlier run left there, when this one took it
+    training: bool = False  # training has started: a failure's summary may replace the earlier run's record
+
+
+def own(run_dir: Path, body: Callable[[RunState], int], on_failure: Callable[[Exception], None]) -> int:
+    """body(state) with run_dir owned: marked as a zoo run, locked, released afterwards. on_failure(e) records a
+    failure (a sweep's report counts it), but never over an earlier run's record this process did not start
+    replacing."""
+    if is_secondary_rank():  # a DDP worker started by the first process, which owns the directory
+        return body(RunState(owner=False))
+    marker, _ = check_run_dir(run_dir)  # nothing is written into a directory zoo cannot tell is its own
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as e:  # a file in the way above it, a read-only parent
+        raise WriteError(run_dir, e) from e
+    if marker is None:
+        write_marker(run_dir)  # the run's first write
+    lock = lock_run_dir(run_dir)
+    if lock is None:
+        raise RunDirRefused(busy_message(run_dir))
+    state = RunState(owner=True, held_run=check_run_dir(run_dir)[1])  # again, now it is ours
+    try:
+        return body(state)
+    except RunDirRefused:
+        raise
+    except Exception as e:
+        if not state.held_run or state.training:
+            on_failure(e)
+        raise
+    finally:
+        lock.close()  # releases the lock
+
+
+def overwrite_choice(plain: dict, run_dir: Path, state: RunState) -> tuple[bool, bool]:
+    """(overwrite, continuing): whether the run replaces the one already there, and whether it is a sweep job run
+    again in its own directory, which continues. Another run there is refused unless resumed or replaced."""
+    overwrite = plain.get("overwrite", False)
+    if not isinstance(overwrite, bool):
+        raise ConfigError(f"overwrite: must be true or false, got {overwrite!r}")
+    continuing = bool(state.held_run) and plain.get("ckpt_path") is None and not overwrite and in_sweep()
+    if state.held_run and plain.get("ckpt_path") is None and not overwrite and not continuing:
+        raise RunDirRefused(f"overwrite: '{run_dir}' already holds a run ({', '.join(state.held_run)}); "
+                            "valid: ckpt_path=last to resume it, overwrite=true to replace it, or another "
+                            "hydra.run.dir")
+    return overwrite, continuing
+
+
+def clear_for(run_dir: Path, overwrite: bool, replacing: bool, resume_step: int | None) -> None:
+    """Ready the owned directory: temp files of writes cut short by a kill go; a replaced run's files go (only
+    zoo's names, in a directory its marker says is a zoo run); a resume's history loses the rows it redoes."""
+    for directory in (run_dir, run_dir / "checkpoints"):
+        remove_temp_files(directory)
+    if overwrite and replacing:
+        remove_run_files(run_dir)
+        write_marker(run_dir, replace=True)  # a new run, a new id
+    if resume_step is not None:  # the rows after the checkpoint's step are redone; the earlier ones stay on disk
+        trim_history(owned_path(run_dir, "metrics.csv"), resume_step)
+
+
+def in_sweep() -> bool:
+    try:
+        from hydra.core.hydra_config import HydraConfig
+
+        mode = HydraConfig.get().mode
+        return mode is not None and mode.name == "MULTIRUN"
+    except ValueError:  # not running under Hydra
+        return False
+
+
+def finished_earlier(plain: dict, run_dir: Path) -> str | None:
+    """A sweep job's earlier run that finished (its summary's status: completed or diverged) with this job's
+    settings; None if it did not finish. Other settings are refused: a sweep directory holds one sweep."""
+    try:
+        summary = json.loads((run_dir / "summary.json").read_text())
+        status = summary["status"] if summary.get("status") in ("completed", "diverged") else None
+    except (OSError, ValueError, AttributeError, KeyError):
+        return None
+    if status is None:
+        return None
+    try:
+        saved = OmegaConf.to_container(OmegaConf.load(run_dir / "config.yaml"), resolve=False)
+    except Exception:  # a missing or broken config.yaml cannot show the run's settings
+        saved = None
+    difference = settings_difference(plain, saved, saved.get("trainer", {}).get("precision"), "earlier run") \
+        if isinstance(saved, dict) else "config.yaml: unreadable"
+    if difference:
+        raise RunDirRefused(f"hydra.sweep.dir: '{run_dir}' holds a finished run with other settings ({difference}); "
+                            "valid: the sweep's own command, another hydra.sweep.dir, or overwrite=true")
+    return status
+
+
+# What checkpoints=last keeps of a finished run's checkpoint: enough to sample, evaluate or start another run from.
+WEIGHTS_KEYS = ("state_dict", "hyper_parameters", "tokenizer", "precision", "global_step", "epoch",
+                "pytorch-lightning_version")
+
+
+def finish_checkpoints(run_dir: Path, keep: str) -> None:
+    """checkpoints=last: the finished run's best.ckpt goes and its last.ckpt becomes its weights alone (the
+    optimizer's state, two thirds of it, only serves a resume); checkpoints=none: both go. Done once
+    summary.json says the run finished, so no run is ever left needing a resume without its checkpoint."""
+    owned_path(run_dir, "checkpoints/best.ckpt").unlink(missing_ok=True)
+    last = owned_path(run_dir, "checkpoints/last.ckpt")
+    if not last.is_file():
+        return
+    if keep != "last":  # none
+        last.unlink()
+        return
+    ckpt = read_checkpoint(last)
+    weights = {k: v for k, v in ckpt.items() if k in WEIGHTS_KEYS}
+    atomic_write(last, lambda f: torch.save(weights, f), mode="wb")
+
+
+def trim_history(path: Path, step: int) -> None:
+    """Keep metrics.csv's rows before the checkpoint's step (a resume logs the later ones again), rewritten
+    atomically: at every moment the file holds at least every row up to the checkpoint."""
+    if not path.is_file():
+        return
+    try:
+        rows, header = read_rows(path), read_header(path)
+    except (UnicodeDecodeError, csv.Error) as e:  # not what zoo writes: the history is the user's to keep
+        raise RunDirError(f"'{path}' is not a CSV history zoo can read ({e}); move it aside to resume without "
+                          "it") from e
+    if not header:  # an empty file: nothing to keep
+        path.unlink()
+        return
+    kept = [r for r in rows if r.get("step") and r["step"].isdigit() and int(r["step"]) < step]
+    if len(kept) == len(rows) and path.read_text().endswith("\n"):
+        return  # nothing to redo: leave the file as it is
+
+    def write(f):
+        w = csv.DictWriter(f, fieldnames=header)
+        w.writeheader()
+        w.writerows(kept)
+
+    atomic_write(path, write)
+
+
+def hydra_output_dir() -> str:
+    from hydra.core.hydra_config import HydraConfig
+
+    return HydraConfig.get().runtime.output_dir
+
+
+def overrides() -> list[str]:
+    """The command line's overrides (Hydra's task overrides); none outside Hydra."""
+    try:
+        from hydra.core.hydra_config import HydraConfig
+
+        return list(HydraConfig.get().overrides.task)
+    except Exception:  # not running under Hydra
+        return []
+
+
+def resume_command(run_dir: Path) -> str:
+    """The command that continues this run where it stopped: the same overrides, in the same directory."""
+    import shlex
+
+    keep = [o for o in overrides() if not o.lstrip("+~").startswith(("ckpt_path=", "hydra.run.dir="))]
+    args = keep + ["ckpt_path=last", f"hydra.run.dir={run_dir}"]
+    return "python train.py " + " ".join(shlex.quote(a) for a in args)

@@ -1,0 +1,80 @@
+"""A run's config checked, its data loaded and its model sized from them, before any training: the vocabulary and
+context from the data, d_ff from the budget (zoo.budget), trainer.max_steps from tokens_per_param. Works on the
+plain config as composed (any value may be wrong here: each is checked, in one line); the run reads it typed after.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from zoo.budget import BUDGETS, match_params
+from zoo.build import ConfigError, count_params, resolve_config
+from zoo.registry import MODEL, POSITION
+from zoo.schema import ModelSpec
+from zoo.training import pretrained
+from zoo.training.data import build_data
+from zoo.training.run_dir import overrides
+from zoo.training.validate import check_memory, check_run
+
+
+def prepare_run(plain: dict) -> tuple[Any, dict | None]:
+    """Validate the config, load data, then size the model from it (vocab, context) and the budget: (the data, the
+    budget's record or None). plain is the run config as composed; its model becomes the resolved one, plain."""
+    check_run(plain)
+    init = pretrained.apply(plain, overrides())  # init_from: the checkpoint's architecture and tokenizer
+    model_cfg = plain["model"]
+    early = resolve_config({**model_cfg, "vocab_size": model_cfg.get("vocab_size") or 1,
+                            "max_seq_len": model_cfg.get("max_seq_len") or 1})  # names and shapes, before any data
+    check_memory(early, plain["trainer"])  # a lower bound (the vocabulary is not known yet), before any data
+    trainer = plain["trainer"]
+    if not isinstance(trainer.get("max_steps"), int) or trainer["max_steps"] <= 0:
+        raise ConfigError(f"trainer.max_steps: must be a positive integer, got {trainer.get('max_steps')!r}")
+    threads = plain.get("threads")
+    if threads is not None and (not isinstance(threads, int) or isinstance(threads, bool) or threads <= 0):
+        raise ConfigError(f"threads: must be a positive integer or null (torch's default), got {threads!r}")
+    steps = trainer["max_steps"] * trainer.get("accumulate_grad_batches", 1)
+    data: Any = build_data(plain["data"], plain["seed"], steps)
+    if data.is_task and not MODEL.get(model_cfg["name"]).generates and data.task.name == "addition":
+        raise ConfigError("data.task: encoder_only fills the target positions in one pass and needs the target "
+                          "length, which addition does not fix; use data=copy, reverse or sort, or "
+                          "model=decoder_only / encoder_decoder")
+    need = data.required_len()
+    if model_cfg.get("max_seq_len") is None:
+        model_cfg["max_seq_len"] = need
+    elif model_cfg["max_seq_len"] < need and POSITION.get(model_cfg["position"]["name"]).hard_limit:
+        raise ConfigError(f"model.max_seq_len: {model_cfg['max_seq_len']} learned positions cannot cover sequences "
+                          f"of {need} tokens (data.context or the task's longest test example); raise it or "
+                          "leave it null")
+    model_cfg["vocab_size"] = data.tokenizer.vocab_size if init is None else \
+        pretrained.vocab_size(init, data.tokenizer.vocab_size)
+    spec = resolve_config(model_cfg)
+    if init is not None and spec.parametrization != "standard":
+        raise ConfigError(f"model.parametrization: {spec.parametrization} rescales the outputs and "
+                          "learning rates of weights trained in the standard parametrization; valid: standard "
+                          "with init_from")
+    budget = plain.get("budget")
+    if budget is not None and not (isinstance(budget, str) and budget in BUDGETS):  # a list is not hashable
+        raise ConfigError(f"budget: unknown '{budget}'; valid: {', '.join(BUDGETS)}, null")
+    record = None
+    if budget is not None:  # config.yaml keeps the record in budget's place: a resume compares it
+        spec, record = match_params(spec, count=BUDGETS[budget])
+        plain["budget"] = record
+    plain["model"] = spec.as_dict()
+    if plain.get("tokens_per_param") is not None:
+        apply_token_rule(plain, spec, data)
+    check_memory(spec, trainer)
+    return data, record
+
+
+def apply_token_rule(plain: dict, spec: ModelSpec, data: Any) -> None:
+    """tokens_per_param: trainer.max_steps from the model's size, so every rung of a ladder trains on the same
+    number of tokens per parameter (and evals_per_run spaces the evaluations alike). Parameters are counted as
+    the budget counts them: the active ones, where experts make them fewer than all."""
+    trainer, accumulate = plain["trainer"], plain["trainer"].get("accumulate_grad_batches", 1)
+    tokens_per_step = data.batch_size * data.required_len() * accumulate
+    params = count_params(spec)["active"]
+    trainer["max_steps"] = max(1, math.ceil(plain["tokens_per_param"] * params / tokens_per_step))
+    if plain.get("evals_per_run"):
+        trainer["val_check_interval"] = max(1, trainer["max_steps"] * accumulate // plain["evals_per_run"])  # batches
+    data.steps = trainer["max_steps"] * accumulate
