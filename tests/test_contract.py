@@ -23,6 +23,7 @@ from zoo.component import (
     resized,
 )
 from zoo.registry import ATTENTION, FFN, NORM, POSITION, REGISTRIES
+from zoo.schema import Part
 
 D, H, T = 32, 4, 6  # the test's d_model, heads and sequence length
 
@@ -67,7 +68,13 @@ def _meta(registry, case: dict, name_key: str = "name", device: str = "meta", **
     """The part a config node names, built as the stack builds it (a LayerNorm as the model's norm), on meta."""
     context = Context(d_model=D, n_heads=H, max_seq_len=16, norm=lambda dim=None: nn.LayerNorm(dim or D), **ctx)
     with torch.device(device):
-        return build(registry, case, context, name_key=name_key)
+        return build(registry, _part(registry, case, name_key), context)
+
+
+def _part(registry, case: dict, name_key: str = "name") -> Part:
+    """A config node ({"name": ..., options}) as the Part the stack builds from (zoo.schema)."""
+    name = case[name_key]
+    return Part(name, registry.options(name)(**{k: v for k, v in case.items() if k not in (name_key, "placement")}))
 
 
 @pytest.mark.parametrize("case", cases("attention"), ids=case_id)
@@ -142,7 +149,7 @@ def test_every_lineage_keeps_the_contract(lineage):
     assert callable(getattr(model, "new_cache", None)) == model.generates
     tokens = torch.zeros(2, T, dtype=torch.long, device="meta")
     logits = model(tokens, tokens) if model.needs_source else model(tokens)
-    assert logits.shape == (2, T, model.cfg["vocab_size"])
+    assert logits.shape == (2, T, model.cfg.vocab_size)
 
 
 def test_the_contract_check_finds_what_a_part_gets_wrong():
@@ -211,17 +218,17 @@ def scratch_ffns(monkeypatch):
 
 
 def test_budget_resizes_a_part_by_its_own_option(scratch_ffns):
-    from zoo.training.runner import match_params
+    from zoo.budget import match_params
 
     cfg = resolve_config(tiny_cfg(ffn={"name": "hidden_resizable"}))
     model, record = match_params(cfg)
     baseline = count_params(tiny_cfg(ffn={"name": "gelu"}))["total"]
-    assert model["ffn"] == {"name": "hidden_resizable", "hidden": record["d_ff"]}
+    assert model.as_dict()["ffn"] == {"name": "hidden_resizable", "hidden": record["d_ff"]}
     assert record["params"] == count_params(model)["total"] and abs(record["params"] - baseline) <= 0.01 * baseline
 
 
 def test_budget_refuses_in_one_line_a_part_that_cannot_resize(scratch_ffns):
-    from zoo.training.runner import match_params
+    from zoo.budget import match_params
 
     with pytest.raises(ConfigError) as e:
         match_params(resolve_config(tiny_cfg(ffn={"name": "hidden_fixed"})))
@@ -266,8 +273,8 @@ def test_qk_norm_projection_is_olmo2s_attention():
             p.normal_(0, 0.3)
     ctx = Context(d_model=D, n_heads=H, max_seq_len=64, causal=True, bias=False, rotary=True)
     ctx = replace(ctx, norm=lambda dim=None: NORM.get("rmsnorm")(ctx, NormOptions(eps=1e-6), dim))
-    attn = build(ATTENTION, {"name": "gqa", "n_kv_heads": 2, "qk_norm": "projection"}, ctx).eval()
-    rope = build(POSITION, {"name": "rope", "theta": config.rope_parameters["rope_theta"]}, ctx)
+    attn = build(ATTENTION, _part(ATTENTION, {"name": "gqa", "n_kv_heads": 2, "qk_norm": "projection"}), ctx).eval()
+    rope = build(POSITION, _part(POSITION, {"name": "rope", "theta": config.rope_parameters["rope_theta"]}), ctx)
     with torch.no_grad():
         attn.qkv.weight.copy_(torch.cat([hf.q_proj.weight, hf.k_proj.weight, hf.v_proj.weight]))
         attn.out.weight.copy_(hf.o_proj.weight)
@@ -278,7 +285,7 @@ def test_qk_norm_projection_is_olmo2s_attention():
     with torch.no_grad():
         expected, _ = hf(x, cos_sin, None)
         torch.testing.assert_close(attn(x, rope, is_causal=True), expected, atol=1e-5, rtol=1e-5)
-        per_head = build(ATTENTION, {"name": "gqa", "n_kv_heads": 2, "qk_norm": "head"}, ctx).eval()
+        per_head = build(ATTENTION, _part(ATTENTION, {"name": "gqa", "n_kv_heads": 2, "qk_norm": "head"}), ctx).eval()
         per_head.load_state_dict({k: v for k, v in attn.state_dict().items() if "_norm" not in k}, strict=False)
         assert (per_head(x, rope, is_causal=True) - expected).abs().max() > 1e-3  # the forms differ
 

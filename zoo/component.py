@@ -278,7 +278,7 @@ class Placement(Protocol):
 class Lineage(Protocol):
     """A model, built as `factory(cfg)` from the resolved model config."""
 
-    cfg: Annotated[dict, "the resolved model config it was built from"]
+    cfg: Annotated[Any, "the resolved model config it was built from (zoo.schema.ModelSpec: attributes)"]
     generates: Annotated[bool, "sample.py and zoo.generate continue a prompt token by token (then it has "
                                "new_cache())"]
     needs_source: Annotated[bool, "the forward pass and generation take a source sequence to encode"]
