@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import lightning as L
 import torch
-from lightning.pytorch.utilities import rank_zero_only
 
 from zoo.kernels import apply_kernels, describe, kernel_record, record_changes
 from zoo.training.checkpoint import CheckpointError
+from zoo.training.console import say
 
 
 class KernelsUsed(L.Callback):
@@ -27,12 +27,7 @@ class KernelsUsed(L.Callback):
 
     def load_state_dict(self, state: dict) -> None:  # checked by check_state first
         if line := record_changes(state, self.record):
-            _say(line)
-
-
-@rank_zero_only
-def _say(line: str) -> None:
-    print(line, flush=True)
+            say(line)
 
 
 def check_state(state) -> dict:

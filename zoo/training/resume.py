@@ -11,8 +11,9 @@ from zoo.schema import default_of
 from zoo.training.checkpoint import check_weights, read_checkpoint
 from zoo.training.validate import check_trainer
 
-# Keys a resume may change: where output goes and how it is shown, never what is computed.
-RESUME_MAY_CHANGE = ("ckpt_path", "overwrite", "threads", "logger", "sample", "optimized_metric",
+# Keys a resume may change: where output goes and how it is shown, or how it is computed within rounding
+# (threads, kernels: a resume says what changed); never what is computed.
+RESUME_MAY_CHANGE = ("ckpt_path", "overwrite", "threads", "kernels", "logger", "sample", "optimized_metric",
                      "trainer.enable_progress_bar", "data.verify", "checkpoints")
 
 
