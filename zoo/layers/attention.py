@@ -243,8 +243,8 @@ def _softmax_ops() -> bool:
 
 
 # torch.compile asks once, while tracing, and keeps the answer. This is what torch.compiler.assume_constant_result
-# marks, set here without calling it: it imports torch._dynamo (1-1.6 s), compiling or not (tests/test_properties.py
-# checks that the decorator still sets this attribute).
+# marks, set here without calling it: it imports torch._dynamo (a second or more: docs/benchmarks.md, "Start-up and
+# exit"), compiling or not (tests/test_properties.py checks that the decorator still sets this attribute).
 _softmax_ops._dynamo_marked_constant = True
 
 
@@ -260,7 +260,8 @@ def _register_softmax_ops() -> bool:
 
 class _AttentionSoftmax(torch.autograd.Function):
     """softmax.cpp's two ops as one differentiable function, in eager mode and in compiled graphs (a plain
-    autograd.Function: torch.library.register_autograd's wrapper made a small model's step 3-4% slower)."""
+    autograd.Function: torch.library.register_autograd's wrapper made a small model's step slower, docs/benchmarks.md,
+    "zoo's CPU kernels (AMX)")."""
 
     @staticmethod
     def forward(ctx, scores: torch.Tensor, scale: float, causal: bool) -> torch.Tensor:

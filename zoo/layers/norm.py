@@ -58,8 +58,8 @@ class RMSNorm(nn.Module):
 
 class _CpuRMSNorm(torch.autograd.Function):
     """RMSNorm for float32 on CPU where zoo/layers/rmsnorm.cpp cannot be built (zoo.native): torch has no fused
-    kernel, and F.rms_norm's autograd of the composite formula costs 3-7x LayerNorm (docs/benchmarks.md,
-    "LayerNorm against RMSNorm"); this costs about 1.5x. Forward: one reduction
+    kernel, and F.rms_norm's autograd of the composite formula costs several times LayerNorm's time, this path far less
+    (docs/benchmarks.md: "LayerNorm against RMSNorm", and "zoo's CPU kernels (AMX)"). Forward: one reduction
     (vector_norm) and one scaling pass. Backward: LayerNorm's own kernel, given a mean of zero, computes
     RMSNorm's gradients but for the centring term, -rstd * mean(g * w), which one matrix-vector product adds
     back."""
