@@ -183,7 +183,8 @@ def meta_model(model_cfg: ModelInput) -> nn.Module:
 
 class _SkipInit(TorchFunctionMode):
     """torch.nn.init's functions do nothing: on the meta device there are no values to set, and torch's meta
-    normal_ imports torch._dynamo (1-1.6 s) into a process that may never compile (python -m zoo.sample)."""
+    normal_ imports torch._dynamo into a process that may never compile (python -m zoo.sample; what that costs:
+    docs/benchmarks.md, "Start-up and exit")."""
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         if getattr(func, "__module__", None) == "torch.nn.init":  # each takes the tensor first, by name or not
@@ -205,7 +206,7 @@ def has_final_norm(cfg: ModelSpec) -> bool:
 
 
 def init_weights(model: nn.Module, cfg: ModelSpec, seed: int = 0) -> None:
-    """The zoo's initialisation, documented in the README:
+    """The zoo's initialisation, documented in docs/options.md (Initialisation):
 
     - weights ~ N(0, init_std): linear layers, embeddings, learned positions, any other weight;
     - the weights a component lists in `residual_outputs` (attention `out`, FFN `down`: they write

@@ -391,7 +391,7 @@ def is_secondary_rank() -> bool:
 @cache  # registered once, however many entry points call it
 def collect_once_at_exit() -> None:
     """Spare a command the second Python spends at exit walking every object torch and Lightning keep alive
-    (its shutdown collections visit them all, up to 1.5 s after `import lightning`). At exit, after the handlers
+    (its shutdown collections visit them all: docs/benchmarks.md, "Start-up and exit"). At exit, after the handlers
     registered later (loggers, wandb), the run's garbage is collected once, finalizers and all, and whatever is
     still alive is frozen, so shutdown's collections skip it."""
     atexit.register(_collect_then_freeze)
@@ -399,7 +399,8 @@ def collect_once_at_exit() -> None:
 
 def pause_gc_while_loading() -> None:
     """Switch Python's cyclic garbage collector off while a command imports torch and Lightning: each
-    collection walks every object loaded so far (about 750k once Lightning is in), about 1 s in all.
+    collection walks every object loaded so far, hundreds of thousands once Lightning is in (docs/benchmarks.md,
+    "Start-up and exit").
     resume_gc turns it back on."""
     gc.disable()
 

@@ -47,7 +47,7 @@ def timeout_s() -> float:
 
 def request_bound_s(timeout: float | None = None) -> float:
     """The longest one logical call can wait: each try's connect and answer, plus MLflow's backoff between tries
-    (1 s and up to 1 s of jitter). What the README states and the tests check against."""
+    (1 s and up to 1 s of jitter). What docs/reliability.md states and the tests check against."""
     t = timeout_s() if timeout is None else timeout
     return (1 + RETRIES) * 2 * t + 2 * RETRIES
 
