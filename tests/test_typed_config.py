@@ -65,6 +65,12 @@ def test_resolve_config_returns_a_frozen_spec_of_options_dataclasses():
     with pytest.raises(dataclasses.FrozenInstanceError):
         spec.d_model = 64  # type: ignore[misc]
     assert resolve_config(spec) is spec  # already resolved: returned as it is
+    for part in (spec.attention, spec.position, spec.norm, spec.ffn):  # and every component's options
+        name = dataclasses.fields(part.options)[0].name if dataclasses.fields(part.options) else "anything"
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            setattr(part.options, name, None)
+    changed = dataclasses.replace(spec.attention.options, n_kv_heads=1)  # a changed copy is still possible
+    assert changed.n_kv_heads == 1 and spec.attention.options.n_kv_heads == 2
 
 
 def test_the_spec_has_the_schemas_keys_and_gives_back_the_plain_form():

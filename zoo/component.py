@@ -73,7 +73,22 @@ def _no_norm() -> Any:
 
 @dataclass(kw_only=True)
 class Options:
-    """A component without options of its own."""
+    """A component without options of its own.
+
+    Options in a resolved config (zoo.schema.Part) are frozen: assigning to one raises, as a frozen dataclass
+    does, without each component's dataclass having to say frozen=True. dataclasses.replace makes a changed copy."""
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if self.__dict__.get("_frozen"):
+            raise dataclasses.FrozenInstanceError(f"cannot assign to field '{name}': a resolved config's options "
+                                                  "are frozen (dataclasses.replace makes a changed copy)")
+        object.__setattr__(self, name, value)
+
+
+def freeze(opts: Any) -> Any:
+    """opts, frozen from now on (Options.__setattr__); its dataclass fields, equality and asdict are unchanged."""
+    object.__setattr__(opts, "_frozen", True)
+    return opts
 
 
 def is_int(v: Any) -> TypeGuard[int]:

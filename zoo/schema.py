@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
-from zoo.component import Options
+from zoo.component import Options, freeze
 
 if TYPE_CHECKING:  # the components import torch; the schema must not (train.py composes without it)
     from zoo.layers.attention import AttentionOptions
@@ -78,6 +78,9 @@ class Part(Generic[Opts]):
     name: str
     options: Opts
 
+    def __post_init__(self) -> None:
+        freeze(self.options)
+
     def as_dict(self) -> dict:
         return {"name": self.name, **dataclasses.asdict(self.options)}
 
@@ -89,6 +92,9 @@ class NormPart(Generic[Opts]):
     type: str
     placement: str
     options: Opts
+
+    def __post_init__(self) -> None:
+        freeze(self.options)
 
     def as_dict(self) -> dict:
         return {"type": self.type, "placement": self.placement, **dataclasses.asdict(self.options)}
