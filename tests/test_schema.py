@@ -14,11 +14,11 @@ from tests.helpers import compose_cfg
 from zoo.build import DEFAULTS, resolve_config
 from zoo.component import Options
 from zoo.layers.norm import NormOptions
+from zoo.optim.adamw import AdamWOptions
 from zoo.registry import POSITION, REGISTRIES
 from zoo.schema import (
     KINDS,
     ModelConfig,
-    OptimConfig,
     SampleConfig,
     ZooConfig,
     default_of,
@@ -76,7 +76,7 @@ def _values(node) -> dict:
 
 def test_the_default_config_composes_to_the_dataclass_defaults():
     cfg = compose_cfg([])
-    assert _values(cfg.optim) == dataclasses.asdict(OptimConfig())
+    assert _values(cfg.optim) == {"name": "adamw", **dataclasses.asdict(AdamWOptions())}
     assert _values(cfg.sample) == dataclasses.asdict(SampleConfig())
     top = {f.name: f.default for f in dataclasses.fields(ZooConfig) if f.default is not dataclasses.MISSING}
     assert {k: cfg[k] for k in top} == top
@@ -149,6 +149,7 @@ def test_an_old_checkpoint_config_still_resolves():
 
 def test_default_of_reads_the_schema():
     """What a resume assumes for a key an older checkpoint's config lacks."""
-    assert default_of("optim.eps") == OptimConfig().eps and default_of("seed") == 0
+    assert default_of("optim.eps") == AdamWOptions().eps and default_of("seed") == 0
+    assert default_of("optim.name") == "adamw"  # a config saved before the optim group trained with AdamW
     assert default_of("model.max_seq_len") is None  # training's default: the data's context
     assert default_of("data.context", "absent") == "absent"  # data presets differ: no schema default

@@ -96,7 +96,8 @@ def test_a_run_config_reads_typed_and_keeps_its_plain_form():
              "sample": {"max_new_tokens": 0}, "data": {"kind": "text", "context": 8}, "trainer": {"max_steps": 3},
              "seed": 3, "budget": {"kind": "params", "d_ff": 40}, "hydra": {"ignored": True}}
     cfg = ZooConfig.from_plain(plain)
-    assert cfg.optim.lr == 0.01 and cfg.optim.warmup_steps == 100  # a key left out takes the schema's default
+    assert cfg.optim.options.lr == 0.01 and cfg.optim.options.warmup_steps == 100  # a key left out: its default
+    assert cfg.optim.name == "adamw" and cfg.to_plain()["optim"]["name"] == "adamw"  # saved before the optim group
     assert cfg.sample.max_new_tokens == 0 and cfg.seed == 3 and cfg.trainer["max_steps"] == 3
     assert cfg.budget == "params"  # a sized run's config holds budget's record; the key is its kind
     assert resolve_config(cfg.model) == resolve_config(plain["model"])

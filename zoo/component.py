@@ -40,10 +40,11 @@ class ConfigError(ValueError):
     """A bad model or training config, reported as one line that names the key."""
 
 
-def need(ok: bool, key: str, msg: str) -> None:
-    """Fail with `model.<key>: <msg>` unless ok: a component's own constraint check."""
+def need(ok: bool, key: str, msg: str, section: str = "model") -> None:
+    """Fail with `model.<key>: <msg>` unless ok: a component's own constraint check. section: the config section
+    the key is in ("" for a top-level one, as the optimizer's `optim.<option>`)."""
     if not ok:
-        raise ConfigError(f"model.{key}: {msg}")
+        raise ConfigError(f"{section}.{key}: {msg}" if section else f"{key}: {msg}")
 
 
 @dataclass(frozen=True)
@@ -134,20 +135,22 @@ def option_fields(cls: type) -> dict[str, dataclasses.Field]:
     return {f.name: f for f in dataclasses.fields(cls)}
 
 
-def check_options(key: str, name: str, cls: type, values: Mapping) -> Any:
+def check_options(key: str, name: str, cls: type, values: Mapping, section: str = "model") -> Any:
     """values (a component's config without `name`) -> an instance of its options dataclass.
 
-    key is the config path (`attention`, `norm`, ...); errors are one line naming key.option."""
+    key is the config path (`attention`, `norm`, ...) in `section` (need's); errors are one line naming
+    key.option."""
     fields, hints = option_fields(cls), typing.get_type_hints(cls)
     valid = ", ".join(sorted(fields)) or "none"
     for opt, value in values.items():
-        need(opt in fields, f"{key}.{opt}", f"not an option of '{name}'; valid: {valid}")
+        need(opt in fields, f"{key}.{opt}", f"not an option of '{name}'; valid: {valid}", section)
         choices = typing.get_args(hints[opt]) if typing.get_origin(hints[opt]) is typing.Literal else None
         need(_fits(value, hints[opt]), f"{key}.{opt}", f"unknown {value!r}; valid: {', '.join(map(str, choices))}"
-             if choices else f"expected {_type_name(hints[opt])}, got {value!r}")
+             if choices else f"expected {_type_name(hints[opt])}, got {value!r}", section)
     for opt, f in fields.items():
         missing = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
-        need(opt in values or not missing, f"{key}.{opt}", f"required by '{name}' ({_type_name(hints[opt])})")
+        need(opt in values or not missing, f"{key}.{opt}", f"required by '{name}' ({_type_name(hints[opt])})",
+             section)
     return cls(**{k: float(v) if hints[k] is float else v for k, v in values.items()})
 
 

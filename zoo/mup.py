@@ -29,6 +29,7 @@ width_mult = d_model / model.mup_base_d_model, and the model at the base width e
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Collection
 from typing import TYPE_CHECKING
 
 from torch import nn
@@ -120,10 +121,11 @@ def init_scale(role: str, cfg: ModelSpec) -> float:
     return width_mult(cfg) ** -0.5 if role == HIDDEN else 1.0
 
 
-def param_groups(model: nn.Module, lr: float, weight_decay: float) -> list[dict]:
+def param_groups(model: nn.Module, lr: float, weight_decay: float, skip: Collection[nn.Parameter] = ()) -> list[dict]:
     """AdamW parameter groups for a zoo model: decoupled weight decay on matrices only (norms, biases, embeddings
     and learned positions are not decayed), and under muP hidden weights at lr / width_mult with weight decay
-    * width_mult. A plain PyTorch user: `torch.optim.AdamW(param_groups(model, lr=1e-3, weight_decay=0.1))`."""
+    * width_mult. A plain PyTorch user: `torch.optim.AdamW(param_groups(model, lr=1e-3, weight_decay=0.1))`.
+    skip: parameters another optimizer updates (optim=muon's matrices), left out."""
     from zoo.build import spec_of  # zoo.build imports this module
 
     cfg = spec_of(model)
@@ -132,7 +134,10 @@ def param_groups(model: nn.Module, lr: float, weight_decay: float) -> list[dict]
     embeddings = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
     decayed: dict[float, list] = {}
     not_decayed: dict[float, list] = {}
+    skipped = {id(p) for p in skip}
     for name, p in model.named_parameters():
+        if id(p) in skipped:
+            continue
         decays = p.dim() >= 2 and id(p) not in embeddings and not name.endswith("position.weight")
         (decayed if decays else not_decayed).setdefault(mult if role.get(name) == HIDDEN else 1.0, []).append(p)
     # Decayed groups first, as before muP: a checkpoint's optimizer state lists its parameters in this order.

@@ -1,7 +1,8 @@
 """Registries: components are chosen by name, once, at build time.
 
 Each kind of component (attention, position, norm, residual placement, FFN, model) has one
-`Registry`. Components register where they are defined; configs and checkpoints name them.
+`Registry`; so has the optimizer (OPTIM: zoo/optim/, the `optim` config group). Components register where
+they are defined; configs and checkpoints name them.
 
 A part may live outside zoo: ZOO_PLUGINS names the modules (comma-separated; a module name on the import path,
 or a .py file) imported with zoo's own components, before any config is composed or resolved, so each
@@ -61,6 +62,9 @@ class Registry:
         if self.kind in _COMPONENT_KINDS:
             importlib.import_module("zoo.layers")
             importlib.import_module("zoo.models")
+            load_plugins()
+        elif self.kind == "optim":
+            importlib.import_module("zoo.optim")
             load_plugins()
 
     def get(self, name: str) -> Any:  # a factory, often a class whose attributes are read (hard_limit, generates)
@@ -134,5 +138,6 @@ NORM = Registry("norm")
 RESIDUAL = Registry("residual")  # norm placement: pre, post, sandwich, parallel
 FFN = Registry("ffn")
 MODEL = Registry("model")
+OPTIM = Registry("optim")  # the optimizer a run trains with (zoo/optim/): not a part of the model
 
-REGISTRIES = {r.kind: r for r in (ATTENTION, POSITION, NORM, RESIDUAL, FFN, MODEL)}
+REGISTRIES = {r.kind: r for r in (ATTENTION, POSITION, NORM, RESIDUAL, FFN, MODEL, OPTIM)}

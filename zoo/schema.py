@@ -8,10 +8,11 @@
   plain form that config.yaml, summary.json and checkpoints store.
 - `ZooConfig`: the training config (optim, sample, the top-level keys). data, trainer and logger differ
   from one preset to the next, so they stay mappings, checked by zoo.training.validate. A run reads it
-  typed (`ZooConfig.from_plain`) once its plain form has been checked and sized.
+  typed (`ZooConfig.from_plain`) once its plain form has been checked and sized. `optim` is a component group
+  (zoo/optim/: the optimizer's name and its own options), read as a `Part`.
 - `register()` puts them in Hydra's ConfigStore: `zoo_schema` (the first entry of conf/config.yaml's
-  defaults list) and, for every registered component, a node `_zoo/<kind>/<name>` holding its name and
-  its options with their dataclass defaults. A preset in conf/<kind>/ starts from that node and writes
+  defaults list) and, for every registered component and optimizer, a node `_zoo/<kind>/<name>` holding its
+  name and its options with their dataclass defaults. A preset in conf/<kind>/ starts from that node and writes
   only what it chooses; a component with no preset there gets `<kind>=<name>` from its node alone.
   The options are read from the registries (which import torch) and kept in zoo/__pycache__ while no
   source under zoo/ changes, so train.py's checks compose the config without torch (unless ZOO_PLUGINS
@@ -133,19 +134,6 @@ class ModelSpec:
 
 
 @dataclass
-class OptimConfig:
-    """AdamW with linear warm-up and cosine decay."""
-
-    lr: float = 1.0e-3
-    min_lr: float = 1.0e-4  # cosine decay ends here at trainer.max_steps
-    warmup_steps: int = 100
-    weight_decay: float = 0.1  # decoupled (AdamW), on weight matrices only
-    betas: list[float] = field(default_factory=lambda: [0.9, 0.99])
-    eps: float = 1.0e-8
-    fused: bool | None = None  # AdamW's fused kernel; null: on a CUDA GPU, and on CPU in bf16 (zoo.hardware)
-
-
-@dataclass
 class SampleConfig:
     """Text printed after training (decoder_only and encoder_decoder)."""
 
@@ -162,7 +150,9 @@ class ZooConfig:
 
     # Training sizes the positions to the data's context unless max_seq_len is set.
     model: ModelConfig = field(default_factory=lambda: ModelConfig(max_seq_len=None))
-    optim: OptimConfig = field(default_factory=OptimConfig)
+    # The optimizer (conf/optim/, zoo/optim/): its name and options; in a composed config the chosen preset's node.
+    # Read typed (from_plain) as a Part whose options extend zoo.optim.OptimOptions: lr, min_lr, warmup_steps, ...
+    optim: Any = field(default_factory=lambda: {"name": "adamw"})
     sample: SampleConfig = field(default_factory=SampleConfig)
     data: Any = field(default_factory=dict)  # conf/data/: kinds differ (text, task, hf); zoo.training.validate
     trainer: Any = field(default_factory=dict)  # conf/trainer/: Lightning Trainer arguments
@@ -193,14 +183,17 @@ class ZooConfig:
     def from_plain(cls, plain: Any) -> ZooConfig:
         """A checked run config as plain data (a dict, as saved in config.yaml and checkpoints) -> typed. Keys the
         schema does not declare (hydra's own, say) are left out; a missing one takes its default."""
+        from zoo.optim import resolve  # the optimizers import torch; the schema must not
+
         plain = json_copy(plain)
-        sections = {"model": ModelConfig, "optim": OptimConfig, "sample": SampleConfig}
+        sections = {"model": ModelConfig, "sample": SampleConfig}
         values: dict[str, Any] = {}
         for f in dataclasses.fields(cls):
             if f.name not in plain:
                 continue
             node = sections.get(f.name)
             values[f.name] = _section(node, plain[f.name]) if node is not None else plain[f.name]
+        values["optim"] = resolve(plain.get("optim"))  # a config saved before the optim group: AdamW's
         if isinstance(values.get("budget"), dict):  # a sized run's config keeps budget's record: its kind is the key
             values["budget"] = values["budget"].get("kind")
         return cls(**values)
@@ -232,7 +225,13 @@ def model_defaults() -> dict:
 
 
 def default_of(key: str, missing: Any = None) -> Any:
-    """The schema's default for a dotted key (`optim.eps` -> 1e-08), or `missing` where it declares none."""
+    """The schema's default for a dotted key (`optim.eps` -> 1e-08: the default optimizer's option), or `missing`
+    where it declares none."""
+    section, _, option = key.partition(".")
+    if section in RUN_KINDS and option:  # a training component's option: its registered default
+        kind, name_key = RUN_KINDS[section]
+        name = getattr(ZooConfig(), section)[name_key]
+        return name if option == name_key else component_defaults(kind, name).get(option, missing)
     node: Any = ZooConfig()
     for part in key.split("."):
         if dataclasses.is_dataclass(node) and part in {f.name for f in dataclasses.fields(node)}:
@@ -244,6 +243,13 @@ def default_of(key: str, missing: Any = None) -> Any:
     return dataclasses.asdict(node) if dataclasses.is_dataclass(node) and not isinstance(node, type) else node
 
 
+def component_defaults(kind: str, name: str) -> dict:
+    """A registered component's (or optimizer's) options at their dataclass defaults, plain."""
+    from zoo.registry import REGISTRIES
+
+    return dataclasses.asdict(REGISTRIES[kind].options(name)())
+
+
 # config group -> (registry kind, the key that names the component). Norm presets (pre_ln, ...) pair a
 # placement with a norm type, so a norm type gets a base node but no `norm=<type>` option of its own.
 KINDS: dict[str, tuple[str, str]] = {
@@ -253,6 +259,9 @@ KINDS: dict[str, tuple[str, str]] = {
     "norm": ("norm", "type"),
     "ffn": ("ffn", "name"),
 }
+# The training's component groups: the same, but their nodes are top-level sections (`# @package optim`), not
+# under model.
+RUN_KINDS: dict[str, tuple[str, str]] = {"optim": ("optim", "name")}
 BASE = "_zoo"  # the group of the generated nodes: conf/<kind>/<preset>.yaml starts from /_zoo/<kind>/<name>
 
 
@@ -269,17 +278,17 @@ def _omegaconf_type(t: Any) -> Any:
             inner = _omegaconf_type(rest[0])
             return inner | None if len(rest) < len(args) else inner
         return Any
-    return t if t in (int, float, bool, str) else Any
+    return t if t in (int, float, bool, str, list[float]) else Any
 
 
-_TYPES = {"int": int, "float": float, "bool": bool, "str": str, "any": Any}
+_TYPES = {"int": int, "float": float, "bool": bool, "str": str, "list[float]": list[float], "any": Any}
 
 
 def _spec_type(t: Any) -> str:
     """An OmegaConf-checkable type as text for the cache: int, float | None, any, ..."""
     optional = typing.get_origin(t) in (typing.Union, types.UnionType)
     base = next((a for a in typing.get_args(t) if a is not type(None)), Any) if optional else t
-    word = next((k for k, v in _TYPES.items() if v is base), "any")
+    word = next((k for k, v in _TYPES.items() if v == base), "any")
     return f"{word} | None" if optional else word
 
 
@@ -288,7 +297,7 @@ def _live_specs() -> dict:
     from zoo.registry import REGISTRIES
 
     specs: dict = {}
-    for kind, (registry_kind, _) in KINDS.items():
+    for kind, (registry_kind, _) in {**KINDS, **RUN_KINDS}.items():
         registry = REGISTRIES[registry_kind]
         for name in registry.names():
             options = registry.options(name)
@@ -348,7 +357,7 @@ def option_specs() -> dict:
 
 def component_node(kind: str, name: str, rows: list) -> type:
     """A dataclass for Hydra: the component's name and its options, typed, with their dataclass defaults."""
-    fields: list = [(KINDS[kind][1], str, field(default=name))]
+    fields: list = [({**KINDS, **RUN_KINDS}[kind][1], str, field(default=name))]
     for option, type_text, default in rows:
         word, optional = type_text.removesuffix(" | None"), type_text.endswith(" | None")
         t = _TYPES[word] | None if optional else _TYPES[word]
@@ -375,7 +384,12 @@ def register(conf_dir: Path | None = None) -> None:
             node = component_node(kind, name, rows)
             cs.store(group=f"{BASE}/{kind}", name=name, node=node)
             if kind != "norm" and not (conf_dir / kind / f"{name}.yaml").exists():
-                cs.store(group=kind, name=name, node=node, package="model" if kind == "model" else f"model.{kind}")
+                cs.store(group=kind, name=name, node=node, package=package(kind))
+
+
+def package(kind: str) -> str:
+    """Where a group's node goes in the config: model, model.<kind>, or a training group's own section (optim)."""
+    return kind if kind in ("model", *RUN_KINDS) else f"model.{kind}"
 
 
 def generated_options(group: str) -> list[str]:

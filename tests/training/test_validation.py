@@ -81,7 +81,7 @@ BAD = [  # (overrides, the start of the one-line error after "error: ")
     (["+trainer.max_epochs=-5"], "trainer: `max_epochs` must be a non-negative integer or -1"),
     (["+trainer.gradient_clip_algorithm=foo"], "trainer: `gradient_clip_algorithm` foo is invalid"),
     (["+trainer.limit_val_batches=-1"], "trainer: You have passed invalid value -1 for limit_val_batches"),
-    (["optim=5"], "optim: got 5"),
+    (["optim.name=5"], "optim.name: unknown optimizer '5'; valid: adamw, muon"),  # optim=5: a group choice
     (["sample=5"], "sample: got 5"),
     (["sample.temperature=-1"], "sample.temperature: got -1"),
     (["sample.temperature=hot"], "sample.temperature: got 'hot'"),

@@ -1,4 +1,5 @@
-"""The LightningModule every lineage trains with: objective, AdamW, warm-up + cosine schedule."""
+"""The LightningModule every lineage trains with: objective, the optimizer (optim=, zoo/optim/), warm-up + cosine
+schedule."""
 
 from __future__ import annotations
 
@@ -12,8 +13,7 @@ from lightning.pytorch.utilities import GradClipAlgorithmType
 
 from zoo.build import build_model, spec_of
 from zoo.component import aux_losses, clear_aux_losses
-from zoo.hardware import adamw_implementation
-from zoo.mup import param_groups
+from zoo.registry import OPTIM
 from zoo.schema import ZooConfig, json_copy
 from zoo.training.objectives import OBJECTIVE
 
@@ -107,13 +107,11 @@ class ZooModule(L.LightningModule):
             Precision.clip_gradients(plugin, optimizer, gradient_clip_val, algorithm)
 
     def configure_optimizers(self):
-        opt = self.cfg.optim
-        # Decoupled weight decay on matrices only, and muP's per-group learning rates (zoo/mup.py).
-        optimizer = torch.optim.AdamW(
-            param_groups(self.model, opt.lr, opt.weight_decay),
-            lr=opt.lr, betas=tuple(opt.betas), eps=opt.eps,
-            **adamw_implementation(opt.fused, next(self.model.parameters()).device, self.trainer.precision),
-        )
+        optim = self.cfg.optim  # a Part: the optimizer's name and options (zoo/optim/)
+        opt = optim.options
+        optimizer = OPTIM.get(optim.name).build(self.model, opt, next(self.model.parameters()).device,
+                                                self.trainer.precision)
+        # One schedule for every parameter group (optim=muon: Muon's and AdamW's), each from its own peak.
         schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(
             opt.warmup_steps, self.cfg.trainer["max_steps"], opt.min_lr / opt.lr))
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}

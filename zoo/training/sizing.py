@@ -26,7 +26,8 @@ def prepare_run(plain: dict) -> tuple[Any, dict | None]:
     model_cfg = plain["model"]
     early = resolve_config({**model_cfg, "vocab_size": model_cfg.get("vocab_size") or 1,
                             "max_seq_len": model_cfg.get("max_seq_len") or 1})  # names and shapes, before any data
-    check_memory(early, plain["trainer"])  # a lower bound (the vocabulary is not known yet), before any data
+    # a lower bound (the vocabulary is not known yet), before any data
+    check_memory(early, plain["trainer"], optim=plain["optim"])
     trainer = plain["trainer"]
     if not isinstance(trainer.get("max_steps"), int) or trainer["max_steps"] <= 0:
         raise ConfigError(f"trainer.max_steps: must be a positive integer, got {trainer.get('max_steps')!r}")
@@ -63,7 +64,7 @@ def prepare_run(plain: dict) -> tuple[Any, dict | None]:
     plain["model"] = spec.as_dict()
     if plain.get("tokens_per_param") is not None:
         apply_token_rule(plain, spec, data)
-    check_memory(spec, trainer)
+    check_memory(spec, trainer, optim=plain["optim"])
     return data, record
 
 

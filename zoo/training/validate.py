@@ -18,7 +18,7 @@ PRECISIONS = (AUTO, None, "32-true", "32", 32, "bf16-mixed", "bf16", "16-mixed",
               "64-true", "64", 64)
 ACCELERATORS = ("auto", "cpu", "gpu", "cuda", "mps")
 BYTES_PER_PARAM = {"64-true": 8, "64": 8, 64: 8, "bf16-true": 2, "16-true": 2}  # else float32 weights (4)
-TRAINING_COPIES = 4  # weights, gradients and AdamW's two moments
+TRAINING_COPIES = 2  # weights and gradients; the optimizer's state comes on top (zoo.optim.state_numbers)
 
 
 def _fail(key: str, v: Any, valid: str) -> NoReturn:
@@ -41,24 +41,11 @@ def check_seed(v: Any) -> None:
         _fail("seed", v, "an integer in [0, 2^32)")
 
 
-def check_optim(opt: dict) -> None:
-    lr = opt.get("lr")
-    if not is_number(lr) or lr <= 0:
-        _fail("optim.lr", lr, "a finite number > 0")
-    min_lr = opt.get("min_lr")
-    if not is_number(min_lr) or not 0 <= min_lr <= lr:  # a negative floor makes the schedule ascend
-        _fail("optim.min_lr", min_lr, f"a number in [0, optim.lr={lr}]")
-    _int_at_least("optim.warmup_steps", opt.get("warmup_steps"), 0)
-    wd = opt.get("weight_decay")
-    if not is_number(wd) or wd < 0:
-        _fail("optim.weight_decay", wd, "a finite number >= 0")
-    betas = opt.get("betas")
-    if not isinstance(betas, (list, tuple)) or len(betas) != 2 or not all(is_number(b) and 0 <= b < 1 for b in betas):
-        _fail("optim.betas", betas, "two numbers in [0, 1), e.g. [0.9, 0.99]")
-    if "eps" in opt and (not is_number(opt["eps"]) or opt["eps"] <= 0):
-        _fail("optim.eps", opt["eps"], "a finite number > 0")
-    if not (opt.get("fused") is None or isinstance(opt["fused"], bool)):  # 1 == True: ask the type
-        _fail("optim.fused", opt["fused"], "true, false, or null (fused on a CUDA GPU, and on CPU in bf16)")
+def check_optim(plain: dict) -> None:
+    """The optimizer (optim=<name>, zoo/optim/): its options, and the run settings it cannot train with."""
+    from zoo.optim import check
+
+    check(plain.get("optim") or {}, plain)
 
 
 def _cuda_count() -> int:
@@ -239,17 +226,26 @@ def _gib(n: float) -> str:
     return f"{n / 2**30:.1f} GiB"
 
 
-def check_memory(model_cfg: ModelInput, trainer: dict | None = None, training: bool = True, key: str = "model") -> None:
-    """Refuse a model whose weights (and, to train, gradients and AdamW's two moments) cannot fit in memory,
-    from the parameter count alone, before anything is allocated. Activations come on top."""
-    from zoo.build import count_params
+def check_memory(model_cfg: ModelInput, trainer: dict | None = None, training: bool = True, key: str = "model",
+                 optim: dict | None = None) -> None:
+    """Refuse a model whose weights (and, to train, gradients and the state of `optim`, the run's optim section:
+    AdamW's two moments, Muon's one momentum buffer for the matrices it takes) cannot fit in memory, from the
+    parameters alone, before anything is allocated. Activations come on top."""
+    from zoo.build import count_params, meta_model
 
     params = count_params(model_cfg)["total"]
+    numbers = params
+    if training:
+        from zoo.optim import resolve, state_numbers
+        from zoo.registry import OPTIM
+
+        optimizer = resolve(optim)
+        numbers = TRAINING_COPIES * params + state_numbers(meta_model(model_cfg), optimizer)
     precision = (trainer or {}).get("precision", "32-true")
-    need = params * BYTES_PER_PARAM.get(precision, 4) * (TRAINING_COPIES if training else 1)
+    need = numbers * BYTES_PER_PARAM.get(precision, 4)
     have, where = available_memory(trainer)
     if need > have:
-        what = "weights, gradients and AdamW state" if training else "weights"
+        what = f"weights, gradients and {OPTIM.get(optimizer.name).__name__} state" if training else "weights"
         raise ConfigError(f"{key}: {params:,} parameters need {_gib(need)} for {what}, but there is "
                           f"{_gib(have)} {where}; valid: a smaller model (model.d_model, model.n_layers, "
                           "data.vocab_size)")
@@ -287,7 +283,7 @@ def check_run(plain: dict) -> None:
     ckpt = plain.get("ckpt_path")
     if ckpt is not None and not isinstance(ckpt, str):
         _fail("ckpt_path", ckpt, "a .ckpt path, last, or null")
-    check_optim(plain.get("optim") or {})
+    check_optim(plain)
     check_trainer(plain.get("trainer") or {})
     check_data(plain.get("data") or {})
     check_sample(plain.get("sample") or {})
