@@ -132,6 +132,9 @@ class Combined(torch.optim.Optimizer):
             raise ValueError(f"optimizer state for {sorted(state_dict)}, expected {sorted(self.parts)}")
         for name, o in self.parts.items():
             o.load_state_dict(state_dict[name])
+        # torch's load_state_dict gives each part new group dicts: point at those, in the same list (Lightning's
+        # wrapper and the schedule hold it), or the schedule would scale stale copies after a resume.
+        self.param_groups[:] = [g for o in self.parts.values() for g in o.param_groups]
 
 
 from zoo.optim import adamw, muon  # noqa: E402,F401  register the optimizers (they import this module's base)

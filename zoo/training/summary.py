@@ -33,6 +33,7 @@ class Summary:
     diverged_step: int | None
     architecture: dict[str, Any]  # the component names, flat, for the report's columns
     model: dict[str, Any]  # the resolved model config, plain
+    optim: dict[str, Any]  # the optimizer (optim=, zoo/optim/): its name and options, plain
     data: dict[str, Any]
     seed: int
     precision: dict[str, Any]  # trainer.precision as asked (auto) and as run
@@ -86,6 +87,7 @@ def summarize(cfg: ZooConfig, spec: ModelSpec, data: Any, trainer: Any, throughp
                       "norm": spec.norm.type, "placement": spec.norm.placement, "ffn": spec.ffn.name,
                       "window": spec.attention.options.window},
         model=spec.as_dict(),
+        optim=cfg.optim.as_dict(),
         data=dict(cfg.data),
         seed=cfg.seed,
         precision=precision,
