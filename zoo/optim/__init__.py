@@ -106,7 +106,7 @@ class Combined(torch.optim.Optimizer):
         super().__init__([p for o in parts.values() for g in o.param_groups for p in g["params"]], {})
         self.param_groups = [g for o in parts.values() for g in o.param_groups]  # the parts' dicts, not copies
 
-    @property  # type: ignore[override]
+    @property
     def state(self) -> dict:  # a view: each parameter's state dict is the part's own (moving it moves theirs)
         return {p: s for o in self.parts.values() for p, s in o.state.items()}
 
@@ -115,7 +115,7 @@ class Combined(torch.optim.Optimizer):
         pass  # Optimizer.__init__ sets an empty one; the state is the parts'
 
     @torch.no_grad()
-    def step(self, closure: Any = None) -> Any:  # type: ignore[override]
+    def step(self, closure: Any = None) -> Any:
         loss = None
         if closure is not None:  # Lightning's closure: forward and backward, run once for all the parts
             with torch.enable_grad():
@@ -124,10 +124,10 @@ class Combined(torch.optim.Optimizer):
             o.step()
         return loss
 
-    def state_dict(self) -> dict:  # type: ignore[override]
+    def state_dict(self) -> dict:
         return {name: o.state_dict() for name, o in self.parts.items()}
 
-    def load_state_dict(self, state_dict: dict) -> None:  # type: ignore[override]
+    def load_state_dict(self, state_dict: dict) -> None:
         if set(state_dict) != set(self.parts):
             raise ValueError(f"optimizer state for {sorted(state_dict)}, expected {sorted(self.parts)}")
         for name, o in self.parts.items():
