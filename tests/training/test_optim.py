@@ -311,3 +311,38 @@ def test_the_memory_estimate_follows_the_optimizer(tmp_path, capsys, monkeypatch
         need[name] = float(err.split(" need ")[1].split(" GiB")[0])
         assert f"GiB for weights, gradients and {OPTIM.get(name).__name__} state" in err
     assert need["muon"] < need["adamw"]
+
+
+def test_the_report_names_each_runs_optimizer_where_runs_differ(tmp_path):
+    from tests.test_report import fake_run
+    from zoo.report import group_variants, load_runs
+
+    def runs(root: Path, plan: list[tuple[list[str], str | None]]) -> list[str]:
+        for job, (overrides, optim) in enumerate(plan):
+            fake_run(root / str(job), overrides, [2.0, 1.5])
+            path = root / str(job) / "summary.json"
+            path.write_text(json.dumps({**json.loads(path.read_text()), "optim": {"name": optim, "lr": 0.02}}))
+        return [v.label for v in group_variants(load_runs(root))[1]]
+
+    # a preset chose the optimizer: no override names it, the summaries do
+    assert runs(tmp_path / "a", [(["experiment=x"], "adamw"), (["experiment=y"], "muon")]) == \
+        ["experiment=x, optim=adamw", "experiment=y, optim=muon"]
+    # the default's runs are named by the optimizer they used, not "(default)"
+    assert runs(tmp_path / "b", [([], "adamw"), (["optim=muon"], "muon")]) == ["adamw", "muon"]
+    assert runs(tmp_path / "c", [(["ffn=relu"], "adamw"), (["ffn=gelu"], "adamw")]) == ["relu", "gelu"]  # one optim
+    # a run killed before its summary: the config Hydra saved at its start names the optimizer
+    killed = tmp_path / "d" / "9"
+    fake_run(killed, [], None, summary=False)
+    (killed / ".hydra" / "config.yaml").write_text("optim:\n  name: adamw\n  lr: 0.001\n")
+    assert runs(tmp_path / "d", [([], "adamw"), (["optim=muon"], "muon")]) == ["adamw", "muon"]
+    assert [len(v.runs) for v in group_variants(load_runs(tmp_path / "d"))[1]] == [2, 1]
+
+
+@pytest.mark.slow  # two processes: half a minute, most of it starting them
+def test_muon_trains_under_ddp_on_cpu(tmp_path):
+    proc = subprocess.run([sys.executable, "train.py", "trainer=ddp", "optim=muon", *SMALL, "trainer.max_steps=4",
+                           f"hydra.run.dir={tmp_path}"], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    s = json.loads((tmp_path / "summary.json").read_text())
+    assert s["status"] == "completed" and s["steps"] == 4 and s["optim"]["name"] == "muon"
+    assert s["tokens_seen"] == 2 * 4 * 4 * 16  # two processes, each with its own batches

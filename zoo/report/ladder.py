@@ -261,4 +261,4 @@ def _baseline_arm(ladder: Ladder, runs: list[Run], others: list[str], want: dict
 
 def _arm_of(run: Run, others: list[str]) -> str:
     """A run's arm: its variant's label without the size."""
-    return variant_label(tuple((f, run.overrides.get(f, "(default)")) for f in others))
+    return variant_label(tuple((f, run.value(f)) for f in others))

@@ -20,6 +20,9 @@ FAILED = ("failed", "interrupted", "killed", "unreadable")  # counted in the tab
 BASIC_SWEEPER = "hydra._internal.core_plugins.basic_sweeper.BasicSweeper"
 
 
+OPTIM = "optim"  # the factor naming a run's optimizer, which summary.json records whatever chose it
+
+
 class ReportError(ValueError):
     """Bad input to the report (no runs, unknown metric, unknown baseline), reported as one line."""
 
@@ -33,6 +36,7 @@ class Run:
     csv_history: list[dict] = field(default_factory=list)
     train_history: list[tuple[float, float]] = field(default_factory=list)  # (step, train_loss) of metrics.csv
     detail: str = ""  # why a run is not completed, for the job list
+    optim: str | None = None  # the optimizer it trained with (summary.json, else .hydra/config.yaml); None: unknown
 
     @property
     def ok(self) -> bool:
@@ -77,6 +81,13 @@ class Run:
         if not values:
             return None
         return max(values) if higher else min(values)
+
+    def value(self, factor: str) -> str:
+        """This run's value of a factor: its override; for `optim`, else the optimizer it trained with (the
+        default's name, or a preset's choice); else (default)."""
+        if factor in self.overrides:
+            return self.overrides[factor]
+        return self.optim if factor == OPTIM and self.optim else "(default)"
 
     def get(self, *keys):
         d = self.summary or {}
@@ -129,6 +140,22 @@ def parse_overrides(items) -> dict[str, str]:
         elif sep:
             out[key.lstrip("+")] = value
     return out
+
+
+def _optimizer(summary: dict | None, path: Path) -> str | None:
+    """The optimizer's name a run records: summary.json's `optim`, else the config Hydra saved when it started
+    (a run that died before its summary); None for a run from before the optim group, or unreadable."""
+    import yaml
+
+    recorded = (summary or {}).get(OPTIM)
+    config = path / ".hydra" / "config.yaml"
+    if recorded is None and config.is_file() and not not_a_file(config):
+        try:
+            recorded = (yaml.safe_load(config.read_text()) or {}).get(OPTIM)
+        except (OSError, ValueError, AttributeError, yaml.YAMLError):
+            return None
+    name = recorded.get("name") if isinstance(recorded, dict) else None
+    return name if isinstance(name, str) else None
 
 
 def _read_overrides_yaml(path: Path) -> list[str]:
@@ -258,7 +285,7 @@ def load_run(path: Path) -> Run:
         detail = "; ".join(filter(None, [detail, f"resumed {resumes}x from a checkpoint"]))
     csv_path = path / "metrics.csv"
     evals, train = _read_metrics_csv(csv_path) if csv_path.is_file() and not problem else ([], [])
-    return Run(path, status, overrides, summary, evals, train, detail)
+    return Run(path, status, overrides, summary, evals, train, detail, _optimizer(summary, path))
 
 
 def load_runs(root: Path) -> list[Run]:

@@ -12,7 +12,7 @@ from pathlib import Path
 import pandas as pd
 
 from zoo.report.ladder import Ladder
-from zoo.report.runs import FAILED, JOB_STATES, Plan, ReportError, Run, parse_overrides, variant_label
+from zoo.report.runs import FAILED, JOB_STATES, OPTIM, Plan, ReportError, Run, parse_overrides, variant_label
 from zoo.report.stats import ALPHA, confidence_interval, mean_std, steps_to_target, welch_test
 
 # ----------------------------------------------------------------------------------------------
@@ -40,16 +40,17 @@ class Variant:
 
 
 def varying_factors(runs: list[Run]) -> list[str]:
-    """Override keys whose value differs between runs (a key missing from a run counts as a value), seed excepted."""
-    keys = list(dict.fromkeys(k for r in runs for k in r.overrides))
-    return [k for k in keys if k != "seed" and len({r.overrides.get(k) for r in runs}) > 1]
+    """Override keys whose value differs between runs (a key missing from a run counts as a value), seed excepted;
+    and `optim` where the runs' summaries record different optimizers though no override says so."""
+    keys = list(dict.fromkeys([k for r in runs for k in r.overrides] + [OPTIM]))
+    return [k for k in keys if k != "seed" and len({r.value(k) for r in runs}) > 1]
 
 
 def group_variants(runs: list[Run]) -> tuple[list[str], list[Variant]]:
     factors = varying_factors(runs)
     variants: dict[tuple, Variant] = {}
     for r in runs:
-        key = tuple((f, r.overrides.get(f, "(default)")) for f in factors)
+        key = tuple((f, r.value(f)) for f in factors)
         variants.setdefault(key, Variant(key, [])).runs.append(r)
     for v in variants.values():
         v.label = variant_label(v.key)
