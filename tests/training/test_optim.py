@@ -80,6 +80,28 @@ def test_every_registered_part_splits_into_2d_matrices_and_the_rest(cfg):
     assert OPTIM.get("adamw").takes(model)["adamw"] == list(model.named_parameters())
 
 
+@pytest.mark.parametrize("name", OPTIM.names())
+def test_every_optimizer_keeps_the_contract(name):
+    """Registry-driven (zoo/optim/__init__.py): its options extend OptimOptions; it takes every parameter once; it
+    says what state each of its torch optimizers keeps; what it builds is one torch optimizer that moves them all."""
+    from zoo.optim import OptimOptions, check
+
+    assert issubclass(OPTIM.options(name), OptimOptions)
+    check({"name": name}, {"model": {}, "trainer": {}})  # its defaults are valid
+    model = build_model(tiny_cfg(n_layers=1))
+    part = OPTIM.get(name)
+    taken = part.takes(model)
+    assert sorted(id(p) for ps in taken.values() for _, p in ps) == sorted(id(p) for p in model.parameters())
+    assert set(part.state_per_param) == set(taken)
+    optimizer = part.build(model, resolve({"name": name}).options, torch.device("cpu"), "32-true")
+    assert isinstance(optimizer, torch.optim.Optimizer)
+    before = [p.detach().clone() for p in model.parameters()]
+    for p in model.parameters():
+        p.grad = torch.ones_like(p)
+    optimizer.step()
+    assert all(not torch.equal(b, p) for b, p in zip(before, model.parameters(), strict=True))
+
+
 def _muon_reference(w0: torch.Tensor, grads: list[torch.Tensor], lr: float, weight_decay: float, momentum: float,
                     nesterov: bool, ns_steps: int, adjust_lr_fn: str) -> torch.Tensor:
     """torch.optim.Muon's docstring, in float64: B = mu B + g; nesterov: g + mu B; O = NS_k(.) with the quintic
