@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from zoo import bench
-from zoo.bench import Settings, cli, sections, writer
+from zoo.bench import Settings, cli, processes, sections, writer
 from zoo.bench.machine import machine_info
 from zoo.bench.registry import SECTIONS, SectionRegistry
 from zoo.build import ConfigError
@@ -127,18 +127,31 @@ def test_memory_probe_in_process():
     assert r["before_mib"] > 0 and r["delta_mib"] >= 0 and r["params"] > 0
 
 
-def test_overhead_skipped_without_train_py(tmp_path, capsys):
-    md = sections.overhead.bench_train_overhead(quick(), root=tmp_path)
-    assert "skipped: train.py not found" in md
-    assert "skipped: train.py not found" in capsys.readouterr().out
+def test_sections_train_with_python_m_zoo_train_from_any_directory(tmp_path, monkeypatch):
+    """The training sections run `python -m zoo train` (a wheel install has no train.py), from the user's directory,
+    with the zoo this process imported (a clone's, through PYTHONPATH) whatever the child's working directory."""
+    assert processes.TRAIN == (sys.executable, "-m", "zoo", "train")
+    monkeypatch.delenv("PYTHONPATH", raising=False)
+    env = processes.child_env()
+    where = subprocess.run([sys.executable, "-c", "import zoo; print(zoo.__file__)"], cwd=tmp_path, env=env,
+                           capture_output=True, text=True, timeout=300)
+    assert where.stdout.strip() == str(ROOT / "zoo" / "__init__.py"), where
+    bad = subprocess.run([*processes.TRAIN, "ffn=nope"], cwd=tmp_path, env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert bad.returncode == 2 and bad.stderr.startswith("error: ffn: unknown option 'nope'; valid: "), bad
+    assert list(tmp_path.iterdir()) == []  # refused before Hydra made a run directory
+    assert processes.shown(["experiment=nanogpt_cpu", "trainer.max_steps=3"]) == \
+        "python train.py experiment=nanogpt_cpu trainer.max_steps=3"  # how a clone's user types it
 
 
-def test_overhead_reads_summary_of_a_stand_in_train_py(tmp_path):
-    """A stand-in train.py that writes summary.json where the real one will, and prints its run directory."""
+def test_overhead_reads_summary_of_a_stand_in_training_command(tmp_path):
+    """A stand-in for `python -m zoo train` that writes summary.json where the real one will, and prints its run
+    directory."""
     model = bench.zoo_config(bench.SHAPES["tiny"], "gpt2")
     summary = {"tokens_per_second": 1234.5, "wall_time_s": 2.5, "time_to_first_step_s": 0.75, "model": model,
                "data": {"batch_size": 2, "context": 16}}
-    (tmp_path / "train.py").write_text(textwrap.dedent(f"""
+    stand_in = tmp_path / "stand_in.py"
+    stand_in.write_text(textwrap.dedent(f"""
         import json, pathlib, sys
         assert "experiment=nanogpt_cpu" in sys.argv and "trainer.max_steps=3" in sys.argv, sys.argv
         run = pathlib.Path("outputs/run1")
@@ -146,7 +159,8 @@ def test_overhead_reads_summary_of_a_stand_in_train_py(tmp_path):
         (run / "summary.json").write_text(json.dumps({json.dumps(summary)}))
         print("run directory:", run)
     """))
-    md = sections.overhead.bench_train_overhead(quick(overhead_steps=3, threads=1), root=tmp_path)
+    md = sections.overhead.bench_train_overhead(quick(overhead_steps=3, threads=1), workdir=tmp_path,
+                                                train=(sys.executable, str(stand_in)))
     assert "outputs/run1/summary.json" in md, md
     rows = rows_of(md, "| run | tokens/s | time to first step s |")
     assert rows[0]["tokens/s"] == "1234" or rows[0]["tokens/s"] == "1235"
@@ -156,8 +170,9 @@ def test_overhead_reads_summary_of_a_stand_in_train_py(tmp_path):
 
 
 def test_precision_compares_bf16_with_float32_runs(tmp_path):
-    """A stand-in train.py whose loss and speed depend on trainer.precision, as the real one's do."""
-    (tmp_path / "train.py").write_text(textwrap.dedent("""
+    """A stand-in training command whose loss and speed depend on trainer.precision, as the real one's do."""
+    stand_in = tmp_path / "stand_in.py"
+    stand_in.write_text(textwrap.dedent("""
         import json, pathlib, sys
         bf16 = "trainer.precision=bf16-mixed" in sys.argv
         assert "model.d_model=384" in sys.argv and "trainer.max_steps=4" in sys.argv, sys.argv
@@ -167,7 +182,8 @@ def test_precision_compares_bf16_with_float32_runs(tmp_path):
         (run / "summary.json").write_text(json.dumps(summary))
         print("run directory:", run)
     """))
-    md = sections.precision.section_precision(bench.Session(quick()), root=tmp_path)
+    md = sections.precision.section_precision(bench.Session(quick()), workdir=tmp_path,
+                                              train=(sys.executable, str(stand_in)))
     rows = rows_of(md, "| precision | final val_loss |")
     assert [r["final val_loss"] for r in rows] == ["2.0000", "2.0200"]
     assert "relative to float32: **+1.00%**; throughput **1.50x**" in md
@@ -368,9 +384,8 @@ def test_ttt_times_both_programs_to_the_target(tmp_path):
             print(f"step {step}: train loss {val + 0.1:.4f}, val loss {val:.4f}")
             time.sleep(0.3)
     """))
-    root = tmp_path / "zoo"
-    root.mkdir()
-    (root / "train.py").write_text(textwrap.dedent("""
+    stand_in = tmp_path / "zoo_train.py"
+    stand_in.write_text(textwrap.dedent("""
         import json, os, pathlib, sys, time
         assert os.environ["TORCHINDUCTOR_CACHE_DIR"].endswith("inductor")  # the section's own, empty at its start
         run = pathlib.Path(next(a.split("=", 1)[1] for a in sys.argv if a.startswith("hydra.run.dir=")))
@@ -385,7 +400,8 @@ def test_ttt_times_both_programs_to_the_target(tmp_path):
     """))
     text = tmp_path / "input.txt"
     text.write_text("to be or not to be\n")
-    md = sections.ttt.section_ttt(bench.Session(quick(nanogpt=nano, text=text, ttt_target=1.6, ttt_pairs=2)), root=root)
+    md = sections.ttt.section_ttt(bench.Session(quick(nanogpt=nano, text=text, ttt_target=1.6, ttt_pairs=2)),
+                                  train=(sys.executable, str(stand_in)))
     rows = {r["contender"]: r for r in rows_of(md, "| contender | time to target s (each round) |")}
     assert set(rows) == {"nanoGPT", *sections.ttt.TTT_RUNS}, md
     nano_times = [float(x) for x in rows["nanoGPT"]["time to target s (each round)"].split(", ")]
