@@ -3,6 +3,7 @@
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -312,22 +313,55 @@ def test_each_processor_kind_has_its_own_block_and_a_run_rewrites_only_its_own(t
     assert _block(out.read_text(), "AMX").count("### Section") == len(SECTIONS.names())
 
 
-def test_a_full_run_keeps_the_hand_written_sections_and_the_other_kind_of_the_real_report(tmp_path, monkeypatch):
-    """docs/benchmarks.md itself, copied: a full run on AVX-512 BF16 rewrites that kind's generated block and
-    leaves the measurements written by hand after it, and the AMX block, as they were."""
+def _kinds(doc: str) -> list[str]:
+    """The processor kinds a report has a block for, in its order."""
+    return re.findall(r"^<!-- zoo.bench (.+): generated, ", doc, re.M)
+
+
+def _kind_section(doc: str, kind: str) -> tuple[str, str]:
+    """A kind's whole section: its generated block (markers included), then what follows its end marker up to the
+    next kind's block (the figures measured by hand on that kind)."""
+    begin, end = writer.markers(kind)
+    stop = doc.index(end) + len(end)
+    nxt = doc.find("<!-- zoo.bench ", stop)
+    return doc[doc.index(begin):stop], doc[stop:nxt if nxt >= 0 else len(doc)]
+
+
+def test_the_real_report_has_one_section_per_kind_with_its_hand_measured_figures():
+    """docs/benchmarks.md: every heading that names a processor kind lies in that kind's section, and each kind has
+    figures measured by hand after its block."""
     real = (ROOT / "docs" / "benchmarks.md").read_text()
-    avx_end, amx_begin = writer.markers("AVX-512 BF16")[1], writer.markers("AMX")[0]
-    hand_written = real[real.index(avx_end) + len(avx_end):real.index(amx_begin)]
-    assert "### Checkpoint CRC check (AVX-512 BF16)" in hand_written
+    kinds = _kinds(real)
+    assert kinds == ["AVX-512 BF16", "AMX"]
+    for kind in kinds:
+        block, hand = _kind_section(real, kind)
+        assert hand.lstrip().startswith("### ") and f"({kind})\n" in hand, kind
+        for heading in re.findall(rf"^#+ .*\({re.escape(kind)}\)$", real, re.M):
+            assert heading in block + hand, (kind, heading)
+
+
+@pytest.mark.parametrize("kind", ["AVX-512 BF16", "AMX"])
+@pytest.mark.parametrize("only", [None, ["train", "kv"]], ids=["full", "some"])
+def test_a_run_on_one_kind_leaves_the_other_kinds_section_of_the_real_report_byte_identical(tmp_path, monkeypatch,
+                                                                                           kind, only):
+    """docs/benchmarks.md itself, copied: a run on one kind (every section, or some) rewrites only that kind's
+    generated block; the other kind's whole section, hand-measured figures included, this kind's hand-measured
+    figures, and the title and what precedes the first block stay byte for byte."""
+    real = (ROOT / "docs" / "benchmarks.md").read_text()
     out = tmp_path / "benchmarks.md"
     out.write_text(real)
-    _fake_sections(monkeypatch, load=0.5, kind="AVX-512 BF16")
-    cli.run_sections(SECTIONS.names(), Settings(), [], out, echo=False)
+    _fake_sections(monkeypatch, load=0.5, kind=kind)
+    cli.run_sections(only or SECTIONS.names(), Settings(), ["--only", ",".join(only)] if only else [], out,
+                     echo=False)
     text = out.read_text()
-    assert avx_end + hand_written + amx_begin in text
-    assert _block(text, "AMX") == _block(real, "AMX")
-    assert "new train" in _block(text, "AVX-512 BF16") and "Training step" not in _block(text, "AVX-512 BF16")
-    assert text.startswith(real[:real.index(writer.markers("AVX-512 BF16")[0])])  # the title and intro
+    for other in _kinds(real):
+        if other != kind:
+            assert _kind_section(text, other) == _kind_section(real, other)
+    assert _kind_section(text, kind)[1] == _kind_section(real, kind)[1]
+    assert "new train" in _kind_section(text, kind)[0]
+    first = writer.markers(_kinds(real)[0])[0]
+    assert text[:text.index(first)] == real[:real.index(first)]
+    assert _kinds(text) == _kinds(real)
 
 
 def test_a_report_with_a_broken_block_is_refused_before_anything_runs(tmp_path, monkeypatch, capsys):
