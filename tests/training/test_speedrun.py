@@ -53,7 +53,9 @@ def test_the_study_sweeps_every_variant_once_and_each_ingredient_both_ways():
     swept = study.hydra.sweeper.params.speedrun.split(",")
     assert sorted(swept) == VARIANTS and len(swept) == len(set(swept)) == 2 + 2 * len(INGREDIENTS)
     assert set(VARIANTS) == {"nanogpt", "full"} | {f"{way}_{x}" for x in INGREDIENTS for way in ("add", "drop")}
-    assert study.hydra.sweeper.params.seed == "0,1,2" and study.hydra.callbacks.report.baseline == "speedrun=nanogpt"
+    assert study.hydra.sweeper.params.seed == "0,1,2"
+    report = study.hydra.callbacks.report  # add-one effects against nanogpt, drop-one effects against full
+    assert report.baseline == "speedrun=nanogpt" and dict(report.also) == {"drop_one": "speedrun=full"}
 
 
 @pytest.mark.parametrize("ingredient", [x for x in INGREDIENTS if x != "muon"])
