@@ -11,6 +11,16 @@ if workers := int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0")):
     torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """`--dist loadgroup` (pyproject's addopts) keeps each test file on one worker, as `--dist loadfile` would, so
+    a file's module fixtures are built once; tests/test_docs.py instead groups its commands by page, so the
+    pages run side by side."""
+    for item in items:
+        if item.get_closest_marker("xdist_group") is None:
+            item.add_marker(pytest.mark.xdist_group(item.path.relative_to(item.config.rootpath).as_posix()))
+
+
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)

@@ -3,6 +3,7 @@
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -12,7 +13,7 @@ import pytest
 import torch
 
 from zoo import bench
-from zoo.bench import Settings, cli, sections, writer
+from zoo.bench import Settings, cli, processes, sections, writer
 from zoo.bench.machine import machine_info
 from zoo.bench.registry import SECTIONS, SectionRegistry
 from zoo.build import ConfigError
@@ -127,18 +128,31 @@ def test_memory_probe_in_process():
     assert r["before_mib"] > 0 and r["delta_mib"] >= 0 and r["params"] > 0
 
 
-def test_overhead_skipped_without_train_py(tmp_path, capsys):
-    md = sections.overhead.bench_train_overhead(quick(), root=tmp_path)
-    assert "skipped: train.py not found" in md
-    assert "skipped: train.py not found" in capsys.readouterr().out
+def test_sections_train_with_python_m_zoo_train_from_any_directory(tmp_path, monkeypatch):
+    """The training sections run `python -m zoo train` (a wheel install has no train.py), from the user's directory,
+    with the zoo this process imported (a clone's, through PYTHONPATH) whatever the child's working directory."""
+    assert processes.TRAIN == (sys.executable, "-m", "zoo", "train")
+    monkeypatch.delenv("PYTHONPATH", raising=False)
+    env = processes.child_env()
+    where = subprocess.run([sys.executable, "-c", "import zoo; print(zoo.__file__)"], cwd=tmp_path, env=env,
+                           capture_output=True, text=True, timeout=300)
+    assert where.stdout.strip() == str(ROOT / "zoo" / "__init__.py"), where
+    bad = subprocess.run([*processes.TRAIN, "ffn=nope"], cwd=tmp_path, env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert bad.returncode == 2 and bad.stderr.startswith("error: ffn: unknown option 'nope'; valid: "), bad
+    assert list(tmp_path.iterdir()) == []  # refused before Hydra made a run directory
+    assert processes.shown(["experiment=nanogpt_cpu", "trainer.max_steps=3"]) == \
+        "python train.py experiment=nanogpt_cpu trainer.max_steps=3"  # how a clone's user types it
 
 
-def test_overhead_reads_summary_of_a_stand_in_train_py(tmp_path):
-    """A stand-in train.py that writes summary.json where the real one will, and prints its run directory."""
+def test_overhead_reads_summary_of_a_stand_in_training_command(tmp_path):
+    """A stand-in for `python -m zoo train` that writes summary.json where the real one will, and prints its run
+    directory."""
     model = bench.zoo_config(bench.SHAPES["tiny"], "gpt2")
     summary = {"tokens_per_second": 1234.5, "wall_time_s": 2.5, "time_to_first_step_s": 0.75, "model": model,
                "data": {"batch_size": 2, "context": 16}}
-    (tmp_path / "train.py").write_text(textwrap.dedent(f"""
+    stand_in = tmp_path / "stand_in.py"
+    stand_in.write_text(textwrap.dedent(f"""
         import json, pathlib, sys
         assert "experiment=nanogpt_cpu" in sys.argv and "trainer.max_steps=3" in sys.argv, sys.argv
         run = pathlib.Path("outputs/run1")
@@ -146,7 +160,8 @@ def test_overhead_reads_summary_of_a_stand_in_train_py(tmp_path):
         (run / "summary.json").write_text(json.dumps({json.dumps(summary)}))
         print("run directory:", run)
     """))
-    md = sections.overhead.bench_train_overhead(quick(overhead_steps=3, threads=1), root=tmp_path)
+    md = sections.overhead.bench_train_overhead(quick(overhead_steps=3, threads=1), workdir=tmp_path,
+                                                train=(sys.executable, str(stand_in)))
     assert "outputs/run1/summary.json" in md, md
     rows = rows_of(md, "| run | tokens/s | time to first step s |")
     assert rows[0]["tokens/s"] == "1234" or rows[0]["tokens/s"] == "1235"
@@ -156,8 +171,9 @@ def test_overhead_reads_summary_of_a_stand_in_train_py(tmp_path):
 
 
 def test_precision_compares_bf16_with_float32_runs(tmp_path):
-    """A stand-in train.py whose loss and speed depend on trainer.precision, as the real one's do."""
-    (tmp_path / "train.py").write_text(textwrap.dedent("""
+    """A stand-in training command whose loss and speed depend on trainer.precision, as the real one's do."""
+    stand_in = tmp_path / "stand_in.py"
+    stand_in.write_text(textwrap.dedent("""
         import json, pathlib, sys
         bf16 = "trainer.precision=bf16-mixed" in sys.argv
         assert "model.d_model=384" in sys.argv and "trainer.max_steps=4" in sys.argv, sys.argv
@@ -167,7 +183,8 @@ def test_precision_compares_bf16_with_float32_runs(tmp_path):
         (run / "summary.json").write_text(json.dumps(summary))
         print("run directory:", run)
     """))
-    md = sections.precision.section_precision(bench.Session(quick()), root=tmp_path)
+    md = sections.precision.section_precision(bench.Session(quick()), workdir=tmp_path,
+                                              train=(sys.executable, str(stand_in)))
     rows = rows_of(md, "| precision | final val_loss |")
     assert [r["final val_loss"] for r in rows] == ["2.0000", "2.0200"]
     assert "relative to float32: **+1.00%**; throughput **1.50x**" in md
@@ -296,22 +313,55 @@ def test_each_processor_kind_has_its_own_block_and_a_run_rewrites_only_its_own(t
     assert _block(out.read_text(), "AMX").count("### Section") == len(SECTIONS.names())
 
 
-def test_a_full_run_keeps_the_hand_written_sections_and_the_other_kind_of_the_real_report(tmp_path, monkeypatch):
-    """docs/benchmarks.md itself, copied: a full run on AVX-512 BF16 rewrites that kind's generated block and
-    leaves the measurements written by hand after it, and the AMX block, as they were."""
+def _kinds(doc: str) -> list[str]:
+    """The processor kinds a report has a block for, in its order."""
+    return re.findall(r"^<!-- zoo.bench (.+): generated, ", doc, re.M)
+
+
+def _kind_section(doc: str, kind: str) -> tuple[str, str]:
+    """A kind's whole section: its generated block (markers included), then what follows its end marker up to the
+    next kind's block (the figures measured by hand on that kind)."""
+    begin, end = writer.markers(kind)
+    stop = doc.index(end) + len(end)
+    nxt = doc.find("<!-- zoo.bench ", stop)
+    return doc[doc.index(begin):stop], doc[stop:nxt if nxt >= 0 else len(doc)]
+
+
+def test_the_real_report_has_one_section_per_kind_with_its_hand_measured_figures():
+    """docs/benchmarks.md: every heading that names a processor kind lies in that kind's section, and each kind has
+    figures measured by hand after its block."""
     real = (ROOT / "docs" / "benchmarks.md").read_text()
-    avx_end, amx_begin = writer.markers("AVX-512 BF16")[1], writer.markers("AMX")[0]
-    hand_written = real[real.index(avx_end) + len(avx_end):real.index(amx_begin)]
-    assert "### Checkpoint CRC check (AVX-512 BF16)" in hand_written
+    kinds = _kinds(real)
+    assert kinds == ["AVX-512 BF16", "AMX"]
+    for kind in kinds:
+        block, hand = _kind_section(real, kind)
+        assert hand.lstrip().startswith("### ") and f"({kind})\n" in hand, kind
+        for heading in re.findall(rf"^#+ .*\({re.escape(kind)}\)$", real, re.M):
+            assert heading in block + hand, (kind, heading)
+
+
+@pytest.mark.parametrize("kind", ["AVX-512 BF16", "AMX"])
+@pytest.mark.parametrize("only", [None, ["train", "kv"]], ids=["full", "some"])
+def test_a_run_on_one_kind_leaves_the_other_kinds_section_of_the_real_report_byte_identical(tmp_path, monkeypatch,
+                                                                                           kind, only):
+    """docs/benchmarks.md itself, copied: a run on one kind (every section, or some) rewrites only that kind's
+    generated block; the other kind's whole section, hand-measured figures included, this kind's hand-measured
+    figures, and the title and what precedes the first block stay byte for byte."""
+    real = (ROOT / "docs" / "benchmarks.md").read_text()
     out = tmp_path / "benchmarks.md"
     out.write_text(real)
-    _fake_sections(monkeypatch, load=0.5, kind="AVX-512 BF16")
-    cli.run_sections(SECTIONS.names(), Settings(), [], out, echo=False)
+    _fake_sections(monkeypatch, load=0.5, kind=kind)
+    cli.run_sections(only or SECTIONS.names(), Settings(), ["--only", ",".join(only)] if only else [], out,
+                     echo=False)
     text = out.read_text()
-    assert avx_end + hand_written + amx_begin in text
-    assert _block(text, "AMX") == _block(real, "AMX")
-    assert "new train" in _block(text, "AVX-512 BF16") and "Training step" not in _block(text, "AVX-512 BF16")
-    assert text.startswith(real[:real.index(writer.markers("AVX-512 BF16")[0])])  # the title and intro
+    for other in _kinds(real):
+        if other != kind:
+            assert _kind_section(text, other) == _kind_section(real, other)
+    assert _kind_section(text, kind)[1] == _kind_section(real, kind)[1]
+    assert "new train" in _kind_section(text, kind)[0]
+    first = writer.markers(_kinds(real)[0])[0]
+    assert text[:text.index(first)] == real[:real.index(first)]
+    assert _kinds(text) == _kinds(real)
 
 
 def test_a_report_with_a_broken_block_is_refused_before_anything_runs(tmp_path, monkeypatch, capsys):
@@ -368,9 +418,8 @@ def test_ttt_times_both_programs_to_the_target(tmp_path):
             print(f"step {step}: train loss {val + 0.1:.4f}, val loss {val:.4f}")
             time.sleep(0.3)
     """))
-    root = tmp_path / "zoo"
-    root.mkdir()
-    (root / "train.py").write_text(textwrap.dedent("""
+    stand_in = tmp_path / "zoo_train.py"
+    stand_in.write_text(textwrap.dedent("""
         import json, os, pathlib, sys, time
         assert os.environ["TORCHINDUCTOR_CACHE_DIR"].endswith("inductor")  # the section's own, empty at its start
         run = pathlib.Path(next(a.split("=", 1)[1] for a in sys.argv if a.startswith("hydra.run.dir=")))
@@ -385,7 +434,8 @@ def test_ttt_times_both_programs_to_the_target(tmp_path):
     """))
     text = tmp_path / "input.txt"
     text.write_text("to be or not to be\n")
-    md = sections.ttt.section_ttt(bench.Session(quick(nanogpt=nano, text=text, ttt_target=1.6, ttt_pairs=2)), root=root)
+    md = sections.ttt.section_ttt(bench.Session(quick(nanogpt=nano, text=text, ttt_target=1.6, ttt_pairs=2)),
+                                  train=(sys.executable, str(stand_in)))
     rows = {r["contender"]: r for r in rows_of(md, "| contender | time to target s (each round) |")}
     assert set(rows) == {"nanoGPT", *sections.ttt.TTT_RUNS}, md
     nano_times = [float(x) for x in rows["nanoGPT"]["time to target s (each round)"].split(", ")]

@@ -5,7 +5,9 @@ Commands come from the docs themselves: each line of a ```bash block, each `$ ` 
 command; a ```python <file>.py block is a file the reader saves, written for the commands after it. They run in
 document order in one fresh working directory holding links to train.py, sample.py and conf/, as in a user's
 checkout, so a later command finds what an earlier one wrote
-(`outputs/<date>/<time>/checkpoints/best.ckpt`). The only changes shrink a run: overrides appended for
+(`outputs/<date>/<time>/checkpoints/best.ckpt`). Each page has its own directory and runs on its own
+pytest-xdist worker (an `xdist_group` per page): a page's commands rely only on what that page ran before them,
+as a reader who opens that page alone would. The only changes shrink a run: overrides appended for
 steps, sizes and seeds the command leaves at their defaults, and steps or sizes it sets lowered to the
 test's; placeholders (`<ckpt>`) are filled with the path the command describes. A command that needs
 what this machine lacks says so in the docs with a trailing `# needs: <what>` and is skipped with that
@@ -109,12 +111,17 @@ def _needs(comment: str) -> str:
     return _marker("needs", comment)
 
 
+def page(command: Command) -> str:
+    return command.where.rsplit(":", 1)[0]
+
+
 def _in_order(commands: list[Command]) -> list[Command]:
-    """Document order (a file's code blocks and inline commands interleaved); a repeated command runs once."""
+    """Document order (a file's code blocks and inline commands interleaved); a command repeated on a page runs
+    once there."""
     files = [str(p.relative_to(ROOT)) for p in DOCS]
-    key = lambda c: (files.index(c.where.rsplit(":", 1)[0]), int(c.where.rsplit(":", 1)[1]))
-    seen: set[str] = set()
-    return [c for c in sorted(commands, key=key) if not (c.text in seen or seen.add(c.text))]
+    key = lambda c: (files.index(page(c)), int(c.where.rsplit(":", 1)[1]))
+    seen: set[tuple[str, str]] = set()
+    return [c for c in sorted(commands, key=key) if not ((page(c), c.text) in seen or seen.add((page(c), c.text)))]
 
 
 COMMANDS = _in_order(collect())
@@ -126,12 +133,20 @@ def test_the_docs_have_commands():
 
 
 @pytest.fixture(scope="module")
-def workdir(tmp_path_factory) -> Path:
-    """A user's checkout: train.py, sample.py and conf/ where the docs expect them, nothing else."""
-    d = tmp_path_factory.mktemp("user")
-    for name in ("train.py", "sample.py", "conf"):
-        (d / name).symlink_to(ROOT / name)
-    return d
+def checkouts() -> dict[str, Path]:
+    """One user's checkout per page, made when the page's first command runs."""
+    return {}
+
+
+@pytest.fixture
+def workdir(command: Command, checkouts: dict[str, Path], tmp_path_factory) -> Path:
+    """A user's checkout: train.py, sample.py and conf/ where the docs expect them, and what this page's earlier
+    commands wrote."""
+    if page(command) not in checkouts:
+        d = checkouts[page(command)] = tmp_path_factory.mktemp(re.sub(r"\W", "_", page(command)))
+        for name in ("train.py", "sample.py", "conf"):
+            (d / name).symlink_to(ROOT / name)
+    return checkouts[page(command)]
 
 
 def _latest(pattern: str, cwd: Path) -> str:
@@ -236,7 +251,8 @@ def _param(c: Command):
     """Benchmark commands run with the slow tests: the full benchmark compiles models for minutes even with --quick,
     and each section's --quick run (5-15 s each) repeats what tests/test_bench.py checks section by section."""
     slow = c.text.startswith("python -m zoo.bench") and "--help" not in c.text
-    return pytest.param(c, id=f"{c.where} {c.text[:60]}", marks=[pytest.mark.slow] if slow else [])
+    marks = [pytest.mark.xdist_group(page(c)), *([pytest.mark.slow] if slow else [])]
+    return pytest.param(c, id=f"{c.where} {c.text[:60]}", marks=marks)
 
 
 @pytest.mark.parametrize("command", [_param(c) for c in COMMANDS])

@@ -295,6 +295,26 @@ def test_after_sweep_callback_writes_each_metric_and_survives_a_missing_baseline
     assert "report (val_acc): --metric: no run has 'val_acc'" in out.err  # one line, and no crash
 
 
+def test_after_sweep_callback_writes_a_report_against_each_further_baseline(tmp_path, capsys):
+    """study=speedrun's drop-one effects: a second report, of the first metric, against another variant."""
+    from omegaconf import OmegaConf
+
+    from zoo.report import ReportAfterSweep
+
+    sweep(tmp_path, {"relu": [[3.0, 2.0], [3.1, 2.1]], "gelu": [[3.0, 1.8], [3.1, 1.9]],
+                     "swiglu": [[3.0, 1.5], [3.1, 1.6]]})
+    config = OmegaConf.create({"hydra": {"sweep": {"dir": str(tmp_path)}}})
+    ReportAfterSweep(baseline="ffn=relu", also={"against_swiglu": "ffn=swiglu", "against_moe": "ffn=moe"}) \
+        .on_multirun_end(config)
+    assert "gelu vs relu: 0.2000 lower val_loss" in (tmp_path / "report.md").read_text()
+    md = (tmp_path / "against_swiglu" / "report.md").read_text()
+    assert "gelu vs swiglu: 0.3000 higher val_loss (worse)" in md and "relu vs swiglu: 0.5000 higher" in md
+    out = capsys.readouterr()
+    assert "report: " + str(tmp_path / "against_swiglu" / "report.md") in out.out
+    assert "report (against_moe, against ffn=moe): --baseline: no variant match 'ffn=moe'" in out.err
+    assert not (tmp_path / "against_moe").exists()
+
+
 # -- the sweep's jobs: finished, running, failed (killed), missing --------------------------------
 
 def test_jobs_of_a_real_multirun_running_killed_and_missing(multirun, tmp_path):

@@ -138,3 +138,12 @@ def test_prepare_a_text_file(installed, empty, tmp_path):
     assert out.startswith(f"prepared {tmp_path / 'plays.tokens'}: ") and \
         f"train on it: zoo train data=tokens data.path={tmp_path / 'plays.tokens'}" in out, out
     assert (tmp_path / "plays.tokens" / "manifest.json").is_file()
+
+
+def test_bench_trains_with_zoo_train(installed, empty):
+    """A benchmark section that trains runs the wheel's `zoo train` (python -m zoo train): there is no train.py."""
+    out = _zoo(installed, empty, "zoo", "bench", "--only", "overhead", "--quick", "--out", "-").stdout
+    assert "## train.py overhead (" in out and "failed" not in out, out
+    assert "`zoo train experiment=nanogpt_cpu trainer.max_steps=20 trainer.precision=32-true`" in out, out
+    rows = [line.split("|")[1:-1] for line in out.splitlines() if line.startswith(("| zoo train |", "| bare "))]
+    assert len(rows) == 2 and all(float(row[1]) > 0 for row in rows), out  # tokens/s of both runs

@@ -13,8 +13,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from zoo.component import Context, Options, build
+from zoo.component import Context, Options, build, declared
 from zoo.layers.attention import KVCache
+from zoo.layers.mix import ScalarMix
 from zoo.layers.position import Position
 from zoo.registry import ATTENTION, FFN
 from zoo.schema import ModelSpec
@@ -30,6 +31,9 @@ class TransformerBlock(nn.Module):
         sublayers["ffn"] = build(FFN, cfg.ffn, ctx)
         self.parallel: nn.Module | None
         self.window = sublayers["attn"].window  # the stack's mask follows its self-attention's window
+        self.value_dim = declared(sublayers["attn"], "value_dim")  # the width of a value embedding, if it takes one
+        # model.embed_skip: the block's input is a * x + b * x0, x0 the stack's embedding output (a=1, b=0 at init)
+        self.embed_skip = ScalarMix("embedding") if cfg.embed_skip else None
         if residual.parallel:  # one residual step around all of them, on one norm
             self.parallel, self.attn, self.cross, self.ffn = residual(sublayers, ctx.norm), None, None, None
         else:  # one residual step around each, in turn
@@ -39,11 +43,18 @@ class TransformerBlock(nn.Module):
 
     def forward(self, x: torch.Tensor, pos: Position, mask: torch.Tensor | None, is_causal: bool,
                 memory: torch.Tensor | None = None, memory_mask: torch.Tensor | None = None,
-                cache: tuple[KVCache, KVCache] | None = None, offset: int = 0) -> torch.Tensor:
+                cache: tuple[KVCache, KVCache] | None = None, offset: int = 0, x0: torch.Tensor | None = None,
+                value_embed: torch.Tensor | None = None) -> torch.Tensor:
+        """x0: the stack's embedding output (model.embed_skip); value_embed: this layer's value embedding of the
+        tokens (model.value_embeddings), given only to a layer that has a table."""
         self_cache, cross_cache = cache if cache is not None else (None, None)
         kw: dict[str, dict[str, Any]] = {
             "attn": dict(pos=pos, mask=mask, is_causal=is_causal, cache=self_cache, offset=offset),
             "cross": dict(pos=NO_POSITION, mask=memory_mask, context=memory, cache=cross_cache), "ffn": {}}
+        if value_embed is not None:  # an attention without value embeddings keeps the plain signature
+            kw["attn"]["value_embed"] = value_embed
+        if self.embed_skip is not None:
+            x = self.embed_skip(x, x0)
         if self.parallel is not None:
             return self.parallel(x, **kw)
         for name, step in (("attn", self.attn), ("cross", self.cross), ("ffn", self.ffn)):

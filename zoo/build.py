@@ -54,6 +54,8 @@ COMPONENTS: dict[str, tuple[Registry, str, tuple[str, ...]]] = {
     "ffn": (FFN, "name", ()),
 }
 
+# model.residual_init: where the weights parts list in residual_outputs start (init_weights)
+RESIDUAL_INITS = ("scaled", "zero")
 
 # A model config as callers hand it over: a mapping (a dict, an omegaconf DictConfig), a ModelConfig, or one
 # resolve_config has already resolved.
@@ -137,8 +139,15 @@ def _validate(cfg: dict) -> None:
     _positive_number("init_std", cfg["init_std"])
     need(cfg["final_norm"] in (True, False, None), "final_norm",
           f"must be true, false or null, got {cfg['final_norm']!r}; valid: true, false, null")
-    for key in ("bias", "tie_embeddings", "scale_embeddings", "embed_norm"):
+    for key in ("bias", "tie_embeddings", "scale_embeddings", "embed_norm", "embed_skip"):
         _boolean(key, cfg[key])
+    cap = cfg["logit_softcap"]
+    need(cap is None or (is_number(cap) and cap > 0), "logit_softcap",
+         f"must be positive or null, got {cap!r}; valid: a finite number > 0 (the speedrun's 30 or 15), or null")
+    need(is_int(cfg["value_embeddings"]) and cfg["value_embeddings"] >= 0, "value_embeddings",
+         f"must be an integer >= 0, got {cfg['value_embeddings']!r} (0: none)")
+    need(cfg["residual_init"] in RESIDUAL_INITS, "residual_init",
+         f"unknown {cfg['residual_init']!r}; valid: {', '.join(RESIDUAL_INITS)}")
 
     _check_name(RESIDUAL, "norm.placement", cfg["norm"]["placement"])
     # conf/norm/*.yaml set placement and type; the preset's name is only the Hydra option (norm=post_ln).
@@ -211,25 +220,31 @@ def init_weights(model: nn.Module, cfg: ModelSpec, seed: int = 0) -> None:
     - weights ~ N(0, init_std): linear layers, embeddings, learned positions, any other weight;
     - the weights a component lists in `residual_outputs` (attention `out`, FFN `down`: they write
       into the residual stream) get init_std / sqrt(2 * blocks), so the residual sum keeps its
-      scale with depth (GPT-2);
-    - biases 0, and the parameters a component lists in `gains` (norm weights) 1.
+      scale with depth (GPT-2), or 0 with model.residual_init=zero (the speedrun's zero-initialised
+      projections: each block starts as the identity, and the first step's gradient reaches these
+      weights through their inputs, which are not zero);
+    - biases 0, the parameters a component lists in `gains` (norm weights) 1, and those it lists in
+      `zeros` (the second scalar of a mix, zoo/layers/mix.py) 0.
     Each parameter draws from its own generator, seeded by the seed and the parameter's name, so
     swapping one component leaves every other component's initial weights unchanged.
     Under model.parametrization=mup, hidden weights' std is further divided by sqrt(width_mult) (zoo/mup.py).
     """
     n_blocks = sum(isinstance(m, TransformerBlock) for m in model.modules())
-    gains, residual_out = set(), set()
+    gains, zeros, residual_out = set(), set(), set()
     for m in model.modules():
         if hasattr(m, "count_as"):  # a part (zoo.component.Part): it declares its init roles
             gains |= {id(getattr(m, name)) for name in declared(m, "gains")}
+            zeros |= {id(getattr(m, name)) for name in declared(m, "zeros")}
             residual_out |= {id(getattr(m, name).weight) for name in declared(m, "residual_outputs")}
+    if cfg.residual_init == "zero":
+        zeros |= residual_out
     std = cfg.init_std
     role = roles(cfg) if width_mult(cfg) != 1 else {}  # muP's roles; at width_mult 1 every factor is 1
     with torch.no_grad():
         for name, p in model.named_parameters():
             if id(p) in gains:
                 p.fill_(1.0)
-            elif name.endswith("bias"):
+            elif id(p) in zeros or name.endswith("bias"):
                 p.zero_()
             else:
                 g = torch.Generator().manual_seed(zlib.crc32(f"{seed}:{name}".encode()))

@@ -61,6 +61,7 @@ class Context:
     rotary: bool = False  # the stack's position rotates queries and keys (its `rotary`; RoPE)
     bias: bool = True  # biases in linear layers and LayerNorm
     dropout: float = 0.0
+    value_embed: bool = False  # this layer's self-attention mixes a value embedding into its values (value_dim)
     norm: Callable[..., Any] = field(default=lambda dim=None: _no_norm())  # the model's: norm(dim=None) -> a new one
 
     @property
@@ -208,6 +209,7 @@ class Part(Protocol):
     residual_outputs: Annotated[tuple[str, ...], "children whose weights write into the residual stream: drawn "
                                                  "with init_std / sqrt(2 * blocks) (init_weights)"] = ()
     gains: Annotated[tuple[str, ...], "parameters set to 1, as norm gains (init_weights)"] = ()
+    zeros: Annotated[tuple[str, ...], "parameters set to 0, as a mix's second scalar (init_weights)"] = ()
 
     @default
     def flops(self, t: int) -> int:
@@ -231,11 +233,15 @@ class AttentionPart(Part, Protocol):
                                   "builds its mask from it"]
     record: Annotated[bool, "set true by attention_maps: compute with the math backend and keep the weights "
                             "(B, H, Tq, Tk) in `weights`"]
+    value_dim: Annotated[int | None, "the width of its values (n_kv_heads * head_dim), into which, built with "
+                                     "ctx.value_embed, it mixes forward's value_embed (B, T, value_dim); null: it "
+                                     "takes no value embeddings (model.value_embeddings)"] = None
 
     def forward(self, x: Any, pos: Any, mask: Any = None, is_causal: bool = False, context: Any = None,
-                cache: Any = None, offset: int = 0) -> Any:
+                cache: Any = None, offset: int = 0, value_embed: Any = None) -> Any:
         """x (B, T, d_model) -> (B, T, d_model); positions from `pos` (a PositionPart), keys and values from
-        `context` when cross-attending, past ones kept in `cache` (a KVCache) when decoding."""
+        `context` when cross-attending, past ones kept in `cache` (a KVCache) when decoding, value_embed mixed
+        into the values before they are cached (given only to a layer built with ctx.value_embed)."""
 
     def cache_bytes_per_token(self, element_size: int) -> int:
         """The KV-cache bytes one token adds to this layer, at element_size bytes a number (zoo.bench)."""
@@ -358,10 +364,12 @@ def members(protocol: type) -> list[Member]:
 
 def declared(part: Any, member: str) -> Any:
     """What a part (an instance) declares for a member of the contract: its own, or the default of the
-    protocol that declares one (`Part`) where it leaves the member out. Methods come bound to the part."""
+    protocol that declares one (`Part`, `AttentionPart`) where it leaves the member out. Methods come bound to the
+    part."""
     if hasattr(part, member):
         return getattr(part, member)
-    value = Part.__dict__[member]  # a KeyError: not an optional member of the contract
+    value = next(p.__dict__[member] for p in (Part, *PROTOCOLS.values()) if member in p.__dict__)  # else: not an
+    # optional member of the contract (StopIteration)
     return value.__get__(part, type(part)) if callable(value) else value
 
 

@@ -102,8 +102,8 @@ def precision_choice(trainer: dict, resumed: str | None = None) -> dict:
 def fused_adamw_on_cpu(precision: str | int) -> bool:
     """Whether AdamW takes torch's fused kernel on CPU when optim.fused is null (adamw_implementation).
 
-    The fused kernel is 3x faster than torch's default per-tensor loop on an AMX CPU at both benchmark shapes
-    (foreach: no faster; docs/benchmarks.md, "Hardware choices"), but rounds differently in the last bit: float32
+    The fused kernel is faster than torch's default per-tensor loop at both benchmark shapes, and foreach is not
+    (docs/benchmarks.md, "Hardware choices (<CPU kind>)"), but it rounds differently in the last bit: float32
     runs keep torch's default, so their results stay what they were and equal on every machine; bf16 runs (whose
     numbers are new with auto anyway) take the fused kernel."""
     return str(precision).startswith("bf16")

@@ -62,6 +62,14 @@ class ModelConfig:
     # widths; it equals standard at d_model = mup_base_d_model (the studies' width)
     parametrization: str = "standard"
     mup_base_d_model: int = 128
+    # The speedrun's parts (modded-nanogpt; docs/options.md): logits = c * tanh(logits / c) (Gemma 2), null: none;
+    logit_softcap: float | None = None
+    # extra token-embedding tables whose vectors are mixed into the values of each stack's first and last
+    # value_embeddings layers (table i: layer i and layer n - value_embeddings + i); 0: none
+    value_embeddings: int = 0
+    # where the weights parts list in residual_outputs start: scaled (init_std / sqrt(2 * blocks)) or zero
+    residual_init: str = "scaled"
+    embed_skip: bool = False  # each block's input is a * x + b * x0 (x0: the stack's embedding output; a=1, b=0)
     # The components: in a composed config, the node of the chosen preset (conf/<kind>/) replaces these.
     attention: Any = field(default_factory=lambda: {"name": "mha"})
     position: Any = field(default_factory=lambda: {"name": "learned"})
@@ -122,6 +130,10 @@ class ModelSpec:
     final_norm: bool | None
     parametrization: str
     mup_base_d_model: int
+    logit_softcap: float | None
+    value_embeddings: int
+    residual_init: str
+    embed_skip: bool
     attention: Part[AttentionOptions]
     position: Part[Options]
     norm: NormPart[NormOptions]

@@ -17,9 +17,9 @@ Sections (pick with `--only train,compile,...`; default: all):
 - profile   where zoo's training step spends its time (torch.profiler, operators in groups), float32 and bf16,
             and bf16 compiled;
 - memory    peak RSS growth of three training steps, one subprocess per contender;
-- overhead  `train.py` against a bare PyTorch loop (skipped while train.py does not exist);
-- precision a short train.py run at the large shape in float32 and bf16-mixed: validation loss and speed;
-- ttt       time to a target validation loss: zoo's train.py against nanoGPT's own train.py on the same text file
+- overhead  zoo's training command (`python -m zoo train`, which train.py runs) against a bare PyTorch loop;
+- precision a short training run at the large shape in float32 and bf16-mixed: validation loss and speed;
+- ttt       time to a target validation loss: zoo's training command against nanoGPT's train.py on the same text file
             (`--text PATH`, e.g. tinyshakespeare) and the same recipe, back to back, from process start;
 - choices   the rows behind zoo.hardware's rules on this CPU kind: low-precision attention on the fused kernel
             against the written-out form (whole models and attention alone by key length), the written-out
@@ -33,7 +33,7 @@ Sections (pick with `--only train,compile,...`; default: all):
 Layout: timing.py (rounds, rotation, medians), contenders/ (one file per implementation timed), session.py (a
 training step of any contender, timed in groups), sections/ (one file per section, each registered by name in
 registry.py's SECTIONS, which `--only` reads), markdown.py and writer.py (the report: one block per processor
-kind in docs/benchmarks.md), machine.py, processes.py (probes in fresh processes, train.py runs), cli.py.
+kind in docs/benchmarks.md), machine.py, processes.py (probes in fresh processes, training runs), cli.py.
 A new section is a file in sections/ whose function, `@section("name")` over `def section_name(sess: Session) ->
 str`, returns its Markdown under one '## ' heading; sections/__init__.py imports it at its place in the report.
 

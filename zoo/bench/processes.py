@@ -1,5 +1,6 @@
 """The benchmark's child processes: a probe in a fresh interpreter (`python -m zoo.bench --memory-probe ...`,
-whose memory is its own) and runs of train.py, read back through the summary.json they write."""
+whose memory is its own) and training runs (`python -m zoo train`, the command train.py runs), read back through
+the summary.json they write. Both work in a clone and from an installed wheel, which has no train.py."""
 
 from __future__ import annotations
 
@@ -14,21 +15,34 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from zoo.bench.machine import load_average
-from zoo.bench.settings import ROOT, Settings
+from zoo.bench.settings import Settings
+from zoo.cli.common import clone_config_dir, train_command
+
+# What the sections train with: `zoo train` in this interpreter, so a clone and a wheel install run the same code
+# (train.py is a clone's alias of it). A test may put a stand-in's command in its place.
+TRAIN = (sys.executable, "-m", "zoo", "train")
 
 
 def child_env() -> dict[str, str]:
-    """The environment for `python -m zoo.bench` children: zoo importable from any working directory."""
+    """The environment for zoo's child processes: in a clone, its checkout first on PYTHONPATH, so a child imports
+    this zoo from any working directory; an installed zoo is on the interpreter's own path already."""
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [env.get("PYTHONPATH")])])
+    if (conf := clone_config_dir()) is not None:
+        env["PYTHONPATH"] = os.pathsep.join([str(conf.parent), *filter(None, [env.get("PYTHONPATH")])])
     return env
+
+
+def shown(overrides: Sequence[str]) -> str:
+    """A training command as the report shows it: the way a user of this install types it (`python train.py ...`
+    in a clone, `zoo train ...` from a wheel), with these overrides."""
+    return " ".join([train_command(), shlex.join(overrides)])
 
 
 def run_probe(args: Sequence[str], s: Settings, timeout: int) -> dict | str:
     """`python -m zoo.bench <args>` in a fresh process (its memory is its own): the JSON it prints last, or why
     it failed, in one line."""
     cmd = [sys.executable, "-m", "zoo.bench", *args, *(["--threads", str(s.threads)] if s.threads else [])]
-    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=timeout, env=child_env())
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=child_env())
     line = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
     if proc.returncode != 0 or not line:
         return (proc.stderr.strip().splitlines() or ["?"])[-1][:120]
@@ -41,7 +55,7 @@ def status_kib(field_name: str) -> int:
 
 
 def _find_summary(stdout: str, root: Path, started: float) -> Path | None:
-    """summary.json in a directory train.py printed, else the newest one written since it started."""
+    """summary.json in a directory the run printed, else the newest one written under `root` since it started."""
     for token in reversed(re.findall(r"[\w./\\:~-]+", stdout)):
         p = (root / token).expanduser() if not Path(token).is_absolute() else Path(token)
         for cand in (p, p / "summary.json"):
@@ -52,15 +66,16 @@ def _find_summary(stdout: str, root: Path, started: float) -> Path | None:
     return max(found, key=lambda p: p.stat().st_mtime) if found else None
 
 
-def run_train_py(cmd: list[str], root: Path) -> tuple[dict, Path, float, str] | str:
-    """Run train.py; (summary, its path, process wall seconds, load average before -> after), or why it failed."""
+def run_training(cmd: list[str], workdir: Path) -> tuple[dict, Path, float, str] | str:
+    """Run a training command in `workdir` (where its outputs/ go); (summary, its path, process wall seconds, load
+    average before -> after), or why it failed."""
     started, load_before = time.time(), load_average(short=True)
-    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=root, timeout=3600)
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=workdir, timeout=3600, env=child_env())
     wall, load = time.time() - started, f"{load_before} -> {load_average(short=True)}"
     if proc.returncode != 0:
         err = (proc.stderr.strip().splitlines() or ["?"])[-1][:200]
-        return f"failed: `{shlex.join(cmd[1:])}` exited {proc.returncode}: {err}\n"
-    summary_path = _find_summary(proc.stdout + "\n" + proc.stderr, root, started)
+        return f"failed: `{shlex.join(['python', *cmd[1:]])}` exited {proc.returncode}: {err}\n"
+    summary_path = _find_summary(proc.stdout + "\n" + proc.stderr, workdir, started)
     if summary_path is None:
-        return "failed: no summary.json found in train.py's output or run directories\n"
+        return "failed: no summary.json found in the run's output or run directories\n"
     return json.loads(summary_path.read_text()), summary_path, wall, load

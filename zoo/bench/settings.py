@@ -7,8 +7,6 @@ from pathlib import Path
 
 from zoo.bench.contenders import PEERS
 
-ROOT = Path(__file__).resolve().parents[2]  # the checkout: train.py, conf/
-
 
 @dataclass(frozen=True)
 class Shape:

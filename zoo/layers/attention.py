@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from zoo.component import Context, Options, linear_flops, need
+from zoo.layers.mix import ScalarMix
 from zoo.layers.position import Position
 from zoo.registry import ATTENTION
 
@@ -164,15 +165,21 @@ class Attention(AttentionBase):
             self.qkv = nn.Linear(d_model, q_dim + 2 * kv_dim, bias=bias)
         self.out = nn.Linear(q_dim, d_model, bias=bias)
         self.out_dropout = nn.Dropout(ctx.dropout)
+        self.value_dim = None if ctx.cross else kv_dim  # model.value_embeddings: the tables' width
+        # v = a * v + b * ve (model.value_embeddings), on the layers the stack gives a table
+        self.value_mix = ScalarMix("attention") if ctx.value_embed and not ctx.cross else None
         self.norm_projection = opts.qk_norm == "projection"  # else per head, when on
         self.q_norm, self.k_norm = qk_norms(ctx, opts, *((q_dim, kv_dim) if self.norm_projection else (self.head_dim,)))
 
     def forward(self, x: torch.Tensor, pos: Position, mask: torch.Tensor | None = None,
                 is_causal: bool = False, context: torch.Tensor | None = None,
-                cache: KVCache | None = None, offset: int = 0) -> torch.Tensor:
+                cache: KVCache | None = None, offset: int = 0,
+                value_embed: torch.Tensor | None = None) -> torch.Tensor:
         B, T, _ = x.shape
         if context is None:
             q, k, v = self.qkv(x).split(self.split, dim=-1)
+            if self.value_mix is not None:  # the new tokens' value embeddings join their values, then the cache
+                v = self.value_mix(v, value_embed)
             q, k, v = self._normed(q, self.q_norm), self._normed(k, self.k_norm), self._heads(v)  # (B, H, T, hd)
             q, k = pos.rotate(q, k, offset)
             if cache is not None:

@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from zoo.block import TransformerBlock
-from zoo.component import Context, build
+from zoo.component import Context, build, need
 from zoo.layers.attention import KVCache, attention_bias, cross_attention_mask
 from zoo.mup import output_scale
 from zoo.registry import NORM, POSITION, RESIDUAL
@@ -41,10 +41,19 @@ class Stack(nn.Module):
         self.embed_norm = ctx.norm() if cfg.embed_norm else nn.Identity()
         self.dropout = nn.Dropout(ctx.dropout)
         residual = RESIDUAL.get(cfg.norm.placement)
+        self.value_tables = value_tables(cfg.value_embeddings, n_layers)
         self.blocks = nn.ModuleList(
-            TransformerBlock(replace(ctx, layer=ctx.layer + i), cfg, residual, cross) for i in range(n_layers)
+            TransformerBlock(replace(ctx, layer=ctx.layer + i, value_embed=self.value_tables[i] is not None), cfg,
+                             residual, cross) for i in range(n_layers)
         )
         self.window = self.blocks[0].window  # one mask for every layer: their attention's (AttentionPart)
+        # model.value_embeddings: tables of the tokens' vectors, each as wide as the attention's values
+        value_dim = self.blocks[0].value_dim
+        need(not cfg.value_embeddings or value_dim is not None, "value_embeddings",
+             f"attention '{cfg.attention.name}' takes no value embeddings (its value_dim is null: the values are not "
+             "what it caches or projects directly); valid: 0 with this attention, or an attention with a value_dim")
+        self.value_embeds = nn.ModuleList(nn.Embedding(embed.num_embeddings, value_dim or 0)
+                                          for _ in range(cfg.value_embeddings))
         final = cfg.final_norm  # None: the placement decides (Post-LN has none; nn.Transformer adds one)
         self.final_norm = ctx.norm() if (residual.final_norm if final is None else final) else nn.Identity()
 
@@ -54,30 +63,49 @@ class Stack(nn.Module):
         """tokens (B, T) -> hidden states (B, T, d). padding: (B, T) True for real tokens."""
         offset = cache[0][0].len if cache else 0
         x = self.embed(tokens) * self.embed_scale
-        x = self.dropout(self.embed_norm(self.position.embed(x, offset)))
+        x = x0 = self.dropout(self.embed_norm(self.position.embed(x, offset)))
         t = tokens.shape[1]
         mask, is_causal = attention_bias(t, offset + t, self.causal, self.window, self.position,
                                          padding, x.device, x.dtype)
         memory_mask = cross_attention_mask(memory_padding)
-        for i, block in enumerate(self.blocks):
-            x = block(x, self.position, mask, is_causal, memory, memory_mask,
-                      cache[i] if cache else None, offset)
+        values = [table(tokens) for table in self.value_embeds]  # (B, T, value_dim) each: the new tokens' only
+        for i, (block, table) in enumerate(zip(self.blocks, self.value_tables, strict=True)):
+            x = block(x, self.position, mask, is_causal, memory, memory_mask, cache[i] if cache else None, offset,
+                      x0=x0, value_embed=None if table is None else values[table])
         return self.final_norm(x)
 
     def new_cache(self) -> Cache:
         return [(KVCache(), KVCache()) for _ in self.blocks]
 
 
+def value_tables(n_tables: int, n_layers: int) -> list[int | None]:
+    """Which value-embedding table each of a stack's layers reads (None: none), as the speedrun chooses them:
+    table i for layer i and for layer n_layers - n_tables + i, the first n_tables layers and the last (with as
+    many tables as layers, each layer its own)."""
+    tables: list[int | None] = [None] * n_layers
+    for i in range(n_tables):
+        first, last = i, n_layers - n_tables + i
+        need(0 <= last < n_layers and tables[first] in (None, i) and tables[last] in (None, i), "value_embeddings",
+             f"{n_tables} tables, read by the first {n_tables} and the last {n_tables} of {n_layers} layers, would "
+             f"give a layer two; valid: 0 to {n_layers // 2}, or {n_layers} (a table per layer)")
+        tables[first] = tables[last] = i
+    return tables
+
+
 class Readout(nn.Linear):
     """The output layer (hidden states -> logits): a linear layer whose input is multiplied by `scale`, muP's
     output multiplier 1 / width_mult (zoo.mup), before the weight and any bias; 1 (skipped) in the standard
-    parametrization. The multiplier follows from the config, so a checkpoint's weights are the same either way."""
+    parametrization. The multiplier follows from the config, so a checkpoint's weights are the same either way.
+    Every lineage's logits come from here, in training, evaluation and generation, so model.logit_softcap (Gemma 2,
+    the speedrun) caps them all."""
 
     readout = True  # zoo.mup.roles: the output multiplier, not the fan-in rule, keeps this layer's updates steady
 
     def __init__(self, cfg: ModelSpec, d_in: int, d_out: int, bias: bool):
         super().__init__(d_in, d_out, bias=bias)
         self.scale = output_scale(cfg)
+        self.softcap = cfg.logit_softcap  # model.logit_softcap: logits = c * tanh(logits / c), within (-c, c)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return super().forward(x if self.scale == 1 else x * self.scale)
+        logits = super().forward(x if self.scale == 1 else x * self.scale)
+        return logits if self.softcap is None else self.softcap * torch.tanh(logits / self.softcap)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from hydra.experimental.callback import Callback
@@ -17,31 +17,40 @@ from zoo.report.tables import Report
 class ReportAfterSweep(Callback):
     """A Hydra callback (`hydra.callbacks`) that writes the sweep's report when a multirun ends.
 
-    The first metric's report goes into the sweep directory, any further one into report_<metric>/.
-    The study presets in conf/study/ use it, so `python train.py -m study=ffn` ends with its report."""
+    The first metric's report goes into the sweep directory, any further one into report_<metric>/; `also`
+    names more reports of the first metric, each against its own baseline, into <name>/ (study=speedrun's
+    drop-one effects: {drop_one: speedrun=full}). The study presets in conf/study/ use it, so
+    `python train.py -m study=ffn` ends with its report."""
 
-    def __init__(self, metrics: Sequence[str] = ("val_loss",), baseline: str | None = None):
-        self.metrics, self.baseline = list(metrics), baseline
+    def __init__(self, metrics: Sequence[str] = ("val_loss",), baseline: str | None = None,
+                 also: Mapping[str, str] | None = None):
+        self.metrics, self.baseline, self.also = list(metrics), baseline, dict(also or {})
 
     def on_multirun_end(self, config, **kwargs) -> None:
         root = Path(config.hydra.sweep.dir)
         for i, metric in enumerate(self.metrics):
-            out = root if i == 0 else root / f"report_{metric}"
-            if out.is_symlink():  # a directory zoo names itself: never written through a link
-                print(f"report ({metric}): '{out}' is a symbolic link; remove it to get this report", file=sys.stderr)
-                continue
-            try:
-                report = self._build(root, metric)
-                write_report(report, out)
-            except (ReportError, WriteError) as e:
-                print(f"report ({metric}): {e}", file=sys.stderr)
-                continue
-            print(f"\n{metric}:\n{console_summary(report)}\nreport: {out / 'report.md'}", flush=True)
+            self._write(root, root if i == 0 else root / f"report_{metric}", metric, self.baseline, metric)
+        for name, baseline in self.also.items():  # a baseline the sweep left out: no such report, in one line
+            self._write(root, root / name, self.metrics[0], baseline, f"{name}, against {baseline}", fallback=False)
 
-    def _build(self, root: Path, metric: str) -> Report:
+    def _write(self, root: Path, out: Path, metric: str, baseline: str | None, label: str,
+               fallback: bool = True) -> None:
+        if out.is_symlink():  # a directory zoo names itself: never written through a link
+            print(f"report ({label}): '{out}' is a symbolic link; remove it to get this report", file=sys.stderr)
+            return
         try:
-            return build_report(root, metric, baseline=self.baseline)
+            report = self._build(root, metric, baseline, fallback)
+            write_report(report, out)
+        except (ReportError, WriteError) as e:
+            print(f"report ({label}): {e}", file=sys.stderr)
+            return
+        head = metric if label == metric else f"{metric} ({label})"
+        print(f"\n{head}:\n{console_summary(report)}\nreport: {out / 'report.md'}", flush=True)
+
+    def _build(self, root: Path, metric: str, baseline: str | None, fallback: bool) -> Report:
+        try:
+            return build_report(root, metric, baseline=baseline)
         except ReportError as e:  # a sweep narrowed on the command line may leave the baseline out
-            if self.baseline is None or not str(e).startswith("--baseline"):
+            if not fallback or baseline is None or not str(e).startswith("--baseline"):
                 raise
             return build_report(root, metric)

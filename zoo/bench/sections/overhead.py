@@ -1,13 +1,13 @@
-"""The overhead section: `train.py` against a bare PyTorch loop over the same model (skipped while train.py does not
-exist)."""
+"""The overhead section: zoo's training command (`python train.py`, `zoo train`) against a bare PyTorch loop over
+the same model."""
 
 from __future__ import annotations
 
 import json
-import shlex
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -16,12 +16,13 @@ import torch
 from zoo.bench.contenders import lm_loss, zoo_config, zoo_model
 from zoo.bench.machine import load_average
 from zoo.bench.markdown import num, ratio, table
-from zoo.bench.processes import child_env, run_train_py
+from zoo.bench.processes import TRAIN, child_env, run_training, shown
 from zoo.bench.registry import section
 from zoo.bench.session import Session
-from zoo.bench.settings import ROOT, SHAPES, Settings
+from zoo.bench.settings import SHAPES, Settings
+from zoo.cli.common import train_command
 
-OVERHEAD_SHAPE = "small"  # assumed to be what `experiment=nanogpt_cpu` trains; adjust with train.py
+OVERHEAD_SHAPE = "small"  # assumed to be what `experiment=nanogpt_cpu` trains; adjust with it
 
 
 def bare_loop(steps: int, spawned_at: float, spec: dict | None = None) -> dict:
@@ -59,23 +60,20 @@ def bare_loop(steps: int, spawned_at: float, spec: dict | None = None) -> dict:
                 tokens_per_second=sps * batch_size * context, steps=steps, loss=loss.item())
 
 
-def bench_train_overhead(s: Settings, root: Path = ROOT) -> str:
-    """train.py against a bare loop over the same zoo model; time to first step. Skipped without train.py.
+def bench_train_overhead(s: Settings, workdir: Path | None = None, train: Sequence[str] = TRAIN) -> str:
+    """zoo's training command against a bare loop over the same zoo model; time to first step.
 
-    Runs `python train.py experiment=nanogpt_cpu trainer.max_steps=N [--train-args ...]` in `root` and
-    reads `summary.json` (keys tokens_per_second, wall_time_s, time_to_first_step_s) from the run
-    directory it prints; then `python -m zoo.bench --bare-loop N`, the same model in a plain loop."""
+    Runs `python -m zoo train experiment=nanogpt_cpu trainer.max_steps=N [--train-args ...]` (`train`: the command)
+    in `workdir` (default: the current directory, where its outputs/ go) and reads `summary.json` (keys
+    tokens_per_second, wall_time_s, time_to_first_step_s) from the run directory it prints; then
+    `python -m zoo.bench --bare-loop N`, the same model in a plain loop."""
     head = "## train.py overhead\n\n"
-    train_py = root / "train.py"
-    if not train_py.is_file():
-        msg = "skipped: train.py not found"
-        print(msg)
-        return head + msg + "\n"
+    workdir = Path.cwd() if workdir is None else workdir
     n = s.overhead_steps
-    # float32, as the bare loop: this section measures train.py's overhead, not precision (auto may pick bf16)
-    cmd = [sys.executable, str(train_py), "experiment=nanogpt_cpu", f"trainer.max_steps={n}",
-           "trainer.precision=32-true", *s.train_args]
-    run = run_train_py(cmd, root)
+    # float32, as the bare loop: this section measures the training command's overhead, not precision (auto may
+    # pick bf16)
+    cmd = [*train, "experiment=nanogpt_cpu", f"trainer.max_steps={n}", "trainer.precision=32-true", *s.train_args]
+    run = run_training(cmd, workdir)
     if isinstance(run, str):
         return head + run
     summary, summary_path, wall, train_load = run
@@ -84,7 +82,7 @@ def bench_train_overhead(s: Settings, root: Path = ROOT) -> str:
     bare_cmd = [sys.executable, "-m", "zoo.bench", "--bare-loop", str(n), "--bare-spec", json.dumps(spec),
                 "--spawned-at", repr(time.time()), *(["--threads", str(s.threads)] if s.threads else [])]
     load_before = load_average(short=True)
-    bp = subprocess.run(bare_cmd, capture_output=True, text=True, cwd=root, timeout=3600, env=child_env())
+    bp = subprocess.run(bare_cmd, capture_output=True, text=True, cwd=workdir, timeout=3600, env=child_env())
     bare_load = f"{load_before} -> {load_average(short=True)}"
     lines = [ln for ln in bp.stdout.splitlines() if ln.startswith("{")]
     if bp.returncode != 0 or not lines:
@@ -96,22 +94,27 @@ def bench_train_overhead(s: Settings, root: Path = ROOT) -> str:
         return num(v) if isinstance(v, (int, float)) and v > 0 else "-"
 
     tps = summary.get("tokens_per_second")
-    rows = [["train.py", get(summary, "tokens_per_second"), get(summary, "time_to_first_step_s"),
+    rows = [[train_command(), get(summary, "tokens_per_second"), get(summary, "time_to_first_step_s"),
              get(summary, "wall_time_s"), num(wall), train_load],
             ["bare PyTorch loop", num(bare["tokens_per_second"]), num(bare["time_to_first_step_s"]), "-", "-",
              bare_load]]
     rel = ratio(tps / bare["tokens_per_second"]) if isinstance(tps, (int, float)) and tps > 0 else "-"
     return head + "\n".join([
-        f"`{shlex.join(['python', 'train.py', *cmd[2:]])}` (summary: `{summary_path.relative_to(root)}`) against "
+        f"`{shown(cmd[len(train):])}` (summary: `{_relative(summary_path, workdir)}`) against "
         "a bare loop (`zoo.bench.sections.overhead.bare_loop`: the same zoo model config, batch and context as the "
         "summary's, "
         f"AdamW, random windows of the Shakespeare characters), {n} steps each. The bare loop's time to first "
-        "step counts from process spawn; train.py's figures are its own summary's (its own definitions of "
-        "throughput and time to first step, which may exclude start-up or include evaluation). The two runs are "
-        "sequential, not interleaved: compare their load averages before trusting the ratio.", "",
+        "step counts from process spawn; the training command's figures are its own summary's (its own "
+        "definitions of throughput and time to first step, which may exclude start-up or include evaluation). The "
+        "two runs are sequential, not interleaved: compare their load averages before trusting the ratio.", "",
         table(["run", "tokens/s", "time to first step s", "wall s (summary)", "wall s (process)", "load average"],
               rows), "",
-        f"train.py throughput / bare loop: **{rel}**", ""])
+        f"{train_command()} throughput / bare loop: **{rel}**", ""])
+
+
+def _relative(path: Path, workdir: Path) -> Path:
+    """The summary's path as the report shows it: from the working directory when it is under it."""
+    return path.relative_to(workdir) if path.is_relative_to(workdir) else path
 
 
 @section("overhead")

@@ -1,5 +1,5 @@
-"""The ttt section: time to a target validation loss, zoo's train.py against nanoGPT's own train.py on the same text
-file and the same recipe, from process start."""
+"""The ttt section: time to a target validation loss, zoo's training command against nanoGPT's own train.py on the
+same text file and the same recipe, from process start."""
 
 from __future__ import annotations
 
@@ -19,15 +19,16 @@ from pathlib import Path
 from unittest import mock
 
 from zoo.bench.markdown import ratio, table
+from zoo.bench.processes import TRAIN, child_env
 from zoo.bench.registry import section
 from zoo.bench.session import Session
-from zoo.bench.settings import ROOT
+from zoo.cli.common import train_command
 
 # nanoGPT README's Shakespeare-char recipe for a CPU, as written there (its config file plus these flags).
 NANOGPT_CPU_ARGS = ("--device=cpu", "--compile=False", "--eval_iters=20", "--log_interval=1", "--block_size=64",
                     "--batch_size=12", "--n_layer=4", "--n_head=4", "--n_embd=128", "--max_iters=2000",
                     "--lr_decay_iters=2000", "--dropout=0.0")
-# zoo's contenders: label -> train.py overrides (the same recipe: conf/experiment/nanogpt_cpu.yaml).
+# zoo's contenders: label -> training overrides (the same recipe: conf/experiment/nanogpt_cpu.yaml).
 TTT_RUNS: dict[str, tuple[str, ...]] = {
     "zoo, defaults": ("experiment=nanogpt_cpu",),
     "zoo, float32": ("experiment=nanogpt_cpu", "trainer.precision=32-true"),
@@ -81,21 +82,20 @@ def run_nanogpt_to_target(checkout: Path, work: Path, steps: int | None) -> Targ
     return TargetRun(evals, wall)
 
 
-def run_zoo_to_target(args: Sequence[str], text: Path, run_dir: Path, steps: int | None, root: Path = ROOT,
-                      extra: Sequence[str] = ()) -> TargetRun | str:
-    """zoo's train.py on `text`; each evaluation's time from summary.json's history, put on the spawn's clock
-    through the summary's own write time (its mtime, taken right after its wall_time_s)."""
+def run_zoo_to_target(args: Sequence[str], text: Path, run_dir: Path, steps: int | None, extra: Sequence[str] = (),
+                      train: Sequence[str] = TRAIN) -> TargetRun | str:
+    """zoo's training command (`train`) on `text`; each evaluation's time from summary.json's history, put on the
+    spawn's clock through the summary's own write time (its mtime, taken right after its wall_time_s)."""
     short = () if steps is None else (f"trainer.max_steps={steps}", f"trainer.val_check_interval={max(1, steps // 2)}",
                                       "optim.warmup_steps=2")
-    cmd = [sys.executable, str(root / "train.py"), *args, "data=text_file", f"data.path={text}",
-           f"hydra.run.dir={run_dir}", *short, *extra]
+    cmd = [*train, *args, "data=text_file", f"data.path={text}", f"hydra.run.dir={run_dir}", *short, *extra]
     spawned_at = time.time()
-    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=root, timeout=3600)
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=run_dir.parent, timeout=3600, env=child_env())
     wall = time.time() - spawned_at
     path = run_dir / "summary.json"
     if proc.returncode != 0 or not path.is_file():
         err = (proc.stderr.strip().splitlines() or ["?"])[-1][:200]
-        return f"`{shlex.join(cmd[1:])}` exited {proc.returncode}: {err}"
+        return f"`{shlex.join(['python', *cmd[1:]])}` exited {proc.returncode}: {err}"
     summary = json.loads(path.read_text())
     started = path.stat().st_mtime - summary["wall_time_s"] - spawned_at  # the run's clock, from the spawn
     evals = [(h["step"], h["val_loss"], started + h["wall_time_s"]) for h in summary["history"] if "val_loss" in h]
@@ -103,7 +103,7 @@ def run_zoo_to_target(args: Sequence[str], text: Path, run_dir: Path, steps: int
 
 
 @section("ttt")
-def section_ttt(sess: Session, root: Path = ROOT) -> str:
+def section_ttt(sess: Session, train: Sequence[str] = TRAIN) -> str:
     """Wall time from process start to the first evaluation at or below the target, zoo against nanoGPT,
     the contenders one after another in rotating order, `ttt_pairs` rounds."""
     s = sess.settings
@@ -126,7 +126,7 @@ def section_ttt(sess: Session, root: Path = ROOT) -> str:
                     run = run_nanogpt_to_target(s.nanogpt, work, s.ttt_steps)
                 else:
                     run = run_zoo_to_target(TTT_RUNS[name], s.text, Path(tmp) / f"zoo-{r}-{names.index(name)}",
-                                            s.ttt_steps, root, s.train_args)
+                                            s.ttt_steps, s.train_args, train)
                 said = run if isinstance(run, str) else f"{run.time_to(target)} s to {target}, wall {run.wall:.1f} s"
                 print(f"[zoo.bench] ttt round {r + 1}/{s.ttt_pairs} {name}: {said}", flush=True)
                 if isinstance(run, str):
@@ -159,8 +159,8 @@ def section_ttt(sess: Session, root: Path = ROOT) -> str:
         f"Wall time from process start until the validation loss first reaches **{target}**, for nanoGPT's own "
         f"`train.py` with its Shakespeare-char CPU recipe (`train.py config/train_shakespeare_char.py "
         f"{shlex.join(NANOGPT_CPU_ARGS)}`, data made by its own prepare.py from `{s.text.name}`) and for zoo's "
-        f"`train.py` with `data=text_file data.path=<the file>` and ({zoo_cmds}): the same 4-layer model, batch "
-        "and context on the same file (the last 10% is validation for both; nanoGPT estimates the loss on 20 "
+        f"`{train_command()}` with `data=text_file data.path=<the file>` and ({zoo_cmds}): the same 4-layer model, "
+        "batch and context on the same file (the last 10% is validation for both; nanoGPT estimates the loss on 20 "
         "random batches of it, zoo on 20 fixed windows), nanoGPT's schedule "
         "(2000 steps, evaluating every 250) but for the fast preset's own (800 steps, evaluating every 100; its "
         "learning rate and warm-up are what zoo's Optuna search picked: command and result in "
