@@ -1,8 +1,6 @@
 """study=speedrun's named variants (conf/speedrun/) and experiment=speedrun_gpt2, through the real config tree.
 
-The ingredient muon is optim=muon, a choice of the `optim` group (branch optim): where this checkout has no such
-group, the variants that hold it (add_muon, full, every drop_<x>) and the GPU preset cannot compose, and their
-tests are skipped, saying so."""
+The ingredient muon is optim=muon, a choice of the `optim` group (conf/optim/)."""
 
 import json
 import math
@@ -25,8 +23,6 @@ INGREDIENTS = {
     "zero_init": {"model.residual_init": "zero"}, "embed_skip": {"model.embed_skip": True},
     "value_embeddings": {"model.value_embeddings": 1}, "window": {"model.attention.window": 32},
 }
-HAS_OPTIM_GROUP = (CONF / "optim").is_dir()
-needs_optim = pytest.mark.skipif(not HAS_OPTIM_GROUP, reason="optim=muon needs the optim group (branch optim)")
 
 
 def _holds_muon(variant: str) -> bool:
@@ -63,14 +59,23 @@ def test_add_one_changes_nanogpt_in_that_ingredient_alone(ingredient):
     assert _diff(_flat("nanogpt"), _flat(f"add_{ingredient}")) == INGREDIENTS[ingredient]
 
 
-@needs_optim
+def test_muon_variants_keep_muons_learning_rates_and_the_others_the_studies_adamw():
+    """The study's shared setup pins no learning rate: AdamW keeps the studies' 1e-3 -> 1e-4 (its defaults), Muon
+    its own peak for the matrices and AdamW's for the rest, so adding Muon does not run it at AdamW's rate."""
+    nanogpt, muon = _flat("nanogpt"), _flat("add_muon")
+    assert (nanogpt["optim.lr"], nanogpt["optim.min_lr"], nanogpt["optim.betas"], nanogpt["optim.warmup_steps"]) == \
+        (1e-3, 1e-4, [0.9, 0.99], 50)
+    assert (muon["optim.lr"], muon["optim.min_lr"], muon["optim.adamw_lr"], muon["optim.warmup_steps"]) == \
+        (0.02, 0.002, 1e-3, 50)
+    assert all(k.startswith("optim") for k in _diff(nanogpt, muon))
+
+
 def test_the_full_recipe_holds_every_ingredient():
     changed = _diff(_flat("nanogpt"), _flat("full"))
     assert all(changed.get(k) == v for x in INGREDIENTS.values() for k, v in x.items())
     assert all(k.startswith("optim") or k in {k for x in INGREDIENTS.values() for k in x} for k in changed)
 
 
-@needs_optim
 @pytest.mark.parametrize("ingredient", INGREDIENTS)
 def test_full_less_one_changes_the_full_recipe_in_that_ingredient_alone(ingredient):
     full, nanogpt = _flat("full"), _flat("nanogpt")
@@ -83,8 +88,8 @@ def test_full_less_one_changes_the_full_recipe_in_that_ingredient_alone(ingredie
         assert changed == {k: nanogpt.get(k) for k in INGREDIENTS[ingredient]}
 
 
-@pytest.mark.parametrize("ingredient", [x for x in INGREDIENTS if x != "muon"])
-def test_each_variant_without_muon_trains(train, ingredient):
+@pytest.mark.parametrize("ingredient", INGREDIENTS)
+def test_each_variant_trains(train, ingredient):
     """The study's ingredients through the config tree, a few steps each (TINY: one layer, so one value table
     is read by the only layer, first and last)."""
     code, run_dir = train(["study=speedrun", f"speedrun=add_{ingredient}"])
@@ -98,7 +103,6 @@ def test_a_time_budget_stops_a_run_where_it_runs_out(train):
     assert code == 0 and s["status"] == "completed" and s["steps"] < 1000 and "val_loss" in s["final"]
 
 
-@needs_optim
 def test_the_gpu_preset_composes_and_learns_at_toy_size_on_cpu(train):
     toy = ["experiment=speedrun_gpt2", "data=shakespeare", "trainer=cpu", "compile=false", "model.d_model=48",
            "model.n_heads=2", "model.n_layers=6", "data.context=32", "model.attention.window=16", "data.batch_size=8",
