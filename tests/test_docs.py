@@ -115,13 +115,44 @@ def page(command: Command) -> str:
     return command.where.rsplit(":", 1)[0]
 
 
+def _line(command: Command) -> int:
+    return int(command.where.rsplit(":", 1)[1])
+
+
+def _writes(command: Command) -> str:
+    """What a command leaves for later ones to read: a run, a sweep, a study's sweep, or nothing."""
+    if not re.search(r"(^|&& |\s)(python train\.py|zoo train|python -m zoo train)\b", command.text):
+        return ""
+    return ("study" if "study=" in command.text else "sweep") if " -m " in f"{command.text} " else "run"
+
+
+def _reads(command: Command) -> set[str]:
+    """What the placeholders of a command read (fill_placeholders)."""
+    if re.search(r"<ckpt>|<run dir>|outputs/<date>", command.text):
+        return {"run"}
+    if re.search(r"study-[^ ]*<", command.text):
+        return {"study"}
+    if "multirun/<date>" in command.text:  # multirun/2*/*: a sweep's own dated directory
+        return {"sweep"}
+    return {"sweep", "study"} if re.search(r"<sweep dir>|<dir>", command.text) else set()
+
+
 def _in_order(commands: list[Command]) -> list[Command]:
-    """Document order (a file's code blocks and inline commands interleaved); a command repeated on a page runs
-    once there."""
+    """Document order (a file's code blocks and inline commands interleaved). A command runs once on a page; a
+    training command that an earlier page ran runs again only where a command after it on its page reads what it
+    writes (each page has its own checkout). Other commands may write files the page needs: they always run."""
     files = [str(p.relative_to(ROOT)) for p in DOCS]
-    key = lambda c: (files.index(page(c)), int(c.where.rsplit(":", 1)[1]))
-    seen: set[tuple[str, str]] = set()
-    return [c for c in sorted(commands, key=key) if not ((page(c), c.text) in seen or seen.add((page(c), c.text)))]
+    ordered = sorted(commands, key=lambda c: (files.index(page(c)), _line(c)))
+    ran: set[str] = set()
+    kept: list[Command] = []
+    for i, c in enumerate(ordered):
+        read_later = any(page(k) == page(c) and _writes(c) in _reads(k) for k in ordered[i + 1:])
+        if any(page(k) == page(c) and k.text == c.text for k in kept) or \
+                (c.text in ran and _writes(c) and not read_later):
+            continue
+        ran.add(c.text)
+        kept.append(c)
+    return kept
 
 
 COMMANDS = _in_order(collect())
