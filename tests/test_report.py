@@ -77,10 +77,11 @@ def test_steps_to_target_interpolates():
 
 def fake_run(d: Path, overrides: list[str], history: list[float] | None, status: str = "completed",
              metric: str = "val_loss", summary: bool = True) -> None:
-    """A run directory as train.py writes it; history = the metric at steps 10, 20, ..."""
+    """A run directory as train.py writes it; history = the metric at steps 10, 20, ..., each 1 + step / 2 seconds
+    into the run."""
     (d / ".hydra").mkdir(parents=True)
     (d / ".hydra" / "overrides.yaml").write_text("".join(f"- {o}\n" for o in overrides))
-    hist = [{metric: v, "step": 10 * (i + 1)} for i, v in enumerate(history or [])]
+    hist = [{metric: v, "step": 10 * (i + 1), "wall_time_s": 1 + 5 * (i + 1)} for i, v in enumerate(history or [])]
     (d / "metrics.csv").write_text("epoch,step,train_loss,val_loss\n0,1,5.0,\n")
     if not summary:
         return
@@ -140,6 +141,9 @@ def test_separated_variants_are_significant(tmp_path, capsys):
     # target = worst mean final, 2.1: relu crosses between steps 10 and 20 (3.0 -> 2.0: 10 + 0.9 * 10 = 19)
     assert "val_loss ≤ 2.1000" in md
     assert table["relu"][9] == f"{(19 + 20 + 21) / 3:.1f}"
+    assert table["relu"][10] == f"{(1 + 19 / 2 + 1 + 20 / 2 + 1 + 21 / 2) / 3:.1f}"  # seconds: on each run's clock
+    # gelu: seed 0 at step 28 (15 s), seed 1 at step 30 (16 s), seed 2 never
+    assert table["gelu"][9:11] == ["29.0 (2/3 seeds)", "15.5 (2/3 seeds)"]
     assert "relu vs gelu: 1.0000 lower val_loss (better), larger than seed noise (Welch t, p=" in md
     assert "Welch" in md and "p < 0.05" in md
     assert "relu vs gelu" in capsys.readouterr().out
@@ -181,8 +185,8 @@ def test_failed_and_diverged_runs_are_counted(tmp_path):
     fake_run(tmp_path / "6", ["ffn=gelu", "seed=3", "trainer.max_steps=30"], [2.0], status="interrupted")
     assert main([str(tmp_path)]) == 0
     table = rows((tmp_path / "report.md").read_text())
-    assert (table["relu"][8], table["relu"][10:]) == ("2", ["1", "0"])  # seeds, diverged, failed
-    assert (table["gelu"][8], table["gelu"][10:]) == ("2", ["0", "2"])  # crashed and interrupted both failed
+    assert (table["relu"][8], table["relu"][11:]) == ("2", ["1", "0"])  # seeds, diverged, failed
+    assert (table["gelu"][8], table["gelu"][11:]) == ("2", ["0", "2"])  # crashed and interrupted both failed
 
 
 def test_all_runs_failed_still_reports(tmp_path):

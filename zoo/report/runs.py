@@ -56,14 +56,15 @@ class Run:
         except (KeyError, IndexError, TypeError, ValueError):
             return False
 
-    def history(self, metric: str) -> list[tuple[float, float]]:
-        """(step, value) of every evaluation; from summary.json, else from metrics.csv."""
+    def history(self, metric: str, at: str = "step") -> list[tuple[float, float]]:
+        """(step, value) of every evaluation; from summary.json, else from metrics.csv. at="wall_time_s": (seconds
+        into the run, value) instead, where the summary records them."""
         rows = (self.summary or {}).get("history") or self.csv_history
         out = []
         for row in rows:
-            value, step = row.get(metric), row.get("step")
-            if value is not None and step is not None and math.isfinite(float(value)):
-                out.append((float(step), float(value)))
+            value, x = row.get(metric), row.get(at)
+            if value is not None and x is not None and math.isfinite(float(value)):
+                out.append((float(x), float(value)))
         return out
 
     def final(self, metric: str) -> float | None:

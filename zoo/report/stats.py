@@ -64,8 +64,9 @@ def welch_test(a, b) -> Welch | None:
 def steps_to_target(history, target: float, higher: bool = False) -> float | None:
     """The first step at which the metric reaches `target`, linearly interpolated between evaluations.
 
-    history: (step, value) pairs. If the first evaluation already reaches the target, its step is
-    returned (nothing is known before it); None when the target is never reached."""
+    history: (step, value) pairs; (seconds, value) pairs give the time to the target the same way. If the first
+    evaluation already reaches the target, its step is returned (nothing is known before it); None when the target
+    is never reached."""
     prev = None
     for step, value in sorted((float(s), float(v)) for s, v in history if v is not None and math.isfinite(v)):
         if (value >= target) if higher else (value <= target):

@@ -113,6 +113,7 @@ class Row:
     best: tuple[float, float, int]
     best_ci: tuple[float, float] | None
     steps: list[float | None]  # steps to target, per ok run
+    seconds: list[float | None]  # seconds into the run to target (its wall clock, evaluations included), per ok run
 
 
 def _params_from_config(run: Run) -> tuple[float | None, float | None]:
@@ -148,7 +149,8 @@ def make_rows(variants: list[Variant], metric: str, target: float, higher: bool)
         rows.append(Row(v, params, active if active != params else None, flops,
                         sum(speeds) / len(speeds) if speeds else None, sum(r.busy for r in timed),
                         mean_std(finals), confidence_interval(finals), mean_std(bests), confidence_interval(bests),
-                        [steps_to_target(r.history(metric), target, higher) for r in ok]))
+                        [steps_to_target(r.history(metric), target, higher) for r in ok],
+                        [steps_to_target(r.history(metric, "wall_time_s"), target, higher) for r in ok]))
     return rows
 
 
@@ -165,7 +167,7 @@ def _ci(ci: tuple[float, float] | None, n: int) -> str:
     return f"[{fmt(ci[0])}, {fmt(ci[1])}]"
 
 
-def _steps(values: list[float | None]) -> str:
+def _reached(values: list[float | None]) -> str:
     hit = [s for s in values if s is not None]
     if not hit:
         return "-"
@@ -178,7 +180,8 @@ def table(rows: list[Row], factors: list[str], metric: str, target: float, highe
     running = any(r.variant.count("running") for r in rows)  # a column only while a sweep is still going
     head = (factors or ["variant"]) + ["params", "FLOPs/token (train)", "tok/s", f"final {metric} (mean ± std)",
                                        "final 95% CI", f"best {metric} (mean ± std)", "best 95% CI", "seeds",
-                                       f"steps to {metric} {op} {fmt(target)}", "diverged", "failed"]
+                                       f"steps to {metric} {op} {fmt(target)}", "seconds to target", "diverged",
+                                       "failed"]
     head += ["running"] if running else []
     body = []
     for r in rows:
@@ -187,7 +190,7 @@ def table(rows: list[Row], factors: list[str], metric: str, target: float, highe
         speed = _human(r.tok_s) + (" (busy)" if r.busy else "")
         params = _human(r.params) + (f" ({_human(r.active)} active)" if r.active is not None else "")
         cells += [params, _human(r.flops), speed, _ms(r.final), _ci(r.final_ci, n),
-                  _ms(r.best), _ci(r.best_ci, r.best[2]), str(n), _steps(r.steps),
+                  _ms(r.best), _ci(r.best_ci, r.best[2]), str(n), _reached(r.steps), _reached(r.seconds),
                   str(r.variant.count("diverged")), str(r.variant.count(*FAILED))]
         cells += [str(r.variant.count("running"))] if running else []
         body.append(cells)
@@ -320,7 +323,8 @@ class Report:
                     else "No override varies except the seed."), "", _markdown_table(self.table)]
         lines += ["", f"Target: {self.metric} {op} {fmt(self.target)} "
                   f"({self.target_note}); steps are the mean over seeds of the first step reaching it, linearly "
-                  "interpolated between evaluations ('-': never reached; (k/n): reached by k of n seeds). "
+                  "interpolated between evaluations ('-': never reached; (k/n): reached by k of n seeds), and "
+                  "seconds the same on each run's wall clock (its evaluations' time included). "
                   "Diverged and failed runs (failed, interrupted, killed, or an unreadable summary.json) are "
                   "counted, not averaged; running ones are neither."]
         lines += ["", BUSY] if self.busy else []
