@@ -372,3 +372,13 @@ def test_muon_trains_under_ddp_on_cpu(tmp_path):
     s = json.loads((tmp_path / "summary.json").read_text())
     assert s["status"] == "completed" and s["steps"] == 4 and s["optim"]["name"] == "muon"
     assert s["tokens_seen"] == 2 * 4 * 4 * 16  # two processes, each with its own batches
+
+
+def test_muon_on_a_torch_without_it_is_one_line(monkeypatch):
+    """pyproject allows torch>=2.5, older than torch.optim.Muon: the run is refused before anything is built."""
+    from zoo.optim import check
+
+    monkeypatch.delattr(torch.optim, "Muon")
+    with pytest.raises(ConfigError, match=r"^optim: muon needs torch.optim.Muon \(torch 2.9 or newer\)"):
+        check({"name": "muon"}, {})
+    check({"name": "adamw"}, {})  # AdamW trains on any torch zoo supports

@@ -38,6 +38,11 @@ def shown(overrides: Sequence[str]) -> str:
     return " ".join([train_command(), shlex.join(overrides)])
 
 
+def typed(cmd: Sequence[str]) -> str:
+    """A child's command as a user types it: `python ...` for this interpreter's full path."""
+    return shlex.join(["python", *cmd[1:]])
+
+
 def run_probe(args: Sequence[str], s: Settings, timeout: int) -> dict | str:
     """`python -m zoo.bench <args>` in a fresh process (its memory is its own): the JSON it prints last, or why
     it failed, in one line."""
@@ -74,7 +79,7 @@ def run_training(cmd: list[str], workdir: Path) -> tuple[dict, Path, float, str]
     wall, load = time.time() - started, f"{load_before} -> {load_average(short=True)}"
     if proc.returncode != 0:
         err = (proc.stderr.strip().splitlines() or ["?"])[-1][:200]
-        return f"failed: `{shlex.join(['python', *cmd[1:]])}` exited {proc.returncode}: {err}\n"
+        return f"failed: `{typed(cmd)}` exited {proc.returncode}: {err}\n"
     summary_path = _find_summary(proc.stdout + "\n" + proc.stderr, workdir, started)
     if summary_path is None:
         return "failed: no summary.json found in the run's output or run directories\n"

@@ -55,6 +55,9 @@ class Muon:
 
     @staticmethod
     def check(values: Mapping, run: Mapping) -> None:
+        if not hasattr(torch.optim, "Muon"):  # pyproject allows torch>=2.5; Muon came with torch 2.9
+            raise ConfigError(f"optim: muon needs torch.optim.Muon (torch 2.9 or newer), and this is torch "
+                              f"{torch.__version__}; valid: optim=adamw, or a newer torch")
         check_schedule(values)
         check_adamw(values)
         if not is_number(values["adamw_lr"]) or values["adamw_lr"] <= 0:

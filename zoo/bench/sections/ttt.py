@@ -19,7 +19,7 @@ from pathlib import Path
 from unittest import mock
 
 from zoo.bench.markdown import ratio, table
-from zoo.bench.processes import TRAIN, child_env
+from zoo.bench.processes import TRAIN, child_env, typed
 from zoo.bench.registry import section
 from zoo.bench.session import Session
 from zoo.cli.common import train_command
@@ -95,7 +95,7 @@ def run_zoo_to_target(args: Sequence[str], text: Path, run_dir: Path, steps: int
     path = run_dir / "summary.json"
     if proc.returncode != 0 or not path.is_file():
         err = (proc.stderr.strip().splitlines() or ["?"])[-1][:200]
-        return f"`{shlex.join(['python', *cmd[1:]])}` exited {proc.returncode}: {err}"
+        return f"`{typed(cmd)}` exited {proc.returncode}: {err}"
     summary = json.loads(path.read_text())
     started = path.stat().st_mtime - summary["wall_time_s"] - spawned_at  # the run's clock, from the spawn
     evals = [(h["step"], h["val_loss"], started + h["wall_time_s"]) for h in summary["history"] if "val_loss" in h]
