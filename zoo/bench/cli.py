@@ -50,6 +50,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's default)")
     p.add_argument("--text", default=None, help="ttt: the text file both sides train on (e.g. tinyshakespeare.txt)")
     p.add_argument("--ttt-pairs", type=int, default=None, help="ttt: rounds of every contender (default 3)")
+    p.add_argument("--ttt-target", type=float, default=None,
+                   help="ttt: the validation loss to reach (default: nanoGPT's own final one on the file)")
     p.add_argument("--device", default="cpu", help="cpu, or cuda / cuda:N for the mfu section on a GPU")
     p.add_argument("--peak-tflops", type=float, default=None,
                    help="a datasheet's dense bf16 peak in TFLOP/s (e.g. 989 for an H100 SXM): MFU against it too")
@@ -99,6 +101,8 @@ def settings_from_args(a: argparse.Namespace) -> Settings:
         over["text"] = Path(a.text).expanduser().resolve()
     if a.ttt_pairs:
         over["ttt_pairs"] = a.ttt_pairs
+    if a.ttt_target is not None:
+        over["ttt_target"] = a.ttt_target
     over["train_args"] = tuple(shlex.split(a.train_args))
     over["threads"] = a.threads
     over["device"], over["peak_tflops"] = a.device, a.peak_tflops

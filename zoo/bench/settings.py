@@ -57,7 +57,7 @@ class Settings:
     precision_steps: int = 150
     text: Path | None = None  # the ttt section's corpus: a text file (nanoGPT's tinyshakespeare for its figures)
     ttt_pairs: int = 3
-    ttt_target: float = 1.886  # the val loss nanoGPT's Shakespeare-char CPU recipe ends at (its README: ~1.88)
+    ttt_target: float | None = None  # None: nanoGPT's own final val loss on the file (median of its rounds)
     ttt_steps: int | None = None  # None: the recipe's 2000; a smoke run shortens both sides
     convert_llama: str = "1b"  # a key of CONVERT_LLAMAS
     attention_lengths: tuple[int, ...] = (64, 128, 192, 256, 512, 768, 1024)  # key lengths of the choices section

@@ -112,7 +112,6 @@ def section_ttt(sess: Session, train: Sequence[str] = TRAIN) -> str:
         return head + "skipped: needs `--nanogpt <karpathy/nanoGPT checkout>` and `--text <text file>`\n"
     if not s.text.is_file():
         return head + f"skipped: --text {s.text}: no such file\n"
-    target = s.ttt_target
     names = ["nanoGPT", *TTT_RUNS]
     runs: dict[str, list[TargetRun]] = {n: [] for n in names}
     failures: list[str] = []
@@ -127,7 +126,7 @@ def section_ttt(sess: Session, train: Sequence[str] = TRAIN) -> str:
                 else:
                     run = run_zoo_to_target(TTT_RUNS[name], s.text, Path(tmp) / f"zoo-{r}-{names.index(name)}",
                                             s.ttt_steps, s.train_args, train)
-                said = run if isinstance(run, str) else f"{run.time_to(target)} s to {target}, wall {run.wall:.1f} s"
+                said = run if isinstance(run, str) else f"final val_loss {run.evals[-1][1]:.4f}, wall {run.wall:.1f} s"
                 print(f"[zoo.bench] ttt round {r + 1}/{s.ttt_pairs} {name}: {said}", flush=True)
                 if isinstance(run, str):
                     failures.append(f"{name}: {run}")
@@ -137,6 +136,11 @@ def section_ttt(sess: Session, train: Sequence[str] = TRAIN) -> str:
     def med(values: list[float | None]) -> float | None:
         return None if not values or None in values else statistics.median(values)
 
+    # the target: nanoGPT's own final validation loss on this file, unless one is given
+    own = med([run.evals[-1][1] for run in runs["nanoGPT"]])
+    target = s.ttt_target if s.ttt_target is not None else own
+    if target is None:
+        return head + f"Failed: nanoGPT finished no round, so there is no target. {'; '.join(failures)}\n"
     base = med([run.time_to(target) for run in runs["nanoGPT"]])
     base_wall = med([run.wall for run in runs["nanoGPT"]])
 
@@ -156,7 +160,9 @@ def section_ttt(sess: Session, train: Sequence[str] = TRAIN) -> str:
                      f"{statistics.median(shares):.1%}" if shares else "-"])
     zoo_cmds = "; ".join(f"{name}: `{shlex.join(args)}`" for name, args in TTT_RUNS.items())
     return head + "\n".join([
-        f"Wall time from process start until the validation loss first reaches **{target}**, for nanoGPT's own "
+        f"Wall time from process start until the validation loss first reaches **{target:.4f}** "
+        + ("(given)" if s.ttt_target is not None else "(nanoGPT's own final validation loss here, the median of its "
+           "rounds)") + ", for nanoGPT's own "
         f"`train.py` with its Shakespeare-char CPU recipe (`train.py config/train_shakespeare_char.py "
         f"{shlex.join(NANOGPT_CPU_ARGS)}`, data made by its own prepare.py from `{s.text.name}`) and for zoo's "
         f"`{train_command()}` with `data=text_file data.path=<the file>` and ({zoo_cmds}): the same 4-layer model, "
