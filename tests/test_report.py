@@ -123,7 +123,7 @@ def rows(md: str) -> dict[str, list[str]]:
 
 def jobs(md: str) -> list[dict[str, str]]:
     """The job table of report.md as {column: cell} per job."""
-    head, *body = tables(md)[1]
+    head, *body = next(t for t in tables(md) if t[0][0] == "job")
     return [dict(zip(head, r, strict=True)) for r in body]
 
 
@@ -159,6 +159,32 @@ def test_overlapping_variants_and_baseline(tmp_path):
     assert "val_loss ≤ 1.5000" in md
     assert rows(md)["relu"][9] == "17.5 (2/3 seeds)"  # seed 0 reaches 1.5 at step 15, seed 1 at 20, seed 2 never
     assert main([str(tmp_path), "--baseline", "ffn=nope"]) == 2
+
+
+def test_effects_against_the_baseline_have_welch_intervals(tmp_path):
+    """Each variant's difference from the baseline in final loss, steps and seconds to the target, with the interval
+    scipy's Welch test gives; a time some seed never reached is not compared."""
+    sweep(tmp_path, {"relu": [[3.0, 2.0, 1.0], [3.1, 2.1, 1.1], [3.2, 2.2, 1.2]],
+                     "gelu": [[3.0, 2.5, 1.5], [3.0, 2.6, 1.6], [3.0, 2.7, 1.8]],
+                     "swiglu": [[3.0, 2.9, 2.6], [3.0, 2.0, 1.0], [3.0, 2.0, 1.0]]})
+    assert main([str(tmp_path), "--baseline", "ffn=gelu", "--target", "2.5"]) == 0
+    md = (tmp_path / "report.md").read_text()
+    assert "## Effects against gelu" in md
+    effects = {cells[0]: cells for cells in next(t for t in tables(md) if t[0][0] == "variant")}
+    assert set(effects) == {"variant", "relu", "swiglu"}
+
+    def cell(a, b):
+        r = stats.ttest_ind(a, b, equal_var=False)
+        lo, hi = r.confidence_interval(0.95)
+        return f"{sum(a) / 3 - sum(b) / 3:+.4g} [{lo:+.4g}, {hi:+.4g}], p={r.pvalue:.2g}"
+
+    # 2.5 is crossed by relu at steps 15, 16, 17 and by gelu at 20, 21, 22.22 (2.7 -> 1.8 between 20 and 30)
+    relu_steps, gelu_steps = [15, 16, 17], [20, 21, 20 + 0.2 / 0.9 * 10]
+    assert effects["relu"][1] == cell([1.0, 1.1, 1.2], [1.5, 1.6, 1.8])
+    assert effects["relu"][2] == cell(relu_steps, gelu_steps)
+    assert effects["relu"][3] == cell([1 + s / 2 for s in relu_steps], [1 + s / 2 for s in gelu_steps])
+    assert effects["swiglu"][2] == effects["swiglu"][3] == "- (reached by 2/3 seeds)"
+    assert effects["swiglu"][1].startswith(f"{(2.6 + 1.0 + 1.0) / 3 - (1.5 + 1.6 + 1.8) / 3:+.4g} [")
 
 
 def test_one_seed_has_no_interval(tmp_path):
@@ -493,10 +519,10 @@ def test_report_html_renders_in_chromium(multirun, tmp_path):
     out = tmp_path / "report"
     assert main([str(multirun), "--out", str(out)]) == 0
     counts, console = render(out / "report.html")
-    assert counts == {"images": 2, "broken": 0, "tables": 2} and console == []
+    assert counts == {"images": 2, "broken": 0, "tables": 3} and console == []  # variants, effects, jobs
     # the probe sees what it must: a corrupt image, a missing table, a script error
     page = (out / "report.html").read_text()
     (out / "bad.html").write_text(page.replace("base64,iVBOR", "base64,AAAA", 1)
                                   .replace("<table", "<div", 1).replace("</body>", "<script>nope()</script></body>"))
     counts, console = render(out / "bad.html")
-    assert counts["broken"] == 1 and counts["tables"] == 1 and any("nope is not defined" in c for c in console)
+    assert counts["broken"] == 1 and counts["tables"] == 2 and any("nope is not defined" in c for c in console)

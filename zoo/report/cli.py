@@ -12,7 +12,17 @@ from zoo.report.ladder import build_ladder
 from zoo.report.plots import plot_curves, plot_final, plot_ladder
 from zoo.report.runs import ReportError, load_runs, match_jobs, metric_direction
 from zoo.report.stats import mean_std
-from zoo.report.tables import Report, comparisons, find_baseline, group_variants, make_rows, parse_baseline, table
+from zoo.report.tables import (
+    Report,
+    comparisons,
+    effects_table,
+    find_baseline,
+    group_variants,
+    make_rows,
+    parse_baseline,
+    reference,
+    table,
+)
 
 
 def build_report(root: Path, metric: str = "val_loss", target: float | None = None,
@@ -38,12 +48,16 @@ def build_report(root: Path, metric: str = "val_loss", target: float | None = No
     else:
         target, note = math.nan, "no completed run"
     rows = make_rows(variants, metric, target, higher)
+    ref = None
     if ladder is None:
         intro, sentences = comparisons(rows, metric, base, higher)
+        ref = reference(rows, base, higher)
     else:  # a ladder compares each variant with the baseline across sizes: its verdicts
         intro, sentences = f"each variant against {ladder.baseline} across sizes", ladder.sentences()
     return Report(root, metric, higher, target, note, factors, rows, table(rows, factors, metric, target, higher),
-                  intro, sentences, len(runs), match_jobs(root, runs), ladder=ladder)
+                  intro, sentences, len(runs), match_jobs(root, runs), ladder=ladder,
+                  effects=None if ref is None else effects_table(rows, ref, metric),
+                  effects_ref="" if ref is None else ref.variant.label)
 
 
 def write_report(report: Report, out_dir: Path) -> list[Path]:

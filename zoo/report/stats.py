@@ -45,6 +45,12 @@ class Welch:
     t: float
     df: float
     p: float  # two-sided
+    se: float  # the difference's standard error, sqrt(var(a)/n_a + var(b)/n_b)
+
+    def interval(self, level: float = LEVEL) -> tuple[float, float]:
+        """The difference's interval, diff +- t((1 + level) / 2, df) * se (Welch-Satterthwaite df)."""
+        half = float(stats.t.ppf(0.5 + level / 2.0, self.df)) * self.se if self.se else 0.0
+        return self.diff - half, self.diff + half
 
 
 def welch_test(a, b) -> Welch | None:
@@ -56,9 +62,9 @@ def welch_test(a, b) -> Welch | None:
     va, vb = sa * sa / na, sb * sb / nb
     diff = ma - mb
     if va + vb == 0.0:  # no spread at all: any difference is certain, none is none (scipy says nan)
-        return Welch(diff, math.inf if diff else 0.0, na + nb - 2.0, 0.0 if diff else 1.0)
+        return Welch(diff, math.inf if diff else 0.0, na + nb - 2.0, 0.0 if diff else 1.0, 0.0)
     r = stats.ttest_ind([float(v) for v in a], [float(v) for v in b], equal_var=False)
-    return Welch(diff, float(r.statistic), float(r.df), float(r.pvalue))
+    return Welch(diff, float(r.statistic), float(r.df), float(r.pvalue), math.sqrt(va + vb))
 
 
 def steps_to_target(history, target: float, higher: bool = False) -> float | None:

@@ -197,19 +197,27 @@ def table(rows: list[Row], factors: list[str], metric: str, target: float, highe
     return pd.DataFrame(body, columns=head)
 
 
-def comparisons(rows: list[Row], metric: str, baseline: Variant | None, higher: bool) -> tuple[str, list[str]]:
-    """(what the sentences compare against, one sentence per other variant)."""
-    scored = [r for r in rows if r.final[2] > 0]
+def reference(rows: list[Row], baseline: Variant | None, higher: bool) -> Row | None:
+    """The row every other is compared with: the baseline's, else the best by mean final value (None: there is
+    no baseline row with a completed run, or fewer than two variants have one)."""
     if baseline is not None:
         ref = next((r for r in rows if r.variant is baseline), None)
-        if ref is None or ref.final[2] == 0:
+        return ref if ref is not None and ref.final[2] > 0 else None
+    scored = [r for r in rows if r.final[2] > 0]
+    return (max if higher else min)(scored, key=lambda r: r.final[0]) if len(scored) >= 2 else None
+
+
+def comparisons(rows: list[Row], metric: str, baseline: Variant | None, higher: bool) -> tuple[str, list[str]]:
+    """(what the sentences compare against, one sentence per other variant)."""
+    ref = reference(rows, baseline, higher)
+    if baseline is not None:
+        if ref is None:
             return f"baseline {baseline.label}", [f"The baseline {baseline.label} has no completed run with "
                                                    f"{metric}; nothing to compare against."]
         intro = f"each variant against the baseline {ref.variant.label}"
     else:
-        if len(scored) < 2:
+        if ref is None:
             return "", []
-        ref = (max if higher else min)(scored, key=lambda r: r.final[0])
         intro = f"the best variant ({ref.variant.label}, by mean final {metric}) against each other variant"
     out = []
     for r in rows:
@@ -235,6 +243,28 @@ def comparisons(rows: list[Row], metric: str, baseline: Variant | None, higher: 
         else:
             out.append(f"{head}, within seed noise (Welch t, p={w.p:.2g}, {n}).")
     return intro, out
+
+
+def _effect(a: list[float | None], b: list[float | None]) -> str:
+    """The difference of a's mean from b's, its 95% interval (Welch) and p; what is missing where a seed of either
+    never reached the value (a time to a target) or a group has one seed."""
+    missing = [f"{sum(x is not None for x in g)}/{len(g)}" for g in (a, b) if None in g]
+    if missing:
+        return f"- (reached by {' and '.join(missing)} seeds)"
+    w = welch_test(a, b)
+    if w is None:
+        return f"{sum(a) / len(a) - sum(b) / len(b):+.4g} (1 seed: no interval)" if a and b else "-"
+    lo, hi = w.interval()
+    return f"{w.diff:+.4g} [{lo:+.4g}, {hi:+.4g}], p={w.p:.2g}"
+
+
+def effects_table(rows: list[Row], ref: Row, metric: str) -> pd.DataFrame:
+    """Each variant's effect against ref: the difference of the means of its final value, of its steps to the
+    target and of its seconds to it, each with its 95% interval and Welch's p."""
+    body = [[r.variant.label, _effect(r.variant.finals(metric), ref.variant.finals(metric)),
+             _effect(r.steps, ref.steps), _effect(r.seconds, ref.seconds)]
+            for r in rows if r is not ref and r.final[2] > 0]
+    return pd.DataFrame(body, columns=["variant", f"Δ final {metric}", "Δ steps to target", "Δ seconds to target"])
 
 
 def jobs_table(plan: Plan, root: Path) -> pd.DataFrame:
@@ -267,6 +297,9 @@ VERDICT_TEXT = ("Each variant's gap to {baseline} (mean final {metric} of the va
                 "flips: beyond seed noise at both ends, with opposite signs; grows / shrinks: the change is beyond "
                 "noise; holds: the same sign beyond noise at both ends and a change within noise; else "
                 "inconclusive. Beyond noise: p < 0.05.")
+EFFECTS = ("Each variant's mean minus {ref}'s: of the final {metric}, of the steps to the target and of the seconds to "
+           "it (negative: lower, or sooner), with the difference's 95% interval (Student t, Welch-Satterthwaite "
+           "degrees of freedom) and Welch's p. A time is compared only where every seed of both reached the target.")
 BUSY = ("tok/s marked (busy): at least one of the runs averaged ended while the machine's 1-minute load average "
         "exceeded its core count, so its speed was shared with other work.")
 
@@ -292,13 +325,20 @@ class Report:
     plan: Plan
     plots: list[tuple[str, str]] = field(default_factory=list)  # (file name, caption)
     ladder: Ladder | None = None  # a sweep over sizes (zoo.report.ladder)
+    effects: pd.DataFrame | None = None  # each variant's differences from the reference row (effects_table)
+    effects_ref: str = ""  # that row's label
 
-    def ladder_sections(self) -> list[tuple[str, str, pd.DataFrame]]:
-        """(heading, what it shows, table) for a ladder's ranking, fits and verdicts."""
+    def sections(self) -> list[tuple[str, str, pd.DataFrame]]:
+        """(heading, what it shows, table) for the effects against the reference, and a ladder's ranking, fits
+        and verdicts."""
+        out = []
+        if self.effects is not None and len(self.effects):
+            out.append((f"Effects against {self.effects_ref}", EFFECTS.format(metric=self.metric,
+                                                                              ref=self.effects_ref), self.effects))
         lad = self.ladder
         if lad is None:
-            return []
-        return [("Ranking at each size", f"Mean final {self.metric} over seeds, its 95% interval (Student t) and "
+            return out
+        return out + [("Ranking at each size", f"Mean final {self.metric} over seeds, its 95% interval (Student t) and "
                  "its rank at that size; ranks whose intervals overlap are not told apart by these seeds.",
                  lad.ranking_table()),
                 ("Fits against compute", FITS.format(metric=self.metric), lad.fits_table()),
@@ -328,7 +368,7 @@ class Report:
                   "Diverged and failed runs (failed, interrupted, killed, or an unreadable summary.json) are "
                   "counted, not averaged; running ones are neither."]
         lines += ["", BUSY] if self.busy else []
-        for head, text, df in self.ladder_sections():
+        for head, text, df in self.sections():
             lines += ["", f"## {head}", "", text, "", _markdown_table(df)]
         lines += ["", "## Jobs", "", self.jobs_line(), "", _markdown_table(jobs_table(self.plan, self.root))]
         lines += ["", "## Method", "", METHOD.format(metric=self.metric), "", "## Comparisons", ""]
@@ -355,7 +395,7 @@ class Report:
                  f"<p>Target: {e(self.metric)} {op} {e(fmt(self.target))} ({e(self.target_note)}); steps "
                  "interpolated between evaluations.</p>"]
         parts += [f"<p>{e(BUSY)}</p>"] if self.busy else []
-        for head, text, df in self.ladder_sections():
+        for head, text, df in self.sections():
             parts += [f"<h2>{e(head)}</h2>", f"<p>{e(text)}</p>", df.to_html(index=False, border=0, classes="ladder")]
         parts += ["<h2>Jobs</h2>", f"<p>{e(self.jobs_line())}</p>",
                   jobs_table(self.plan, self.root).to_html(index=False, border=0, classes="jobs"),
