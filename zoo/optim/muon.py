@@ -24,6 +24,9 @@ from zoo.optim.adamw import AdamWOptions, adamw, check_adamw
 from zoo.registry import OPTIM
 
 MAX_NS_STEPS = 99  # torch.optim.Muon refuses 100 or more
+# Lightning's strategies (every name containing one of these) whose optimizer sees shards, not whole matrices
+SHARDING = {"fsdp": "FSDP shards each weight matrix across processes",
+            "deepspeed": "DeepSpeed's ZeRO hands the optimizer flat shards of the parameters"}
 
 
 @dataclass(kw_only=True)
@@ -70,10 +73,12 @@ class Muon:
             raise ConfigError("optim: muon with model.parametrization=mup: muP's per-width learning rates (zoo/mup.py) "
                               "are AdamW's, while Muon sets each matrix's update scale from its shape itself; valid: "
                               "optim=adamw with mup, or optim=muon with model.parametrization=standard")
-        if "fsdp" in str((run.get("trainer") or {}).get("strategy", "")):
-            raise ConfigError("optim: muon with trainer.strategy=fsdp: FSDP shards each weight matrix across "
-                              "processes, and Muon orthogonalises whole matrices; valid: optim=adamw with fsdp, or "
-                              "optim=muon with trainer=ddp (or one device)")
+        strategy = str((run.get("trainer") or {}).get("strategy", ""))
+        sharding = next((why for name, why in SHARDING.items() if name in strategy), None)
+        if sharding:
+            raise ConfigError(f"optim: muon with trainer.strategy={strategy}: {sharding}, and Muon orthogonalises "
+                              f"whole matrices; valid: optim=adamw with {strategy}, or optim=muon with trainer=ddp "
+                              "(or one device)")
 
     @staticmethod
     def takes(model: nn.Module) -> dict[str, list[tuple[str, nn.Parameter]]]:
