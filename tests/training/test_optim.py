@@ -209,7 +209,8 @@ BAD = [  # (overrides, the one-line error after "error: ")
     (["optim=muon", "optim.min_lr=0.5"], "optim.min_lr: got 0.5; valid: a number in [0, optim.lr=0.02]"),
     (["optim=muon", "optim.adjust_lr_fn=keller"],
      "optim.adjust_lr_fn: unknown 'keller'; valid: original, match_rms_adamw"),
-    (["optim=muon", "model.parametrization=mup"], "optim: muon with model.parametrization=mup: muP's per-width"),
+    (["optim=muon", "model.parametrization=mup", "optim.adjust_lr_fn=match_rms_adamw"],
+     "optim.adjust_lr_fn: 'match_rms_adamw' with model.parametrization=mup gives each matrix AdamW's step size"),
     (["optim.name=lion"], "optim.name: unknown optimizer 'lion'; valid: adamw, muon"),
 ]
 
