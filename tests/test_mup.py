@@ -150,9 +150,22 @@ def batch(n: int, context: int, seed: int) -> torch.Tensor:
     return torch.stack([ids[s: s + context + 1] for s in starts])
 
 
-def coordinate_changes(parametrization: str, d_model: int, steps: int = 10) -> dict[str, float]:
-    """mean |output after `steps` AdamW steps - output at init| of the embedding, each block and the logits, on
-    one fixed batch (the `mup` package's coord check looks at the same)."""
+def muon_steps(model, tokens: torch.Tensor, steps: int) -> None:
+    """A few steps of zoo's optim=muon at its default peak learning rates (Muon 0.02, AdamW 1e-3) on one batch."""
+    from zoo.optim import resolve
+    from zoo.registry import OPTIM
+
+    opt = OPTIM.get("muon").build(model, resolve({"name": "muon"}).options, torch.device("cpu"), "32-true")
+    for _ in range(steps):
+        loss = F.cross_entropy(run(model, tokens[:, :-1]).flatten(0, 1), tokens[:, 1:].flatten())
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+
+
+def coordinate_changes(parametrization: str, d_model: int, steps: int = 10, train=adamw_steps) -> dict[str, float]:
+    """mean |output after `steps` AdamW steps (or `train`'s) - output at init| of the embedding, each block and
+    the logits, on one fixed batch (the `mup` package's coord check looks at the same)."""
     tokens = batch(4, 32, seed=0)
     model = build_model(ladder_cfg(parametrization, d_model, shakespeare()[1], 32), seed=0)
     layers = {"embedding": model.embed, **{f"block {i}": b for i, b in enumerate(model.decoder.blocks)},
@@ -163,7 +176,7 @@ def coordinate_changes(parametrization: str, d_model: int, steps: int = 10) -> d
     with torch.no_grad():
         model(tokens[:, :-1])
     at_init = dict(outputs)
-    adamw_steps(model, tokens, steps)
+    train(model, tokens, steps)
     with torch.no_grad():
         model(tokens[:, :-1])
     return {name: (outputs[name] - at_init[name]).abs().mean().item() for name in layers}
@@ -191,6 +204,16 @@ def test_coordinate_check_mup_flat_across_widths_standard_grows():
     # square root (0.62): the same learning rate is a bigger step for a wider model.
     blocks = [s for layer, s in slopes["standard"].items() if layer.startswith("block")]
     assert min(blocks) > 1.0 and slopes["standard"]["logits"] > 0.4, slopes["standard"]
+
+
+def test_coordinate_check_muon_under_mup_is_flat_across_widths():
+    """optim=muon with model.parametrization=mup (the ladders' muP, study=speedrun's Muon variants): Muon takes every
+    matrix whose learning rate muP would scale and sets its step from the matrix's shape (adjust_lr_fn=original),
+    AdamW the rest at muP's unscaled rates, and muP's init and output multiplier stay. Every layer's update is then
+    the same size at every width, as with AdamW (under the standard parametrization the blocks' grow with it)."""
+    changes = [coordinate_changes("mup", d, train=muon_steps) for d in WIDTHS]
+    slopes = {layer: log_slope(WIDTHS, [c[layer] for c in changes]) for layer in changes[0]}
+    assert all(abs(s) < 0.25 for s in slopes.values()), slopes
 
 
 # ---- learning-rate transfer: the best learning rate of the narrow model is the wide model's

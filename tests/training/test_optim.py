@@ -209,7 +209,8 @@ BAD = [  # (overrides, the one-line error after "error: ")
     (["optim=muon", "optim.min_lr=0.5"], "optim.min_lr: got 0.5; valid: a number in [0, optim.lr=0.02]"),
     (["optim=muon", "optim.adjust_lr_fn=keller"],
      "optim.adjust_lr_fn: unknown 'keller'; valid: original, match_rms_adamw"),
-    (["optim=muon", "model.parametrization=mup"], "optim: muon with model.parametrization=mup: muP's per-width"),
+    (["optim=muon", "model.parametrization=mup", "optim.adjust_lr_fn=match_rms_adamw"],
+     "optim.adjust_lr_fn: 'match_rms_adamw' with model.parametrization=mup gives each matrix AdamW's step size"),
     (["optim.name=lion"], "optim.name: unknown optimizer 'lion'; valid: adamw, muon"),
 ]
 
@@ -224,12 +225,20 @@ def test_a_bad_option_is_one_line_before_data(overrides, error, tmp_path, capsys
     assert err.startswith(f"error: {error}") and "\n" not in err, err
 
 
-def test_muon_refuses_fsdp_in_one_line():
+@pytest.mark.parametrize("strategy,why", [
+    ("fsdp", "FSDP shards each weight matrix across processes"),
+    ("fsdp_cpu_offload", "FSDP shards each weight matrix across processes"),
+    ("deepspeed", "DeepSpeed's ZeRO hands the optimizer flat shards of the parameters"),
+    ("deepspeed_stage_3_offload", "DeepSpeed's ZeRO hands the optimizer flat shards of the parameters"),
+])
+def test_muon_refuses_a_sharding_strategy_in_one_line(strategy, why):
+    """Muon orthogonalises whole 2-D matrices; a strategy that hands the optimizer shards (lightning's fsdp and
+    deepspeed names, all valid trainer.strategy values) would fail at the first step, after the data loaded."""
     from zoo.optim import check
 
-    with pytest.raises(ConfigError, match=r"^optim: muon with trainer.strategy=fsdp: FSDP shards each weight"):
-        check({"name": "muon"}, {"model": {}, "trainer": {"strategy": "fsdp"}})
-    check({"name": "adamw"}, {"model": {}, "trainer": {"strategy": "fsdp"}})
+    with pytest.raises(ConfigError, match=rf"^optim: muon with trainer.strategy={strategy}: {why}.*; valid: "):
+        check({"name": "muon"}, {"model": {}, "trainer": {"strategy": strategy}})
+    check({"name": "adamw"}, {"model": {}, "trainer": {"strategy": strategy}})
 
 
 SMALL = ["model.d_model=32", "model.n_layers=1", "model.n_heads=2", "trainer.max_steps=3",

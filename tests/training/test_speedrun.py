@@ -116,3 +116,22 @@ def test_the_gpu_preset_composes_and_learns_at_toy_size_on_cpu(train):
     code, run_dir = train(toy, tiny=False)
     s = json.loads((Path(run_dir) / "summary.json").read_text())
     assert code == 0 and s["final"]["val_loss"] < math.log(65) - 0.5  # it learns: below a uniform guess
+
+
+
+@pytest.mark.parametrize("variant", ["add_muon", "full", "drop_rope"])
+def test_a_ladder_of_the_study_passes_its_checks_with_muon(variant, tmp_path, monkeypatch, capsys):
+    """The ladders train under muP (conf/ladder/cpu3.yaml); study=speedrun's Muon variants (add_muon, full and every
+    drop_<x> but drop_muon) climb them too, not refused: the run gets past every check of its config to its data."""
+    import zoo.training.sizing as sizing
+    from zoo.build import ConfigError
+    from zoo.training.runner import main
+
+    def reached(*args, **kwargs):
+        raise ConfigError("the data, past every check")
+
+    monkeypatch.setattr(sizing, "build_data", reached)
+    cfg = compose_cfg(["study=speedrun", "ladder=cpu3", "size=cpu_s", f"speedrun={variant}"])
+    assert cfg.model.parametrization == "mup" and cfg.optim.name == "muon"
+    assert main(cfg, tmp_path) == 2
+    assert capsys.readouterr().err.strip() == "error: the data, past every check"

@@ -24,6 +24,9 @@ from zoo.optim.adamw import AdamWOptions, adamw, check_adamw
 from zoo.registry import OPTIM
 
 MAX_NS_STEPS = 99  # torch.optim.Muon refuses 100 or more
+# Lightning's strategies (every name containing one of these) whose optimizer sees shards, not whole matrices
+SHARDING = {"fsdp": "FSDP shards each weight matrix across processes",
+            "deepspeed": "DeepSpeed's ZeRO hands the optimizer flat shards of the parameters"}
 
 
 @dataclass(kw_only=True)
@@ -66,14 +69,21 @@ class Muon:
             refuse("momentum", values["momentum"], "a number in [0, 1)")
         if not is_int(values["ns_steps"]) or not 1 <= values["ns_steps"] <= MAX_NS_STEPS:
             refuse("ns_steps", values["ns_steps"], f"an integer in [1, {MAX_NS_STEPS}]")
-        if (run.get("model") or {}).get("parametrization") == "mup":
-            raise ConfigError("optim: muon with model.parametrization=mup: muP's per-width learning rates (zoo/mup.py) "
-                              "are AdamW's, while Muon sets each matrix's update scale from its shape itself; valid: "
-                              "optim=adamw with mup, or optim=muon with model.parametrization=standard")
-        if "fsdp" in str((run.get("trainer") or {}).get("strategy", "")):
-            raise ConfigError("optim: muon with trainer.strategy=fsdp: FSDP shards each weight matrix across "
-                              "processes, and Muon orthogonalises whole matrices; valid: optim=adamw with fsdp, or "
-                              "optim=muon with trainer=ddp (or one device)")
+        # Under muP (the ladders) Muon takes every matrix whose learning rate muP would divide by the width
+        # multiplier and sizes its step from the matrix's shape, which keeps the updates flat across widths
+        # (tests/test_mup.py's coordinate check); AdamW's part keeps muP's groups. match_rms_adamw gives each
+        # matrix AdamW's step instead, which muP would have to scale.
+        if (run.get("model") or {}).get("parametrization") == "mup" and values["adjust_lr_fn"] != "original":
+            raise ConfigError(f"optim.adjust_lr_fn: {values['adjust_lr_fn']!r} with model.parametrization=mup gives "
+                              "each matrix AdamW's step size, which muP would divide by the width multiplier; valid: "
+                              "original with mup (Muon's own step, from each matrix's shape), or "
+                              "model.parametrization=standard")
+        strategy = str((run.get("trainer") or {}).get("strategy", ""))
+        sharding = next((why for name, why in SHARDING.items() if name in strategy), None)
+        if sharding:
+            raise ConfigError(f"optim: muon with trainer.strategy={strategy}: {sharding}, and Muon orthogonalises "
+                              f"whole matrices; valid: optim=adamw with {strategy}, or optim=muon with trainer=ddp "
+                              "(or one device)")
 
     @staticmethod
     def takes(model: nn.Module) -> dict[str, list[tuple[str, nn.Parameter]]]:
