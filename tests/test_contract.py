@@ -53,9 +53,9 @@ def _sizes_and_flops(part: nn.Module, params: int) -> list[str]:
     for name in declared(part, "residual_outputs"):
         if not isinstance(getattr(getattr(part, name, None), "weight", None), torch.Tensor):
             problems.append(f"residual_outputs: {name!r} is no child with a weight")
-    for name in declared(part, "gains"):
+    for name in declared(part, "constants"):
         if not isinstance(getattr(part, name, None), nn.Parameter):
-            problems.append(f"gains: {name!r} is no parameter")
+            problems.append(f"constants: {name!r} is no parameter")
     flops, inactive = declared(part, "flops")(T), declared(part, "inactive_params")()
     if not (isinstance(flops, int) and flops >= 0):
         problems.append(f"flops({T}) = {flops!r}, not an integer >= 0")
@@ -166,9 +166,9 @@ def test_the_contract_check_finds_what_a_part_gets_wrong():
         "count_as: required, not declared", "window: 'all' is not int | None",
         "cache_bytes_per_token: required, not declared"]
     assert _sizes_and_flops(Broken(), 0) == []  # the defaults apply: no residual outputs, no FLOPs
-    Broken.residual_outputs, Broken.gains = ("out",), ("weight",)
+    Broken.residual_outputs, Broken.constants = ("out",), {"weight": 1.0}
     assert _sizes_and_flops(Broken(), 0) == ["residual_outputs: 'out' is no child with a weight",
-                                             "gains: 'weight' is no parameter"]
+                                             "constants: 'weight' is no parameter"]
 
 
 def test_docs_show_the_contract_of_the_code():

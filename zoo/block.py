@@ -33,7 +33,7 @@ class TransformerBlock(nn.Module):
         self.window = sublayers["attn"].window  # the stack's mask follows its self-attention's window
         self.value_dim = declared(sublayers["attn"], "value_dim")  # the width of a value embedding, if it takes one
         # model.embed_skip: the block's input is a * x + b * x0, x0 the stack's embedding output (a=1, b=0 at init)
-        self.embed_skip = ScalarMix("embedding") if cfg.embed_skip else None
+        self.embed_skip = ScalarMix("embedding", 1.0, 0.0) if cfg.embed_skip else None
         if residual.parallel:  # one residual step around all of them, on one norm
             self.parallel, self.attn, self.cross, self.ffn = residual(sublayers, ctx.norm), None, None, None
         else:  # one residual step around each, in turn

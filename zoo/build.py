@@ -223,28 +223,28 @@ def init_weights(model: nn.Module, cfg: ModelSpec, seed: int = 0) -> None:
       scale with depth (GPT-2), or 0 with model.residual_init=zero (the speedrun's zero-initialised
       projections: each block starts as the identity, and the first step's gradient reaches these
       weights through their inputs, which are not zero);
-    - biases 0, the parameters a component lists in `gains` (norm weights) 1, and those it lists in
-      `zeros` (the second scalar of a mix, zoo/layers/mix.py) 0.
+    - biases 0, and the parameters a component lists in `constants` their constant (norm weights 1, a mix's
+      scalars their start, zoo/layers/mix.py).
     Each parameter draws from its own generator, seeded by the seed and the parameter's name, so
     swapping one component leaves every other component's initial weights unchanged.
     Under model.parametrization=mup, hidden weights' std is further divided by sqrt(width_mult) (zoo/mup.py).
     """
     n_blocks = sum(isinstance(m, TransformerBlock) for m in model.modules())
-    gains, zeros, residual_out = set(), set(), set()
+    constants: dict[int, float] = {}
+    residual_out: set[int] = set()
     for m in model.modules():
         if hasattr(m, "count_as"):  # a part (zoo.component.Part): it declares its init roles
-            gains |= {id(getattr(m, name)) for name in declared(m, "gains")}
-            zeros |= {id(getattr(m, name)) for name in declared(m, "zeros")}
+            constants |= {id(getattr(m, name)): value for name, value in declared(m, "constants").items()}
             residual_out |= {id(getattr(m, name).weight) for name in declared(m, "residual_outputs")}
     if cfg.residual_init == "zero":
-        zeros |= residual_out
+        constants |= dict.fromkeys(residual_out, 0.0)
     std = cfg.init_std
     role = roles(cfg) if width_mult(cfg) != 1 else {}  # muP's roles; at width_mult 1 every factor is 1
     with torch.no_grad():
         for name, p in model.named_parameters():
-            if id(p) in gains:
-                p.fill_(1.0)
-            elif id(p) in zeros or name.endswith("bias"):
+            if id(p) in constants:
+                p.fill_(constants[id(p)])
+            elif name.endswith("bias"):
                 p.zero_()
             else:
                 g = torch.Generator().manual_seed(zlib.crc32(f"{seed}:{name}".encode()))

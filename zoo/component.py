@@ -16,7 +16,7 @@ A part is built by its registered factory: an attention, position or FFN as `fac
   against its kind's protocol on an instance built on the meta device, and the table in docs/components.md
   against `contract_markdown()`.
 - Initialisation: every weight ~ N(0, init_std), biases 0, but for the children a part lists in
-  `residual_outputs` (scaled down with depth) and the parameters it lists in `gains` (set to 1).
+  `residual_outputs` (scaled down with depth) and the parameters it lists in `constants` (norm gains: 1).
 - Auxiliary losses (any part): during its forward a module sets `self.aux_losses`, a dict
   name -> scalar tensor, already weighted (ffn=moe: {"moe_balance": ..., "moe_z": ...}). The training
   step calls `clear_aux_losses(model)` before the forward and `aux_losses(model)` right after it: the
@@ -121,6 +121,9 @@ def _fits(value: Any, t: Any) -> bool:
         return value is None
     if origin is tuple:  # tuple[str, ...]: names
         return isinstance(value, tuple) and all(_fits(v, typing.get_args(t)[0]) for v in value)
+    if origin is dict:  # dict[str, float]: names and their values
+        key, val = typing.get_args(t)
+        return isinstance(value, dict) and all(_fits(k, key) and _fits(v, val) for k, v in value.items())
     if t is bool:
         return isinstance(value, bool)
     if t is int:
@@ -208,8 +211,8 @@ class Part(Protocol):
                              "(count_params)"]
     residual_outputs: Annotated[tuple[str, ...], "children whose weights write into the residual stream: drawn "
                                                  "with init_std / sqrt(2 * blocks) (init_weights)"] = ()
-    gains: Annotated[tuple[str, ...], "parameters set to 1, as norm gains (init_weights)"] = ()
-    zeros: Annotated[tuple[str, ...], "parameters set to 0, as a mix's second scalar (init_weights)"] = ()
+    constants: Annotated[dict[str, float], "parameters set to a constant, as norm gains to 1 and a mix's scalars "
+                                           "(init_weights)"] = {}
 
     @default
     def flops(self, t: int) -> int:

@@ -167,7 +167,7 @@ class Attention(AttentionBase):
         self.out_dropout = nn.Dropout(ctx.dropout)
         self.value_dim = None if ctx.cross else kv_dim  # model.value_embeddings: the tables' width
         # v = a * v + b * ve (model.value_embeddings), on the layers the stack gives a table
-        self.value_mix = ScalarMix("attention") if ctx.value_embed and not ctx.cross else None
+        self.value_mix = ScalarMix("attention", 0.5, 0.5) if ctx.value_embed and not ctx.cross else None
         self.norm_projection = opts.qk_norm == "projection"  # else per head, when on
         self.q_norm, self.k_norm = qk_norms(ctx, opts, *((q_dim, kv_dim) if self.norm_projection else (self.head_dim,)))
 

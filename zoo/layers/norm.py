@@ -26,7 +26,7 @@ def _check(opts: NormOptions) -> None:
 class LayerNorm(nn.LayerNorm):
     """LayerNorm (Ba et al. 2016): centre, scale to unit variance, then gain and optional bias."""
 
-    count_as, gains = "norm", ("weight",)
+    count_as, constants = "norm", {"weight": 1.0}
 
     def __init__(self, ctx: Context, opts: NormOptions, dim: int | None = None):
         _check(opts)
@@ -37,7 +37,7 @@ class LayerNorm(nn.LayerNorm):
 class RMSNorm(nn.Module):
     """RMSNorm (Zhang and Sennrich 2019): x / rms(x) * gain. No centring and no bias."""
 
-    count_as, gains = "norm", ("weight",)
+    count_as, constants = "norm", {"weight": 1.0}
 
     def __init__(self, ctx: Context, opts: NormOptions, dim: int | None = None):
         super().__init__()
