@@ -21,7 +21,7 @@ from zoo.report.ladder import Gap, fit_power_law, verdict
 
 ROOT = Path(__file__).resolve().parents[1]
 CLIMBED = {"ffn": "ffn", "position": "position", "attention": "attention", "norm_placement": "norm",
-           "norm_type": "norm"}
+           "norm_type": "norm", "speedrun": "speedrun"}
 
 
 def _compose(overrides: list[str]):
