@@ -7,6 +7,7 @@ import math
 from pathlib import Path
 
 import pytest
+import torch
 from omegaconf import OmegaConf
 
 from tests.helpers import compose_cfg
@@ -101,6 +102,32 @@ def test_a_time_budget_stops_a_run_where_it_runs_out(train):
     code, run_dir = train(["+trainer.max_time={seconds: 0}", "trainer.max_steps=1000"])
     s = json.loads((run_dir / "summary.json").read_text())
     assert code == 0 and s["status"] == "completed" and s["steps"] < 1000 and "val_loss" in s["final"]
+
+
+def test_the_schedule_decays_by_the_larger_of_the_steps_and_the_time_spent():
+    from zoo.training.module import lr_lambda
+
+    clock = {"spent": 0.0}
+    factor = lr_lambda(10, 110, 0.1, lambda: clock["spent"])
+    assert factor(4) == 5 / 11  # warm-up: by the steps alone
+    assert factor(60) == 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * 0.5))  # half the steps, no time spent
+    clock["spent"] = 0.75  # three quarters of the time budget, but only half the steps
+    assert factor(60) == 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * 0.75))
+    clock["spent"] = 1.0
+    assert factor(11) == pytest.approx(0.1) and factor(110) == pytest.approx(0.1)
+    assert lr_lambda(10, 110, 0.1)(60) == 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * 0.5))  # no clock: steps alone
+
+
+def test_a_time_budget_decays_the_learning_rate_to_its_floor_when_it_runs_out(train):
+    """Equal wall time: with trainer.max_time the cosine ends when the time does, not at a trainer.max_steps the
+    run never reaches, so every variant ends its schedule whatever its speed."""
+    code, run_dir = train(["+trainer.max_time={seconds: 3}", "trainer.max_steps=100000", "checkpoints=all",
+                           "trainer.val_check_interval=50", "optim.warmup_steps=0"])
+    s = json.loads((run_dir / "summary.json").read_text())
+    assert code == 0 and s["status"] == "completed" and 0 < s["steps"] < 100000
+    state = torch.load(run_dir / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
+    lrs = [g["lr"] for g in state["optimizer_states"][0]["param_groups"]]
+    assert lrs and all(lr == pytest.approx(1e-4, rel=0.02) for lr in lrs)  # AdamW's min_lr: the decay's end
 
 
 def test_the_gpu_preset_composes_and_learns_at_toy_size_on_cpu(train):

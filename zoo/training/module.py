@@ -8,6 +8,7 @@ from typing import Any
 
 import lightning as L
 import torch
+from lightning.pytorch.callbacks import Timer
 from lightning.pytorch.plugins.precision import Precision
 from lightning.pytorch.utilities import GradClipAlgorithmType
 
@@ -113,17 +114,28 @@ class ZooModule(L.LightningModule):
                                                 self.trainer.precision)
         # One schedule for every parameter group (optim=muon: Muon's and AdamW's), each from its own peak.
         schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(
-            opt.warmup_steps, self.cfg.trainer["max_steps"], opt.min_lr / opt.lr))
+            opt.warmup_steps, self.cfg.trainer["max_steps"], opt.min_lr / opt.lr, self._time_spent))
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}
 
+    def _time_spent(self) -> float:
+        """The share of trainer.max_time the run has trained for (Lightning's Timer, which a resume restores), so
+        an equal-wall-time run decays its learning rate by the clock; 0 without a time budget."""
+        timer = next((c for c in self.trainer.callbacks if isinstance(c, Timer)), None)
+        left = None if timer is None else timer.time_remaining()
+        if left is None:
+            return 0.0
+        spent = timer.time_elapsed()
+        return min(1.0, spent / (spent + left)) if spent + left > 0 else 1.0
 
-def lr_lambda(warmup: int, total: int, min_ratio: float):
-    """Linear warm-up to the peak, then cosine decay to min_ratio * peak at `total` steps."""
+
+def lr_lambda(warmup: int, total: int, min_ratio: float, time_spent=lambda: 0.0):
+    """Linear warm-up to the peak, then cosine decay to min_ratio * peak at `total` steps, or sooner by the clock:
+    the decay's progress is the larger of the steps' share and time_spent() (the share of a time budget used)."""
 
     def factor(step: int) -> float:
         if step < warmup:
             return (step + 1) / (warmup + 1)
-        progress = min(1.0, (step - warmup) / max(1, total - warmup))
+        progress = min(1.0, max((step - warmup) / max(1, total - warmup), time_spent()))
         return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
 
     return factor
