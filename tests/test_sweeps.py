@@ -140,9 +140,11 @@ def test_a_study_ends_with_its_report(tmp_path):
                      "data.long_context=32")
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = (tmp_path / "report.md").read_text()
-    lines = [" ".join(ln.split()) for ln in report.splitlines()]  # without the table's cell padding
+    variants, effects = report.split("## Effects against learned")  # the study's baseline: position=learned
+    lines = [" ".join(ln.split()) for ln in variants.splitlines()]  # without the table's cell padding
     rows = [ln for ln in lines if ln.startswith(("| learned |", "| alibi |"))]
     assert len(rows) == 2 and all(" ± " in r and "[" in r for r in rows)  # mean ± std and a CI over 2 seeds
+    assert "| alibi |" in " ".join(effects.split())  # alibi's effect against the baseline
     long = (tmp_path / "report_val_loss_long" / "report.md").read_text()
     assert "val_loss_long" in long and (tmp_path / "report_val_loss_long" / "curves.png").is_file()
     summary = json.loads(next(tmp_path.glob("*/summary.json")).read_text())

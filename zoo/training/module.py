@@ -122,7 +122,7 @@ class ZooModule(L.LightningModule):
         an equal-wall-time run decays its learning rate by the clock; 0 without a time budget."""
         timer = next((c for c in self.trainer.callbacks if isinstance(c, Timer)), None)
         left = None if timer is None else timer.time_remaining()
-        if left is None:
+        if timer is None or left is None:
             return 0.0
         spent = timer.time_elapsed()
         return min(1.0, spent / (spent + left)) if spent + left > 0 else 1.0
