@@ -15,7 +15,6 @@ from zoo.report.stats import mean_std
 from zoo.report.tables import (
     Report,
     comparisons,
-    effects_table,
     find_baseline,
     group_variants,
     make_rows,
@@ -48,16 +47,13 @@ def build_report(root: Path, metric: str = "val_loss", target: float | None = No
     else:
         target, note = math.nan, "no completed run"
     rows = make_rows(variants, metric, target, higher)
-    ref = None
+    ref = None if ladder is not None else reference(rows, base, higher)
     if ladder is None:
-        intro, sentences = comparisons(rows, metric, base, higher)
-        ref = reference(rows, base, higher)
+        intro, sentences = comparisons(rows, metric, base, ref, higher)
     else:  # a ladder compares each variant with the baseline across sizes: its verdicts
         intro, sentences = f"each variant against {ladder.baseline} across sizes", ladder.sentences()
     return Report(root, metric, higher, target, note, factors, rows, table(rows, factors, metric, target, higher),
-                  intro, sentences, len(runs), match_jobs(root, runs), ladder=ladder,
-                  effects=None if ref is None else effects_table(rows, ref, metric),
-                  effects_ref="" if ref is None else ref.variant.label)
+                  intro, sentences, len(runs), match_jobs(root, runs), ladder=ladder, ref=ref)
 
 
 def write_report(report: Report, out_dir: Path) -> list[Path]:

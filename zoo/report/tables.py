@@ -207,9 +207,9 @@ def reference(rows: list[Row], baseline: Variant | None, higher: bool) -> Row | 
     return (max if higher else min)(scored, key=lambda r: r.final[0]) if len(scored) >= 2 else None
 
 
-def comparisons(rows: list[Row], metric: str, baseline: Variant | None, higher: bool) -> tuple[str, list[str]]:
-    """(what the sentences compare against, one sentence per other variant)."""
-    ref = reference(rows, baseline, higher)
+def comparisons(rows: list[Row], metric: str, baseline: Variant | None, ref: Row | None,
+                higher: bool) -> tuple[str, list[str]]:
+    """(what the sentences compare against, one sentence per other variant); ref: reference(rows, baseline, ...)."""
     if baseline is not None:
         if ref is None:
             return f"baseline {baseline.label}", [f"The baseline {baseline.label} has no completed run with "
@@ -325,16 +325,15 @@ class Report:
     plan: Plan
     plots: list[tuple[str, str]] = field(default_factory=list)  # (file name, caption)
     ladder: Ladder | None = None  # a sweep over sizes (zoo.report.ladder)
-    effects: pd.DataFrame | None = None  # each variant's differences from the reference row (effects_table)
-    effects_ref: str = ""  # that row's label
+    ref: Row | None = None  # the row the effects are measured against (reference); None: no effects table
 
     def sections(self) -> list[tuple[str, str, pd.DataFrame]]:
         """(heading, what it shows, table) for the effects against the reference, and a ladder's ranking, fits
         and verdicts."""
         out = []
-        if self.effects is not None and len(self.effects):
-            out.append((f"Effects against {self.effects_ref}", EFFECTS.format(metric=self.metric,
-                                                                              ref=self.effects_ref), self.effects))
+        if self.ref is not None and len(effects := effects_table(self.rows, self.ref, self.metric)):
+            label = self.ref.variant.label
+            out.append((f"Effects against {label}", EFFECTS.format(metric=self.metric, ref=label), effects))
         lad = self.ladder
         if lad is None:
             return out

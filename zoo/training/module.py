@@ -113,19 +113,21 @@ class ZooModule(L.LightningModule):
         optimizer = OPTIM.get(optim.name).build(self.model, opt, next(self.model.parameters()).device,
                                                 self.trainer.precision)
         # One schedule for every parameter group (optim=muon: Muon's and AdamW's), each from its own peak.
+        # With trainer.max_time, Lightning's Timer (which a resume restores): the decay follows the clock too
+        timer = next((c for c in self.trainer.callbacks if isinstance(c, Timer)), None)
         schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(
-            opt.warmup_steps, self.cfg.trainer["max_steps"], opt.min_lr / opt.lr, self._time_spent))
+            opt.warmup_steps, self.cfg.trainer["max_steps"], opt.min_lr / opt.lr,
+            (lambda: time_spent(timer)) if timer is not None else lambda: 0.0))
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}
 
-    def _time_spent(self) -> float:
-        """The share of trainer.max_time the run has trained for (Lightning's Timer, which a resume restores), so
-        an equal-wall-time run decays its learning rate by the clock; 0 without a time budget."""
-        timer = next((c for c in self.trainer.callbacks if isinstance(c, Timer)), None)
-        left = None if timer is None else timer.time_remaining()
-        if timer is None or left is None:
-            return 0.0
-        spent = timer.time_elapsed()
-        return min(1.0, spent / (spent + left)) if spent + left > 0 else 1.0
+
+def time_spent(timer: Timer) -> float:
+    """The share of its time budget (trainer.max_time) the run has trained for; 0 without one."""
+    left = timer.time_remaining()
+    if left is None:
+        return 0.0
+    spent = timer.time_elapsed()
+    return min(1.0, spent / (spent + left)) if spent + left > 0 else 1.0
 
 
 def lr_lambda(warmup: int, total: int, min_ratio: float, time_spent=lambda: 0.0):
