@@ -439,7 +439,7 @@ def test_ttt_times_both_programs_to_the_target(tmp_path, given):
     md = sections.ttt.section_ttt(bench.Session(quick(nanogpt=nano, text=text, ttt_target=given, ttt_pairs=2)),
                                   train=(sys.executable, str(stand_in)))
     rows = {r["contender"]: r for r in rows_of(md, "| contender | time to target s (each round) |")}
-    assert set(rows) == {"nanoGPT", *sections.ttt.TTT_RUNS}, md
+    assert set(rows) == {"nanoGPT", *(label for label, _ in sections.ttt.TTT_RUNS.values())}, md
     assert ("reaches **1.6000** (given)" if given else "reaches **1.5000** (nanoGPT's own final") in md
     nano_times = [float(x) for x in rows["nanoGPT"]["time to target s (each round)"].split(", ")]
     assert len(nano_times) == 2 and all(0.6 <= t < float(rows["nanoGPT"]["process wall s"]) for t in nano_times)
@@ -451,6 +451,27 @@ def test_ttt_times_both_programs_to_the_target(tmp_path, given):
     assert rows["zoo, float32"]["eval share"].endswith("%")
     assert rows["zoo, defaults"]["time to target s (each round)"] == "not reached, not reached"
     assert rows["zoo, defaults"]["median s"] == "-" and rows["zoo, defaults"]["final val_loss"] == "1.6500"
+
+
+def test_ttt_runs_names_zoos_contenders(tmp_path, capsys):
+    """--ttt-runs keeps nanoGPT and just the zoo contenders named; an unknown name is refused in one line."""
+    nano = tmp_path / "nanoGPT"
+    (nano / "data" / "shakespeare_char").mkdir(parents=True)
+    (nano / "data" / "shakespeare_char" / "prepare.py").write_text("")
+    (nano / "configurator.py").write_text("")
+    (nano / "train.py").write_text("print('step 20: train loss 1.6000, val loss 1.5000')\n")
+    stand_in = tmp_path / "zoo_train.py"
+    stand_in.write_text("import sys; print(sys.argv); sys.exit(3)\n")
+    text = tmp_path / "input.txt"
+    text.write_text("to be or not to be\n")
+    md = sections.ttt.section_ttt(bench.Session(quick(nanogpt=nano, text=text, ttt_runs=("fast",))),
+                                  train=(sys.executable, str(stand_in)))
+    rows = rows_of(md, "| contender | time to target s (each round) |")
+    assert [r["contender"] for r in rows] == ["nanoGPT", "zoo, fast preset"], md
+    assert "Failed: zoo, fast preset: `" in md and "` exited 3" in md and "compile=true" not in md
+    assert bench.main(["--only", "ttt", "--ttt-runs", "fast,nope", "--out", "-"]) == 2
+    valid = "defaults, float32, fast, fast_compiled"
+    assert capsys.readouterr().err == f"error: --ttt-runs: unknown 'nope'; valid: {valid}\n"
 
 
 def test_ttt_skipped_without_nanogpt_or_text(tmp_path):

@@ -22,6 +22,7 @@ from zoo.bench.registry import SECTIONS
 from zoo.bench.sections.convert import convert_probe
 from zoo.bench.sections.memory import memory_probe
 from zoo.bench.sections.overhead import bare_loop
+from zoo.bench.sections.ttt import TTT_RUNS
 from zoo.bench.session import Session
 from zoo.bench.settings import SHAPES, Settings
 from zoo.build import ConfigError
@@ -52,6 +53,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--ttt-pairs", type=int, default=None, help="ttt: rounds of every contender (default 3)")
     p.add_argument("--ttt-target", type=float, default=None,
                    help="ttt: the validation loss to reach (default: nanoGPT's own final one on the file)")
+    p.add_argument("--ttt-runs", default=None,
+                   help=f"ttt: zoo's contenders, comma-separated, of {','.join(TTT_RUNS)} (default: all)")
     p.add_argument("--device", default="cpu", help="cpu, or cuda / cuda:N for the mfu section on a GPU")
     p.add_argument("--peak-tflops", type=float, default=None,
                    help="a datasheet's dense bf16 peak in TFLOP/s (e.g. 989 for an H100 SXM): MFU against it too")
@@ -103,6 +106,11 @@ def settings_from_args(a: argparse.Namespace) -> Settings:
         over["ttt_pairs"] = a.ttt_pairs
     if a.ttt_target is not None:
         over["ttt_target"] = a.ttt_target
+    if a.ttt_runs:
+        over["ttt_runs"] = tuple(x for x in a.ttt_runs.split(",") if x)
+        bad = [x for x in over["ttt_runs"] if x not in TTT_RUNS]
+        if bad:
+            raise ConfigError(f"--ttt-runs: unknown '{bad[0]}'; valid: {', '.join(TTT_RUNS)}")
     over["train_args"] = tuple(shlex.split(a.train_args))
     over["threads"] = a.threads
     over["device"], over["peak_tflops"] = a.device, a.peak_tflops

@@ -59,6 +59,7 @@ class Settings:
     ttt_pairs: int = 3
     ttt_target: float | None = None  # None: nanoGPT's own final val loss on the file (median of its rounds)
     ttt_steps: int | None = None  # None: the recipe's 2000; a smoke run shortens both sides
+    ttt_runs: tuple[str, ...] | None = None  # zoo's contenders (keys of sections.ttt.TTT_RUNS); None: all of them
     convert_llama: str = "1b"  # a key of CONVERT_LLAMAS
     attention_lengths: tuple[int, ...] = (64, 128, 192, 256, 512, 768, 1024)  # key lengths of the choices section
     train_args: tuple[str, ...] = ()

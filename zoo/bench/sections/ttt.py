@@ -28,13 +28,14 @@ from zoo.cli.common import train_command
 NANOGPT_CPU_ARGS = ("--device=cpu", "--compile=False", "--eval_iters=20", "--log_interval=1", "--block_size=64",
                     "--batch_size=12", "--n_layer=4", "--n_head=4", "--n_embd=128", "--max_iters=2000",
                     "--lr_decay_iters=2000", "--dropout=0.0")
-# zoo's contenders: label -> training overrides (the same recipe: conf/experiment/nanogpt_cpu.yaml).
-TTT_RUNS: dict[str, tuple[str, ...]] = {
-    "zoo, defaults": ("experiment=nanogpt_cpu",),
-    "zoo, float32": ("experiment=nanogpt_cpu", "trainer.precision=32-true"),
-    "zoo, fast preset": ("experiment=nanogpt_cpu_fast",),  # RoPE, SwiGLU, lr 2e-3, 800 steps
+# zoo's contenders: name (for --ttt-runs) -> its label in the table and its training overrides (the same recipe:
+# conf/experiment/nanogpt_cpu.yaml).
+TTT_RUNS: dict[str, tuple[str, tuple[str, ...]]] = {
+    "defaults": ("zoo, defaults", ("experiment=nanogpt_cpu",)),
+    "float32": ("zoo, float32", ("experiment=nanogpt_cpu", "trainer.precision=32-true")),
+    "fast": ("zoo, fast preset", ("experiment=nanogpt_cpu_fast",)),
     # the same compiled: its first round compiles into an empty cache, later rounds reuse it (section_ttt)
-    "zoo, fast preset, compiled": ("experiment=nanogpt_cpu_fast", "compile=true"),
+    "fast_compiled": ("zoo, fast preset, compiled", ("experiment=nanogpt_cpu_fast", "compile=true")),
 }
 _NANOGPT_EVAL = re.compile(r"^step (\d+): train loss [\d.]+, val loss ([\d.]+)")
 
@@ -112,7 +113,8 @@ def section_ttt(sess: Session, train: Sequence[str] = TRAIN) -> str:
         return head + "skipped: needs `--nanogpt <karpathy/nanoGPT checkout>` and `--text <text file>`\n"
     if not s.text.is_file():
         return head + f"skipped: --text {s.text}: no such file\n"
-    names = ["nanoGPT", *TTT_RUNS]
+    chosen = {label: args for key, (label, args) in TTT_RUNS.items() if key in (s.ttt_runs or TTT_RUNS)}
+    names = ["nanoGPT", *chosen]
     runs: dict[str, list[TargetRun]] = {n: [] for n in names}
     failures: list[str] = []
     # torch.compile's on-disk cache starts empty: a compiled contender's first round pays the whole compile
@@ -124,7 +126,7 @@ def section_ttt(sess: Session, train: Sequence[str] = TRAIN) -> str:
                 if name == "nanoGPT":
                     run = run_nanogpt_to_target(s.nanogpt, work, s.ttt_steps)
                 else:
-                    run = run_zoo_to_target(TTT_RUNS[name], s.text, Path(tmp) / f"zoo-{r}-{names.index(name)}",
+                    run = run_zoo_to_target(chosen[name], s.text, Path(tmp) / f"zoo-{r}-{names.index(name)}",
                                             s.ttt_steps, s.train_args, train)
                 said = run if isinstance(run, str) else f"final val_loss {run.evals[-1][1]:.4f}, wall {run.wall:.1f} s"
                 print(f"[zoo.bench] ttt round {r + 1}/{s.ttt_pairs} {name}: {said}", flush=True)
@@ -158,7 +160,7 @@ def section_ttt(sess: Session, train: Sequence[str] = TRAIN) -> str:
                      "-" if t is None else f"{t:.1f}", "-" if t is None or not base else ratio(t / base),
                      f"{statistics.median(finals):.4f}" if finals else "-", *walls(name),
                      f"{statistics.median(shares):.1%}" if shares else "-"])
-    zoo_cmds = "; ".join(f"{name}: `{shlex.join(args)}`" for name, args in TTT_RUNS.items())
+    zoo_cmds = "; ".join(f"{name}: `{shlex.join(args)}`" for name, args in chosen.items())
     return head + "\n".join([
         f"Wall time from process start until the validation loss first reaches **{target:.4f}** "
         + ("(given)" if s.ttt_target is not None else "(nanoGPT's own final validation loss here, the median of its "
