@@ -345,6 +345,26 @@ def test_after_sweep_callback_writes_a_report_against_each_further_baseline(tmp_
     assert not (tmp_path / "against_moe").exists()
 
 
+def test_after_sweep_callback_gives_each_report_its_own_target(tmp_path):
+    """A target for the sweep directory's report, another for an `also` report ({baseline, target}); the steps to
+    each are read against it, and the default stays the worst variant's mean."""
+    from omegaconf import OmegaConf
+
+    from zoo.report import ReportAfterSweep
+
+    sweep(tmp_path, {"relu": [[3.0, 2.0], [3.1, 2.1]], "swiglu": [[3.0, 1.5], [3.1, 1.6]]})
+    config = OmegaConf.create({"hydra": {"sweep": {"dir": str(tmp_path)}}})
+    also = OmegaConf.create({"low": {"baseline": "ffn=swiglu", "target": 1.7}, "plain": "ffn=swiglu"})
+    ReportAfterSweep(baseline="ffn=relu", target=2.5, also=also).on_multirun_end(config)
+    assert "Target: val_loss ≤ 2.5000 (given)" in (tmp_path / "report.md").read_text()
+    low = (tmp_path / "low" / "report.md").read_text()
+    assert "Target: val_loss ≤ 1.7000 (given)" in low and "relu vs swiglu: 0.5000 higher" in low
+    table = rows(low)
+    steps = table["ffn"].index("steps to val_loss ≤ 1.7000")
+    assert table["relu"][steps] == "-" and table["swiglu"][steps] != "-"  # only swiglu reaches 1.7
+    assert "(default: the worst variant's mean final val_loss)" in (tmp_path / "plain" / "report.md").read_text()
+
+
 # -- the sweep's jobs: finished, running, failed (killed), missing --------------------------------
 
 def test_jobs_of_a_real_multirun_running_killed_and_missing(multirun, tmp_path):

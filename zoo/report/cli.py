@@ -41,7 +41,7 @@ def build_report(root: Path, metric: str = "val_loss", target: float | None = No
     base = find_baseline(variants, baseline) if baseline and ladder is None else None
     means = [m for v in variants if math.isfinite(m := mean_std(v.finals(metric))[0])]
     if target is not None:
-        note = "given with --target"
+        note = "given"
     elif means:
         target, note = (min if higher else max)(means), f"default: the worst variant's mean final {metric}"
     else:
