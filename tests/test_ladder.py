@@ -44,6 +44,16 @@ def test_cpu3_climbs_a_subset_of_its_study_at_three_sizes_in_a_fixed_directory(s
     assert ladder.hydra.launcher.n_jobs == 2 and ladder.threads == 1
 
 
+def test_the_speedrun_ladder_drops_the_studys_one_size_targets():
+    """study=speedrun's report targets are losses at its one size; across rungs they would leave one rung's steps
+    to the target empty, so its ladder keeps the report's default."""
+    alone, ladder = _compose(["study=speedrun"]), _compose(["study=speedrun", "ladder=cpu3"])
+    assert alone.hydra.callbacks.report.target == 2.26 and alone.hydra.callbacks.report.also.drop_one.target == 1.85
+    report = ladder.hydra.callbacks.report
+    assert report.target is None and report.also.drop_one.target is None
+    assert report.baseline == "speedrun=nanogpt" and report.also.drop_one.baseline == "speedrun=full"
+
+
 def _params(overrides: list[str], vocab: int) -> int:
     cfg = _compose(overrides)
     model = {**__import__("omegaconf").OmegaConf.to_container(cfg.model, resolve=True), "vocab_size": vocab,
