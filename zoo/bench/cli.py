@@ -67,22 +67,24 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
+def _names(flag: str, text: str, valid: Sequence[str], what: str = "") -> tuple[str, ...]:
+    """A flag's comma-separated names, each one of `valid`; else ConfigError naming the first unknown one."""
+    names = tuple(x for x in text.split(",") if x)
+    bad = [x for x in names if x not in valid]
+    if bad:
+        raise ConfigError(f"{flag}: unknown {what}'{bad[0]}'; valid: {', '.join(valid)}")
+    return names
+
+
 def sections_from_args(a: argparse.Namespace) -> list[str]:
     """The sections `--only` names, each a registered one."""
-    names = [x for x in a.only.split(",") if x]
-    bad = [x for x in names if x not in SECTIONS]
-    if bad:
-        raise ConfigError(f"--only: unknown section '{bad[0]}'; valid: {', '.join(SECTIONS.names())}")
-    return names
+    return list(_names("--only", a.only, SECTIONS.names(), "section "))
 
 
 def settings_from_args(a: argparse.Namespace) -> Settings:
     over: dict = {}
     if a.shapes:
-        over["shapes"] = tuple(x for x in a.shapes.split(",") if x)
-        bad = [x for x in over["shapes"] if x not in SHAPES]
-        if bad:
-            raise ConfigError(f"--shapes: unknown '{bad[0]}'; valid: {', '.join(SHAPES)}")
+        over["shapes"] = _names("--shapes", a.shapes, list(SHAPES))
     over["peers"] = tuple(x for x in a.peers.split(",") if x)
     if a.nanogpt:
         over["nanogpt"] = Path(a.nanogpt).expanduser().resolve()
@@ -107,10 +109,7 @@ def settings_from_args(a: argparse.Namespace) -> Settings:
     if a.ttt_target is not None:
         over["ttt_target"] = a.ttt_target
     if a.ttt_runs:
-        over["ttt_runs"] = tuple(x for x in a.ttt_runs.split(",") if x)
-        bad = [x for x in over["ttt_runs"] if x not in TTT_RUNS]
-        if bad:
-            raise ConfigError(f"--ttt-runs: unknown '{bad[0]}'; valid: {', '.join(TTT_RUNS)}")
+        over["ttt_runs"] = _names("--ttt-runs", a.ttt_runs, list(TTT_RUNS))
     over["train_args"] = tuple(shlex.split(a.train_args))
     over["threads"] = a.threads
     over["device"], over["peak_tflops"] = a.device, a.peak_tflops
