@@ -48,8 +48,8 @@ def _diff(a: dict, b: dict) -> dict:
 def test_the_study_sweeps_every_variant_once_and_each_ingredient_both_ways():
     study = OmegaConf.load(CONF / "study" / "speedrun.yaml")
     swept = study.hydra.sweeper.params.speedrun.split(",")
-    assert sorted(swept) == VARIANTS and len(swept) == len(set(swept)) == 2 + 2 * len(INGREDIENTS)
-    assert set(VARIANTS) == {"nanogpt", "full"} | {f"{way}_{x}" for x in INGREDIENTS for way in ("add", "drop")}
+    assert sorted(swept) == VARIANTS and len(swept) == len(set(swept)) == 3 + 2 * len(INGREDIENTS)
+    assert set(VARIANTS) == {"nanogpt", "full", "core"} | {f"{way}_{x}" for x in INGREDIENTS for way in ("add", "drop")}
     assert study.hydra.sweeper.params.seed == "0,1,2"
     report = study.hydra.callbacks.report  # add-one effects against nanogpt, drop-one effects against full
     assert report.baseline == "speedrun=nanogpt" and report.also.drop_one.baseline == "speedrun=full"
@@ -87,6 +87,13 @@ def test_full_less_one_changes_the_full_recipe_in_that_ingredient_alone(ingredie
         assert _diff(nanogpt, _flat("add_muon")) == {k: full[k] for k in changed}
     else:
         assert changed == {k: nanogpt.get(k) for k in INGREDIENTS[ingredient]}
+
+
+def test_core_is_the_full_recipe_less_the_four_within_noise_together():
+    """speedrun=core: full less soft-capping, zero-init, embedding skips and value embeddings, each as in nanogpt."""
+    four = ("softcap", "zero_init", "embed_skip", "value_embeddings")
+    nanogpt = _flat("nanogpt")
+    assert _diff(_flat("full"), _flat("core")) == {k: nanogpt.get(k) for x in four for k in INGREDIENTS[x]}
 
 
 @pytest.mark.parametrize("ingredient", INGREDIENTS)
