@@ -365,6 +365,16 @@ def test_after_sweep_callback_gives_each_report_its_own_target(tmp_path):
     assert "(default: the worst variant's mean final val_loss)" in (tmp_path / "plain" / "report.md").read_text()
 
 
+@pytest.mark.parametrize("kwargs", [{"target": "2.3"}, {"also": {"x": {"baseline": "ffn=a", "taget": 1.0}}},
+                                    {"also": {"x": {"target": 1.0}}}, {"also": {"x": 3}}])
+def test_after_sweep_callback_refuses_bad_arguments_when_created(kwargs):
+    from zoo.report import ReportAfterSweep
+    from zoo.report.runs import ReportError
+
+    with pytest.raises(ReportError, match=r"^hydra\.callbacks\.report\.(target|also\.x): expected "):
+        ReportAfterSweep(**kwargs)
+
+
 # -- the sweep's jobs: finished, running, failed (killed), missing --------------------------------
 
 def test_jobs_of_a_real_multirun_running_killed_and_missing(multirun, tmp_path):

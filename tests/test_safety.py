@@ -108,10 +108,32 @@ def test_check_argv_composes_each_group_choice_of_the_sweepers_params(tmp_path):
 @pytest.mark.parametrize("argv", [
     [], ["-m", "study=ffn"], ["-m", "hparams_search=lr_warmup"], ["-m", "hydra/launcher=slurm"],
     ["-m", "hydra/launcher=submitit_local"], ["-m", "hydra/launcher=joblib", "ffn=relu,gelu"], ["logger=wandb"],
-    ["logger=tensorboard"], ["experiment=llama_style"], ["hydra/job_logging=disabled"],
+    ["logger=tensorboard"], ["experiment=llama_style"], ["hydra/job_logging=disabled"], ["-m", "study=speedrun"],
+    ["-m", "study=speedrun", "ladder=cpu3"],
 ])
 def test_check_argv_allows_what_conf_uses(argv):
     assert check_argv(argv, TRAIN) is None
+
+
+@pytest.mark.parametrize("override, error", [
+    ("hydra.callbacks.report.target=abc", "hydra.callbacks.report.target: expected a number or null, got 'abc'"),
+    ("hydra.callbacks.report.also.drop_one.target=true",
+     "hydra.callbacks.report.also.drop_one.target: expected a number or null, got True"),
+    ('+hydra.callbacks.report.also.x={baselin:"speedrun=full"}',
+     "hydra.callbacks.report.also.x: expected a baseline ('ffn=gelu') or a mapping with baseline and, optionally, "
+     "target; got {'baselin': 'speedrun=full'}"),
+])
+def test_check_argv_refuses_bad_report_arguments_in_one_line(override, error):
+    """The sweep's report callback is checked before Hydra creates it, not when the sweep has run."""
+    assert check_argv(["-m", "study=speedrun", override], TRAIN) == error
+
+
+def test_train_py_refuses_a_bad_report_target_before_any_run(tmp_path):
+    r = _train_py(["-m", "study=speedrun", "hydra.callbacks.report.target=abc", f"hydra.sweep.dir={tmp_path / 's'}"],
+                  tmp_path)
+    assert r.returncode == 2 and r.stderr.strip() == \
+        "error: hydra.callbacks.report.target: expected a number or null, got 'abc'", r.stderr[-2000:]
+    assert not (tmp_path / "s").exists()
 
 
 def test_every_target_in_conf_is_allowed_and_importable():

@@ -26,8 +26,8 @@ class ReportAfterSweep(Callback):
 
     def __init__(self, metrics: Sequence[str] = ("val_loss",), baseline: str | None = None,
                  also: Mapping[str, str | Mapping] | None = None, target: float | None = None):
-        self.metrics, self.baseline, self.target = list(metrics), baseline, target
-        self.also = {name: dict(v) if isinstance(v, Mapping) else {"baseline": v} for name, v in (also or {}).items()}
+        self.metrics, self.baseline, self.target = list(metrics), baseline, _target("target", target)
+        self.also = {name: _also(name, v) for name, v in (also or {}).items()}
 
     def on_multirun_end(self, config, **kwargs) -> None:
         root = Path(config.hydra.sweep.dir)
@@ -36,7 +36,7 @@ class ReportAfterSweep(Callback):
                         self.target if i == 0 else None)
         for name, v in self.also.items():  # a baseline the sweep left out: no such report, in one line
             self._write(root, root / name, self.metrics[0], v["baseline"], f"{name}, against {v['baseline']}",
-                        v.get("target"), fallback=False)
+                        v["target"], fallback=False)
 
     def _write(self, root: Path, out: Path, metric: str, baseline: str | None, label: str,
                target: float | None = None, fallback: bool = True) -> None:
@@ -59,3 +59,34 @@ class ReportAfterSweep(Callback):
             if not fallback or baseline is None or not str(e).startswith("--baseline"):
                 raise
             return build_report(root, metric, target)
+
+
+# Checked when Hydra creates the callback, before the first run: a typo would otherwise surface after the sweep
+def _target(where: str, value) -> float | None:
+    if value is None or (isinstance(value, int | float) and not isinstance(value, bool)):
+        return value
+    raise ReportError(f"hydra.callbacks.report.{where}: expected a number or null, got {value!r}")
+
+
+def _also(name: str, value) -> dict:
+    """An `also` entry as {baseline, target}: a baseline alone, or a mapping of those two keys."""
+    where = f"also.{name}"
+    if isinstance(value, str):
+        return {"baseline": value, "target": None}
+    if not isinstance(value, Mapping) or not isinstance(value.get("baseline"), str) \
+            or set(value) - {"baseline", "target"}:
+        got = dict(value) if isinstance(value, Mapping) else value
+        raise ReportError(f"hydra.callbacks.report.{where}: expected a baseline ('ffn=gelu') or a mapping with "
+                          f"baseline and, optionally, target; got {got!r}")
+    return {"baseline": value["baseline"], "target": _target(f"{where}.target", value.get("target"))}
+
+
+_NAMES = ("zoo.report.ReportAfterSweep", f"{__name__}.ReportAfterSweep")  # as the configs name it, and in full
+
+
+def check_callbacks(callbacks: Mapping) -> None:
+    """Raise ReportError for the first ReportAfterSweep in `hydra.callbacks` whose arguments are bad: train.py's
+    check before Hydra creates the callbacks (which would fail with its own traceback)."""
+    for spec in callbacks.values():
+        if isinstance(spec, Mapping) and spec.get("_target_") in _NAMES:
+            ReportAfterSweep(**{k: v for k, v in spec.items() if k != "_target_"})

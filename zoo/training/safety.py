@@ -101,7 +101,8 @@ def _sweep_values(override: Any) -> list[Any]:
 
 def check_argv(argv: list[str], app_file: str, config_path: str = "conf", config_name: str = "config") -> str | None:
     """The one-line error for the first disallowed `_target_` in the config(s) `python <app_file> <argv>` would
-    run, Hydra's own section (callbacks, launcher, sweeper, logging) included; None if all are allowed.
+    run, Hydra's own section (callbacks, launcher, sweeper, logging) included, or for bad arguments of the sweep's
+    report callback; None if all are allowed.
 
     Reads argv as Hydra does (--config-dir, --config-path, --config-name, -m, hydra.mode=MULTIRUN) and composes
     the same config; a sweep over a config group is composed once per choice. Commands that run nothing
@@ -154,6 +155,8 @@ def check_argv(argv: list[str], app_file: str, config_path: str = "conf", config
         cfg = hydra.compose_config(name, overrides, run_mode=RunMode.MULTIRUN, with_log_configuration=False,
                                    from_shell=True, validate_sweep_overrides=False)
         check_targets(OmegaConf.to_container(cfg, resolve=False))
+        if callbacks := OmegaConf.to_container(cfg.hydra.callbacks, resolve=True):
+            _check_report_callbacks(callbacks)
         if args.multirun or cfg.hydra.mode == RunMode.MULTIRUN:
             # Each choice of a swept group (on the command line or in hydra.sweeper.params, as the study
             # presets do) may carry its own targets, and each job configures logging from its own config:
@@ -181,6 +184,19 @@ def check_argv(argv: list[str], app_file: str, config_path: str = "conf", config
     finally:
         GlobalHydra.instance().clear()
     return None
+
+
+def _check_report_callbacks(callbacks: dict) -> None:
+    """The report callback's own arguments, checked before Hydra creates it (imported here: it loads the report's
+    statistics, which a single run without callbacks need not wait for)."""
+    from zoo.build import ConfigError
+    from zoo.report.callback import check_callbacks
+    from zoo.report.runs import ReportError
+
+    try:
+        check_callbacks(callbacks)
+    except ReportError as e:
+        raise ConfigError(str(e)) from e
 
 
 def refuse_disallowed_targets(app_file: str, config_path: str = "conf", config_name: str = "config") -> None:
