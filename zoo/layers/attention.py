@@ -36,6 +36,9 @@ class AttentionOptions(Options):
     # Queries and keys normalised with the model's norm, before RoPE: true (or head) each head on its own (Qwen3,
     # Gemma 3); projection the whole query and key projections, all heads at once (OLMo 2); false: neither.
     qk_norm: bool | Literal["head", "projection"] = False
+    # Sigmoid attention (Ramapuram et al. 2024): weights sigmoid(score + b), b = -log(max_seq_len), each on its own,
+    # in place of the softmax over keys.
+    sigmoid: bool = False
 
 
 def qk_norms(ctx: Context, opts: AttentionOptions, dim: int, k_dim: int | None = None) -> tuple[nn.Module, nn.Module]:
@@ -110,7 +113,11 @@ class AttentionBase(nn.Module):
         self.backend, self.dropout = opts.backend, ctx.dropout
         self.record = False  # when True, use the math backend and keep `weights` (B, H, Tq, Tk)
         self.weights: torch.Tensor | None = None
-        self.plain = True
+        # sigmoid's b = -log(n), n the training length (Ramapuram et al.): fixed, so a cached step gets the same b
+        need(not opts.sigmoid or ctx.max_seq_len > 0, "attention.sigmoid", "needs model.max_seq_len > 0 for its "
+             f"bias -log(max_seq_len), got {ctx.max_seq_len}; valid: false, or a positive max_seq_len")
+        self.sigmoid_bias = -math.log(ctx.max_seq_len) if opts.sigmoid else None
+        self.plain = not opts.sigmoid
 
     def _attend(self, q, k, v, mask, is_causal, qk_dim: int | None = None) -> torch.Tensor:
         """softmax(q k^T / sqrt(qk_dim)) v. q (B, H, Tq, E); k (B, H_kv, Tk, E) and v (B, H_kv, Tk, Ev), each
@@ -139,8 +146,10 @@ class AttentionBase(nn.Module):
         return self._normalise(masked_scores(scores / math.sqrt(qk_dim), mask, is_causal))
 
     def _normalise(self, scores: torch.Tensor) -> torch.Tensor:
-        """Scaled, masked scores (masked: -inf) -> weights: softmax over the keys (the options that change it
-        live in the variants and AttentionOptions)."""
+        """Scaled, masked scores (masked: -inf) -> weights: softmax over the keys, or with attention.sigmoid each
+        sigmoid(score + b), masked keys 0. Low-precision scores are normalised in float32."""
+        if self.sigmoid_bias is not None:
+            return torch.sigmoid(scores.to(torch.promote_types(scores.dtype, torch.float32)) + self.sigmoid_bias)
         return scores.softmax(dim=-1, dtype=torch.promote_types(scores.dtype, torch.float32))
 
     def _softmax(self, scores, mask, is_causal, qk_dim: int) -> torch.Tensor:
@@ -245,7 +254,7 @@ class Attention(AttentionBase):
         return self._heads(norm(t)) if self.norm_projection else norm(self._heads(t))
 
 
-@ATTENTION.register("mha", options=AttentionOptions, examples=[{}, {"window": 3}, {"qk_norm": True}])
+@ATTENTION.register("mha", options=AttentionOptions, examples=[{}, {"window": 3}, {"qk_norm": True}, {"sigmoid": True}])
 def mha(ctx: Context, opts: AttentionOptions) -> Attention:
     """Multi-head attention: a key/value head per query head (Vaswani et al. 2017)."""
     return Attention(ctx, opts, ctx.n_heads)
@@ -277,7 +286,8 @@ def kv_heads(ctx: Context, opts: GQAOptions | HeadsOptions) -> int:
     return kv
 
 
-@ATTENTION.register("gqa", options=GQAOptions, examples=[{"n_kv_heads": 2}, {"n_kv_heads": 2, "qk_norm": "projection"}])
+@ATTENTION.register("gqa", options=GQAOptions, examples=[{"n_kv_heads": 2}, {"n_kv_heads": 2, "qk_norm": "projection"},
+                                                         {"n_kv_heads": 2, "sigmoid": True}])
 def gqa(ctx: Context, opts: GQAOptions) -> Attention:
     """Grouped-query attention: groups of query heads share a key/value head (Ainslie et al. 2023)."""
     return Attention(ctx, opts, kv_heads(ctx, opts))
