@@ -42,3 +42,31 @@ def test_sigmoid_attention_is_the_papers_equation_and_caches(backend):
     check_cached_decoding(attn)
     with pytest.raises(ConfigError, match="attention.sigmoid: needs model.max_seq_len > 0"):
         zoo_attention("mha", 12, 3, max_seq_len=0, sigmoid=True)
+
+
+@pytest.mark.parametrize("heads,kv_heads", [(3, None), (6, 2)])
+@pytest.mark.parametrize("lineage", LINEAGES)
+def test_sparse_topk_equals_x_transformers(lineage, heads, kv_heads):
+    d, cross, causal = 4 * heads, lineage == "cross", lineage == "decoder"
+    name, kv = ("gqa", {"n_kv_heads": kv_heads}) if kv_heads else ("mha", {})
+    attn = zoo_attention(name, d, heads, cross=cross, sparse_topk=4, **kv)
+    xt = XAttention(d, dim_head=4, heads=heads, kv_heads=kv_heads, causal=causal, sparse_topk=4).double()
+    compare(attn, xt, projection_pairs(attn, xt), cross=cross, causal=causal)
+    if causal:
+        check_cached_decoding(attn)
+
+
+def test_sparse_topk_keeps_each_querys_k_best_keys():
+    """Zhao et al.'s equation in float64: softmax over the scores >= the k-th largest of the query's visible
+    keys, 0 elsewhere; every row with at least k visible keys has exactly k non-zero weights (no ties here)."""
+    attn = zoo_attention("mha", 12, 3, sparse_topk=5, backend="math")
+    attn.record = True
+    x = torch.randn(2, 13, 12, dtype=torch.float64)
+    run_zoo(attn, x, causal=True)
+    q, k, _ = attn.qkv(x).unflatten(-1, (3, 3, 4)).permute(2, 0, 3, 1, 4)
+    s = (q @ k.transpose(-1, -2) / 2).masked_fill(~torch.ones(13, 13, dtype=torch.bool).tril(), float("-inf"))
+    kth = s.sort(dim=-1, descending=True).values[..., 4:5]
+    torch.testing.assert_close(attn.weights, s.masked_fill(s < kth, float("-inf")).softmax(-1), atol=1e-12, rtol=0)
+    assert ((attn.weights > 0).sum(-1) == torch.arange(1, 14).clamp(max=5)).all()
+    with pytest.raises(ConfigError, match="attention.sparse_topk: must be a positive integer or null, got 0"):
+        zoo_attention("mha", 12, 3, sparse_topk=0)

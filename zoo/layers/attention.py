@@ -39,6 +39,9 @@ class AttentionOptions(Options):
     # Sigmoid attention (Ramapuram et al. 2024): weights sigmoid(score + b), b = -log(max_seq_len), each on its own,
     # in place of the softmax over keys.
     sigmoid: bool = False
+    # Explicit sparse attention (Zhao et al. 2019): each query keeps its sparse_topk highest scores (ties kept), the
+    # rest masked before the softmax; null: all.
+    sparse_topk: int | None = None
 
 
 def qk_norms(ctx: Context, opts: AttentionOptions, dim: int, k_dim: int | None = None) -> tuple[nn.Module, nn.Module]:
@@ -117,7 +120,10 @@ class AttentionBase(nn.Module):
         need(not opts.sigmoid or ctx.max_seq_len > 0, "attention.sigmoid", "needs model.max_seq_len > 0 for its "
              f"bias -log(max_seq_len), got {ctx.max_seq_len}; valid: false, or a positive max_seq_len")
         self.sigmoid_bias = -math.log(ctx.max_seq_len) if opts.sigmoid else None
-        self.plain = not opts.sigmoid
+        need(opts.sparse_topk is None or opts.sparse_topk > 0, "attention.sparse_topk",
+             f"must be a positive integer or null, got {opts.sparse_topk}")
+        self.sparse_topk = opts.sparse_topk
+        self.plain = not opts.sigmoid and opts.sparse_topk is None
 
     def _attend(self, q, k, v, mask, is_causal, qk_dim: int | None = None) -> torch.Tensor:
         """softmax(q k^T / sqrt(qk_dim)) v. q (B, H, Tq, E); k (B, H_kv, Tk, E) and v (B, H_kv, Tk, Ev), each
@@ -147,7 +153,14 @@ class AttentionBase(nn.Module):
 
     def _normalise(self, scores: torch.Tensor) -> torch.Tensor:
         """Scaled, masked scores (masked: -inf) -> weights: softmax over the keys, or with attention.sigmoid each
-        sigmoid(score + b), masked keys 0. Low-precision scores are normalised in float32."""
+        sigmoid(score + b), masked keys 0; with attention.sparse_topk k only each query's k highest scores count
+        (masked keys are the lowest). Low-precision scores are normalised in float32."""
+        if self.sparse_topk is not None and self.sparse_topk < scores.shape[-1]:
+            kth = scores.topk(self.sparse_topk, dim=-1).values[..., -1:]  # (..., Tq, 1)
+            # Scores within rounding of the k-th are ties, kept: equal keys (a repeated token) score the same in
+            # exact arithmetic, but a cached step's product rounds differently from the full forward's.
+            size = scores.masked_fill(scores.isinf(), 0).abs().amax(dim=-1, keepdim=True)
+            scores = scores.masked_fill(scores < kth - 64 * torch.finfo(scores.dtype).eps * size, float("-inf"))
         if self.sigmoid_bias is not None:
             return torch.sigmoid(scores.to(torch.promote_types(scores.dtype, torch.float32)) + self.sigmoid_bias)
         return scores.softmax(dim=-1, dtype=torch.promote_types(scores.dtype, torch.float32))
@@ -254,7 +267,8 @@ class Attention(AttentionBase):
         return self._heads(norm(t)) if self.norm_projection else norm(self._heads(t))
 
 
-@ATTENTION.register("mha", options=AttentionOptions, examples=[{}, {"window": 3}, {"qk_norm": True}, {"sigmoid": True}])
+@ATTENTION.register("mha", options=AttentionOptions, examples=[{}, {"window": 3}, {"qk_norm": True}, {"sigmoid": True},
+                                                                  {"sparse_topk": 3}])
 def mha(ctx: Context, opts: AttentionOptions) -> Attention:
     """Multi-head attention: a key/value head per query head (Vaswani et al. 2017)."""
     return Attention(ctx, opts, ctx.n_heads)
