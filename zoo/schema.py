@@ -70,6 +70,9 @@ class ModelConfig:
     # where the weights parts list in residual_outputs start: scaled (init_std / sqrt(2 * blocks)) or zero
     residual_init: str = "scaled"
     embed_skip: bool = False  # each block's input is a * x + b * x0 (x0: the stack's embedding output; a=1, b=0)
+    # learned tokens placed before each stack's sequence, dropped from its output (Burtsev et al. 2020; registers,
+    # Darcet et al. 2023); 0: none
+    memory_tokens: int = 0
     # The components: in a composed config, the node of the chosen preset (conf/<kind>/) replaces these.
     attention: Any = field(default_factory=lambda: {"name": "mha"})
     position: Any = field(default_factory=lambda: {"name": "learned"})
@@ -134,6 +137,7 @@ class ModelSpec:
     value_embeddings: int
     residual_init: str
     embed_skip: bool
+    memory_tokens: int
     attention: Part[AttentionOptions]
     position: Part[Options]
     norm: NormPart[NormOptions]
