@@ -28,6 +28,7 @@ from typing import Any
 from hydra.experimental.callback import Callback
 
 from zoo.build import ConfigError, flatten_config
+from zoo.cli.common import pip_install
 from zoo.net import RETRIES, bound_network, timeout_s
 from zoo.training.console import say, warn
 from zoo.training.safety import instantiate_allowed
@@ -302,7 +303,7 @@ def _checked_uri(cfg: dict, key: str) -> str:
     try:
         import mlflow  # noqa: F401
     except ImportError:
-        raise ConfigError(f'{key}: the mlflow package is not installed; valid: pip install -e ".[mlflow]", '
+        raise ConfigError(f"{key}: the mlflow package is not installed; valid: {pip_install('mlflow')}, "
                           "or another logger (csv, tensorboard, wandb, none)") from None
     bound_network()  # MLflow's own wait: 120 s per request, 7 retries
     uri = tracking_uri(cfg.get("tracking_uri"))

@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 from omegaconf import OmegaConf
 
+from zoo.cli.common import command
 from zoo.component import ConfigError
 from zoo.io import (
     RunDirError,
@@ -204,4 +205,4 @@ def resume_command(run_dir: Path) -> str:
 
     keep = [o for o in overrides() if not o.lstrip("+~").startswith(("ckpt_path=", "hydra.run.dir="))]
     args = keep + ["ckpt_path=last", f"hydra.run.dir={run_dir}"]
-    return "python train.py " + " ".join(shlex.quote(a) for a in args)
+    return f"{command('train')} " + " ".join(shlex.quote(a) for a in args)
