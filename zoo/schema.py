@@ -209,9 +209,9 @@ class ZooConfig:
     # (active ones for ffn=moe); null: trainer.max_steps as set.
     tokens_per_param: float | None = None
     # What a finished run keeps of its checkpoints (a run cut short always keeps checkpoints/last.ckpt, to resume):
-    # all: best.ckpt and last.ckpt, with the optimizer's state; last: last.ckpt as weights only (sample, eval,
-    # init; about a third of the size), and no best.ckpt; none: no checkpoint.
-    checkpoints: str = "all"
+    # weights: best.ckpt and last.ckpt as weights only (sample, eval, init_from: a third of the size); all: both
+    # with the optimizer's state; last: last.ckpt as weights only, no best.ckpt; none: no checkpoint.
+    checkpoints: str = "weights"
     evals_per_run: int | None = None  # with tokens_per_param: trainer.val_check_interval = max_steps / evals_per_run
 
     @classmethod

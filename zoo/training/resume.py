@@ -32,9 +32,9 @@ def checkpoint_path(plain: dict, run_dir: Path, data) -> tuple[str | None, int, 
         raise ConfigError(f"ckpt_path: no checkpoint at '{path}'{hint}")
     saved_ckpt = read_checkpoint(path)
     if "optimizer_states" not in saved_ckpt:
-        raise ConfigError(f"ckpt_path: '{path}' holds a finished run's weights alone (checkpoints=last), nothing "
-                          "to resume; valid: the last.ckpt of a run that was cut short, or sample and evaluate "
-                          f"from this one ({command('sample')}, {command('eval')})")
+        raise ConfigError(f"ckpt_path: '{path}' holds a finished run's weights alone (checkpoints=weights or "
+                          "last), nothing to resume; valid: the last.ckpt of a run that was cut short, or sample and "
+                          f"evaluate from this one ({command('sample')}, {command('eval')})")
     saved_cfg = (saved_ckpt.get("hyper_parameters") or {}).get("cfg") or {}
     # what it trained in: recorded by ZooModule since precision auto, else the config's (then always explicit)
     used = saved_ckpt.get("precision") or _result_settings(saved_cfg).get("trainer.precision", "32-true")

@@ -143,19 +143,31 @@ WEIGHTS_KEYS = ("state_dict", "hyper_parameters", "tokenizer", "precision", "glo
 
 
 def finish_checkpoints(run_dir: Path, keep: str) -> None:
-    """checkpoints=last: the finished run's best.ckpt goes and its last.ckpt becomes its weights alone (the
-    optimizer's state, two thirds of it, only serves a resume); checkpoints=none: both go. Done once
-    summary.json says the run finished, so no run is ever left needing a resume without its checkpoint."""
-    owned_path(run_dir, "checkpoints/best.ckpt").unlink(missing_ok=True)
+    """What a finished run keeps. The optimizer's state, two thirds of a checkpoint with AdamW, only serves a
+    resume, and a finished run has nothing left to resume (a resume keeps the run's settings, max_steps too).
+    checkpoints=weights, the default: best.ckpt and last.ckpt become their weights alone (sampling, evaluating and
+    init_from need no more); last: best.ckpt goes and last.ckpt becomes its weights alone; none: both go. Done
+    once summary.json says the run finished, so no run is ever left needing a resume without its checkpoint."""
+    best = owned_path(run_dir, "checkpoints/best.ckpt")
+    if keep == "weights":
+        for path in (best, owned_path(run_dir, "checkpoints/last.ckpt")):
+            if path.is_file():
+                _weights_alone(path)
+        return
+    best.unlink(missing_ok=True)
     last = owned_path(run_dir, "checkpoints/last.ckpt")
     if not last.is_file():
         return
     if keep != "last":  # none
         last.unlink()
         return
-    ckpt = read_checkpoint(last)
+    _weights_alone(last)
+
+
+def _weights_alone(path: Path) -> None:
+    ckpt = read_checkpoint(path)
     weights = {k: v for k, v in ckpt.items() if k in WEIGHTS_KEYS}
-    atomic_write(last, lambda f: torch.save(weights, f), mode="wb")
+    atomic_write(path, lambda f: torch.save(weights, f), mode="wb")
 
 
 def trim_history(path: Path, step: int) -> None:
