@@ -362,7 +362,7 @@ def test_a_parallel_sweeps_console_names_the_job_of_every_line(tmp_path):
     about_jobs = [ln for ln in lines[:-2] if not any(s in ln for s in sweep_lines)]
     [disk] = [ln for ln in about_jobs if "] disk: " in ln]  # a sweep line, said once before the jobs start
     assert "the 2 runs will keep about" in disk \
-        and "(checkpoints=weights: best and last, the weights alone)" in disk
+        and "(checkpoints=best_weights: last with the optimizer's state, best as weights)" in disk
     about_jobs.remove(disk)
     assert about_jobs and all(re.search(r"\[#[01] ffn=(relu|gelu)\]", ln) for ln in about_jobs), about_jobs
     for num, ffn in ((0, "relu"), (1, "gelu")):

@@ -209,9 +209,9 @@ class ZooConfig:
     # (active ones for ffn=moe); null: trainer.max_steps as set.
     tokens_per_param: float | None = None
     # What a finished run keeps of its checkpoints (a run cut short always keeps checkpoints/last.ckpt, to resume):
-    # weights: best.ckpt and last.ckpt as weights only (sample, eval, init_from: a third of the size); all: both
-    # with the optimizer's state; last: last.ckpt as weights only, no best.ckpt; none: no checkpoint.
-    checkpoints: str = "weights"
+    # best_weights: best.ckpt as weights only (sample, eval, init_from: a third of the size), last.ckpt whole (to
+    # resume); all: both with the optimizer's state; last: last.ckpt as weights only, no best.ckpt; none: neither.
+    checkpoints: str = "best_weights"
     evals_per_run: int | None = None  # with tokens_per_param: trainer.val_check_interval = max_steps / evals_per_run
 
     @classmethod

@@ -286,9 +286,8 @@ def test_checkpoint_naming_an_unknown_component_is_refused(tmp_path):
 def test_resume_with_another_architecture_is_refused(tmp_path, capsys):
     from zoo.training import run
 
-    # checkpoints=all: a whole last.ckpt, as a run cut short leaves it (a finished run keeps its weights alone)
-    assert run(compose_cfg(TINY + ["logger=none", "checkpoints=all"]), run_dir=tmp_path) == 0
-    cfg = compose_cfg(TINY + ["logger=none", "ffn=swiglu", "ckpt_path=last", "checkpoints=all"])
+    assert run(compose_cfg(TINY + ["logger=none"]), run_dir=tmp_path) == 0
+    cfg = compose_cfg(TINY + ["logger=none", "ffn=swiglu", "ckpt_path=last"])
     assert main(cfg, tmp_path) == 2
     assert "holds a different architecture (model.ffn.name: checkpoint 'gelu', this run 'swiglu')" in \
         capsys.readouterr().err

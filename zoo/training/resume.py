@@ -32,8 +32,8 @@ def checkpoint_path(plain: dict, run_dir: Path, data) -> tuple[str | None, int, 
         raise ConfigError(f"ckpt_path: no checkpoint at '{path}'{hint}")
     saved_ckpt = read_checkpoint(path)
     if "optimizer_states" not in saved_ckpt:
-        raise ConfigError(f"ckpt_path: '{path}' holds a finished run's weights alone (checkpoints=weights or "
-                          "last), nothing to resume; valid: the last.ckpt of a run that was cut short, or sample and "
+        raise ConfigError(f"ckpt_path: '{path}' holds a finished run's weights alone (checkpoints=last), nothing "
+                          "to resume; valid: a run's last.ckpt (best.ckpt keeps its weights alone), or sample and "
                           f"evaluate from this one ({command('sample')}, {command('eval')})")
     saved_cfg = (saved_ckpt.get("hyper_parameters") or {}).get("cfg") or {}
     # what it trained in: recorded by ZooModule since precision auto, else the config's (then always explicit)

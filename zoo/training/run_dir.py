@@ -144,15 +144,14 @@ WEIGHTS_KEYS = ("state_dict", "hyper_parameters", "tokenizer", "precision", "glo
 
 def finish_checkpoints(run_dir: Path, keep: str) -> None:
     """What a finished run keeps. The optimizer's state, two thirds of a checkpoint with AdamW, only serves a
-    resume, and a finished run has nothing left to resume (a resume keeps the run's settings, max_steps too).
-    checkpoints=weights, the default: best.ckpt and last.ckpt become their weights alone (sampling, evaluating and
-    init_from need no more); last: best.ckpt goes and last.ckpt becomes its weights alone; none: both go. Done
-    once summary.json says the run finished, so no run is ever left needing a resume without its checkpoint."""
+    resume. checkpoints=best_weights, the default: best.ckpt becomes its weights alone (sampling, evaluating and
+    init_from need no more) and last.ckpt stays whole, the one checkpoint a resume reads (`ckpt_path=last`); last:
+    best.ckpt goes and last.ckpt becomes its weights alone; none: both go. Done once summary.json says the run
+    finished, so no run is ever left needing a resume without its checkpoint."""
     best = owned_path(run_dir, "checkpoints/best.ckpt")
-    if keep == "weights":
-        for path in (best, owned_path(run_dir, "checkpoints/last.ckpt")):
-            if path.is_file():
-                _weights_alone(path)
+    if keep == "best_weights":
+        if best.is_file():
+            _weights_alone(best)
         return
     best.unlink(missing_ok=True)
     last = owned_path(run_dir, "checkpoints/last.ckpt")
