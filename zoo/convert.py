@@ -893,7 +893,9 @@ def _transformers() -> Any:
     try:
         import transformers
     except ImportError as err:  # the optional `hf` extra
-        raise ImportError("zoo.convert.from_pretrained needs transformers: pip install 'zoo[hf]'") from err
+        from zoo.cli.common import needs
+
+        raise ImportError(needs("transformers", "hf", "zoo.convert.from_pretrained")) from err
     return transformers
 
 

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
-from zoo.component import Options, freeze
+from zoo.component import Options, freeze, is_int, is_number
 
 if TYPE_CHECKING:  # the components import torch; the schema must not (train.py composes without it)
     from zoo.layers.attention import AttentionOptions
@@ -160,6 +160,29 @@ class SampleConfig:
     top_p: float | None = None
 
 
+def sampling_error(max_new_tokens: Any = 0, temperature: Any = 1.0, top_k: Any = None, top_p: Any = None,
+                   num_samples: Any = 1, names: dict[str, str] | None = None) -> str | None:
+    """The first bad sampling setting as one line `<name>: got <value>; valid: <range>`, else None: the one check
+    of these values, made where they are used (zoo.generate's sample_next, generate) and, before anything
+    loads, by the CLI (zoo.sample) and the run's config (sample.*). `names` renames the settings
+    (sample.temperature in a config, --temperature on a command line)."""
+    def name(key: str) -> str:
+        return (names or {}).get(key, key)
+
+    checks = [  # (key, value, ok, valid)
+        ("max_new_tokens", max_new_tokens, is_int(max_new_tokens) and max_new_tokens >= 0, "an integer >= 0"),
+        # a negative temperature would invert the distribution: the least likely token first
+        ("temperature", temperature, is_number(temperature) and temperature >= 0, "a finite number >= 0 (0 = greedy)"),
+        ("top_k", top_k, top_k is None or (is_int(top_k) and top_k >= 1), "an integer >= 1, or none"),
+        ("top_p", top_p, top_p is None or (is_number(top_p) and 0 < top_p <= 1), "a number in (0, 1], or none"),
+        ("num_samples", num_samples, is_int(num_samples) and num_samples >= 1, "an integer >= 1"),
+    ]
+    for key, value, ok, valid in checks:
+        if not ok:
+            return f"{name(key)}: got {value!r}; valid: {valid}"
+    return None
+
+
 @dataclass
 class ZooConfig:
     """What `python train.py` composes, less Hydra's own section."""
@@ -190,9 +213,9 @@ class ZooConfig:
     # (active ones for ffn=moe); null: trainer.max_steps as set.
     tokens_per_param: float | None = None
     # What a finished run keeps of its checkpoints (a run cut short always keeps checkpoints/last.ckpt, to resume):
-    # all: best.ckpt and last.ckpt, with the optimizer's state; last: last.ckpt as weights only (sample, eval,
-    # init; about a third of the size), and no best.ckpt; none: no checkpoint.
-    checkpoints: str = "all"
+    # best_weights: best.ckpt as weights only (sample, eval, init_from: a third of the size), last.ckpt whole (to
+    # resume); all: both with the optimizer's state; last: last.ckpt as weights only, no best.ckpt; none: neither.
+    checkpoints: str = "best_weights"
     evals_per_run: int | None = None  # with tokens_per_param: trainer.val_check_interval = max_steps / evals_per_run
 
     @classmethod

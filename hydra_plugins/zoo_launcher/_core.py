@@ -195,6 +195,7 @@ def _lost(job: _Job) -> JobReturn:
 
 
 CONSOLE = "console.log"  # a job's stdout and stderr, in its directory, when jobs run side by side
+OWN_CONSOLE_ENV = "ZOO_JOB_CONSOLE"  # set in a job whose output goes to its own CONSOLE
 PROGRESS_EVERY_S = 60.0  # how often the sweep's console says where each running job is
 
 
@@ -210,6 +211,7 @@ def _console_to(output_dir: str) -> None:
     for fd in (1, 2):
         os.dup2(console.fileno(), fd)
     console.close()
+    os.environ[OWN_CONSOLE_ENV] = str(Path(output_dir) / CONSOLE)  # the job's sample goes there (zoo.training.console)
 
 
 def outcome(output_dir: str | None) -> str:
@@ -248,8 +250,8 @@ def progress(output_dir: str) -> str | None:
 
 def disk_estimate(launcher, job_overrides) -> str | None:
     """What the sweep's runs will leave on disk, from each job's parameter count (float32, 4 bytes each) and what
-    it keeps (`checkpoints`): a checkpoint with AdamW's state is 3x the weights; all keeps two, last one of the
-    weights alone. None when a job's config is not a zoo run's."""
+    it keeps (`checkpoints`): a checkpoint with AdamW's state is 3x the weights; all keeps two, best_weights one
+    and the weights, last the weights alone. None when a job's config is not a zoo run's."""
     from zoo.build import count_params, resolve_config
 
     kept = running = 0.0
@@ -257,16 +259,17 @@ def disk_estimate(launcher, job_overrides) -> str | None:
         for overrides in job_overrides:
             cfg = launcher.hydra_context.config_loader.load_sweep_config(launcher.config, list(overrides))
             plain = OmegaConf.to_container(cfg, resolve=False)
-            model, keep = plain["model"], plain.get("checkpoints", "all")
+            model, keep = plain["model"], plain.get("checkpoints", "best_weights")
             context = (plain.get("data") or {}).get("context") or 256
             size = 4 * count_params(resolve_config({**model, "vocab_size": model.get("vocab_size") or 256,
                                                     "max_seq_len": model.get("max_seq_len") or context}))["total"]
-            kept += {"all": 6 * size, "last": size, "none": 0}.get(keep, 6 * size)
-            running = max(running, 6 * size if keep == "all" else 3 * size)
+            kept += {"all": 6 * size, "best_weights": 4 * size, "last": size, "none": 0}.get(keep, 6 * size)
+            running = max(running, 6 * size if keep in ("all", "best_weights") else 3 * size)  # both whole, running
     except Exception:  # a config this estimate cannot read: the sweep still runs, without it
         return None
     mb = lambda b: f"{b / 1e6:.0f} MB" if b >= 1e6 else f"{b / 1e3:.0f} kB"  # noqa: E731
     what = {"all": "best and last, with the optimizer's state", "last": "each finished run's weights",
+            "best_weights": "last with the optimizer's state, best as weights",
             "none": "none once a run finishes"}.get(keep, keep)
     return (f"disk: the {len(job_overrides)} runs will keep about {mb(kept)} of checkpoints (checkpoints={keep}: "
             f"{what}), and a running one up to {mb(running)}")

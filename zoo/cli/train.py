@@ -11,9 +11,12 @@ Component options can be written short: `norm.type=rmsnorm` means `model.norm.ty
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 from typing import TYPE_CHECKING
 
-from zoo.cli.common import EXIT_ERROR, EXIT_OK, config_dir, config_search_path
+from hydra.experimental.callback import Callback
+
+from zoo.cli.common import EXIT_ERROR, EXIT_OK, command, config_dir, config_search_path, run_as
 from zoo.component import ConfigError
 from zoo.io import collect_once_at_exit, pause_gc_while_loading, resume_gc
 from zoo.training.cli import (  # no torch: fast answers
@@ -50,6 +53,26 @@ def task(cfg: DictConfig) -> float | None:
     return None
 
 
+class SweepEnd(Callback):
+    """A Hydra callback (conf/config.yaml's hydra.callbacks.sweep_end): every multirun, whichever launcher ran its
+    jobs one after another or side by side, ends with where its runs are and the command that compares them."""
+
+    def on_multirun_end(self, config, **kwargs) -> None:
+        import json
+        import shlex
+
+        root = Path(str(config.hydra.sweep.dir))
+        statuses = []
+        for summary in sorted(root.glob("*/summary.json")) if root.is_dir() else []:
+            try:
+                statuses.append(json.loads(summary.read_text()).get("status", "?"))
+            except (OSError, ValueError):
+                statuses.append("unreadable")
+        counts = ", ".join(f"{statuses.count(s)} {s}" for s in dict.fromkeys(statuses)) or "no run finished"
+        print(f"sweep: {len(statuses)} runs in {root} ({counts})\ncompare them: {command('report')} "
+              f"{shlex.quote(str(root))}", flush=True)
+
+
 def check_arguments(args: list[str]) -> str | None:
     """The command line's mistakes as one line, before Hydra composes and before torch loads."""
     if "--hydra-help" in args:
@@ -78,6 +101,7 @@ def main(argv: list[str] | None = None, command: str = "zoo train", doc: str = _
     """The whole command: checks that answer in a fraction of a second, then Hydra. `command` is what the user
     typed before the arguments and `doc` the help's introduction (train.py passes its own)."""
     collect_once_at_exit()  # first, so it runs after every exit handler registered later
+    run_as(command)  # its hints (a resume line, a sweep's report command) name what the user typed
     pause_gc_while_loading()  # until task() has imported torch and Lightning
     args = [expand(a) for a in (sys.argv[1:] if argv is None else argv)]
     try:

@@ -22,8 +22,10 @@ MAX_TEXT_BYTES = 200 * 10**6
 
 def too_big(what: str, size: int, prepare_args: str) -> str:
     """The one-line refusal for a corpus past MAX_TEXT_BYTES, with the command that prepares it."""
+    from zoo.cli.common import command  # zoo.cli imports this module's DataError
+
     return (f"{what} is {size / 1e6:,.0f} MB, more than the {MAX_TEXT_BYTES / 1e6:.0f} MB a run reads into memory; "
-            f"prepare it once with `zoo-prepare {prepare_args} --out corpus.tokens` and train with "
+            f"prepare it once with `{command('prepare')} {prepare_args} --out corpus.tokens` and train with "
             "data=tokens data.path=corpus.tokens")
 
 

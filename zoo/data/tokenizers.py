@@ -23,6 +23,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
+from zoo.cli.common import needs
 from zoo.data.corpus import DataError
 from zoo.io import atomic_write_text, first_line
 
@@ -392,7 +393,7 @@ class HFTokenizer(Tokenizer):
         try:
             from transformers import AutoTokenizer
         except ImportError:
-            raise DataError("tokenizer: hf:<name> needs the 'transformers' package: pip install -e '.[hf]'") from None
+            raise DataError(needs("transformers", "hf", "tokenizer: hf:<name>")) from None
         from zoo.net import bound_network
 
         bound_network()  # a hub that never answers: ZOO_NET_TIMEOUT_S, not forever

@@ -85,8 +85,7 @@ def console_summary(report: Report) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = OneLineParser(prog="python -m zoo.report",
-                                description="Compare the runs of a sweep: one table row per variant.")
+    p = OneLineParser("report", description="Compare the runs of a sweep: one table row per variant.")
     p.add_argument("dir", type=Path, help="a multirun directory (or any directory holding runs)")
     p.add_argument("--metric", default="val_loss", help="validation metric to compare (default: val_loss)")
     p.add_argument("--target", type=float, default=None,

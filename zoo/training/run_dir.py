@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 from omegaconf import OmegaConf
 
+from zoo.cli.common import command
 from zoo.component import ConfigError
 from zoo.io import (
     RunDirError,
@@ -142,19 +143,30 @@ WEIGHTS_KEYS = ("state_dict", "hyper_parameters", "tokenizer", "precision", "glo
 
 
 def finish_checkpoints(run_dir: Path, keep: str) -> None:
-    """checkpoints=last: the finished run's best.ckpt goes and its last.ckpt becomes its weights alone (the
-    optimizer's state, two thirds of it, only serves a resume); checkpoints=none: both go. Done once
-    summary.json says the run finished, so no run is ever left needing a resume without its checkpoint."""
-    owned_path(run_dir, "checkpoints/best.ckpt").unlink(missing_ok=True)
+    """What a finished run keeps. The optimizer's state, two thirds of a checkpoint with AdamW, only serves a
+    resume. checkpoints=best_weights, the default: best.ckpt becomes its weights alone (sampling, evaluating and
+    init_from need no more) and last.ckpt stays whole, the one checkpoint a resume reads (`ckpt_path=last`); last:
+    best.ckpt goes and last.ckpt becomes its weights alone; none: both go. Done once summary.json says the run
+    finished, so no run is ever left needing a resume without its checkpoint."""
+    best = owned_path(run_dir, "checkpoints/best.ckpt")
+    if keep == "best_weights":
+        if best.is_file():
+            _weights_alone(best)
+        return
+    best.unlink(missing_ok=True)
     last = owned_path(run_dir, "checkpoints/last.ckpt")
     if not last.is_file():
         return
     if keep != "last":  # none
         last.unlink()
         return
-    ckpt = read_checkpoint(last)
+    _weights_alone(last)
+
+
+def _weights_alone(path: Path) -> None:
+    ckpt = read_checkpoint(path)
     weights = {k: v for k, v in ckpt.items() if k in WEIGHTS_KEYS}
-    atomic_write(last, lambda f: torch.save(weights, f), mode="wb")
+    atomic_write(path, lambda f: torch.save(weights, f), mode="wb")
 
 
 def trim_history(path: Path, step: int) -> None:
@@ -204,4 +216,4 @@ def resume_command(run_dir: Path) -> str:
 
     keep = [o for o in overrides() if not o.lstrip("+~").startswith(("ckpt_path=", "hydra.run.dir="))]
     args = keep + ["ckpt_path=last", f"hydra.run.dir={run_dir}"]
-    return "python train.py " + " ".join(shlex.quote(a) for a in args)
+    return f"{command('train')} " + " ".join(shlex.quote(a) for a in args)

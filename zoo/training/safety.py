@@ -33,6 +33,7 @@ ALLOWED_TARGETS: tuple[str, ...] = (
     "lightning.pytorch.callbacks.RichModelSummary",
     # zoo's own classes named by conf/
     "zoo.report.ReportAfterSweep",
+    "zoo.cli.train.SweepEnd",  # every multirun: its directory and the report command, at the end
     "zoo.training.loggers.MLflowSweep",  # logger=mlflow: logs the sweep's report to its parent run
     # Hydra launchers and sweepers (conf/ uses joblib, submitit and optuna; basic is Hydra's default)
     "hydra._internal.core_plugins.basic_launcher.BasicLauncher",
