@@ -70,6 +70,8 @@ class ModelConfig:
     # where the weights parts list in residual_outputs start: scaled (init_std / sqrt(2 * blocks)) or zero
     residual_init: str = "scaled"
     embed_skip: bool = False  # each block's input is a * x + b * x0 (x0: the stack's embedding output; a=1, b=0)
+    # The embedding and the output head (zoo/models/vocab.py; docs/options.md): a mixture of this many softmaxes
+    softmaxes: int = 1
     # The components: in a composed config, the node of the chosen preset (conf/<kind>/) replaces these.
     attention: Any = field(default_factory=lambda: {"name": "mha"})
     position: Any = field(default_factory=lambda: {"name": "learned"})
@@ -134,6 +136,7 @@ class ModelSpec:
     value_embeddings: int
     residual_init: str
     embed_skip: bool
+    softmaxes: int
     attention: Part[AttentionOptions]
     position: Part[Options]
     norm: NormPart[NormOptions]
