@@ -42,8 +42,9 @@ def test_mixture_of_softmaxes_is_the_papers_mixture(lineage, tie):
     torch.testing.assert_close(log_p, ref.log(), rtol=1e-10, atol=1e-10)
     assert model.head.out.tied == ((model.embed,) if tie else ())
     target = torch.randint(0, V, (2, 13))
-    grad = torch.autograd.grad(log_p.gather(-1, target[..., None]).sum(), [hidden, model.head.latent.weight])
-    grad_ref = torch.autograd.grad(ref.gather(-1, target[..., None]).log().sum(), [hidden_ref, model.head.latent.weight])
+    weight = model.head.latent.weight
+    grad = torch.autograd.grad(log_p.gather(-1, target[..., None]).sum(), [hidden, weight])
+    grad_ref = torch.autograd.grad(ref.gather(-1, target[..., None]).log().sum(), [hidden_ref, weight])
     for g, g_ref in zip(grad, grad_ref, strict=True):
         torch.testing.assert_close(g, g_ref, rtol=1e-9, atol=1e-10)
 
@@ -84,5 +85,78 @@ def test_mixture_counts_and_flops_come_from_the_module():
 @pytest.mark.parametrize("over, key", [({"softmaxes": 0}, "model.softmaxes"),
                                        ({"softmaxes": 2, "parametrization": "mup"}, "model.softmaxes")])
 def test_bad_head_options_are_one_line_naming_the_key(over, key):
+    with pytest.raises(ConfigError, match=f"^{key}: "):
+        build_model(tiny_cfg(**over))
+
+
+E = 8  # the factorized embedding's width
+
+
+@pytest.mark.parametrize("lineage", ["decoder_only", "encoder_only", "encoder_decoder"])
+@pytest.mark.parametrize("tie", [True, False])
+def test_factorized_embedding_and_head_are_albert_s_factorization(lineage, tie):
+    """ALBERT: embedding = T[x] P^T with T (vocab, E), P (d, E); the tied head reads the same T and P: h P T^T."""
+    model = build_model(tiny_cfg(lineage, embed_dim=E, tie_embeddings=tie, init_std=0.3), seed=4).double()
+    tokens = torch.randint(0, V, (2, 13))
+    table, proj = model.embed.table.weight, model.embed.proj.weight
+    torch.testing.assert_close(model.embed(tokens), table[tokens] @ proj.T, rtol=0, atol=0)
+    h = torch.randn(2, 13, D, dtype=torch.float64)
+    head = model.head
+    down = proj if tie else head.down.weight.T
+    out_table = table if tie else head.out.weight
+    expected = h @ down @ out_table.T + (head.out.bias if head.out.bias is not None else 0)
+    torch.testing.assert_close(head(h), expected, rtol=1e-12, atol=1e-12)
+    counts = count_params(tiny_cfg(lineage, embed_dim=E, tie_embeddings=tie))
+    n_tables = 2 if not tie else 1
+    bias = V if lineage == "encoder_only" else 0
+    assert counts["embedding"] == V * E + E * D  # the table and its projection
+    assert counts["head"] - (D * D + D if lineage == "encoder_only" else 0) == \
+        (n_tables - 1) * (V * E + D * E) + bias  # the MLM head's dense apart
+
+
+# Narang et al. 2021's embedding rows, as encoder_decoder options: which tables are one tensor
+NARANG = {  # row: (options, encoder input is decoder input, decoder input is output)
+    "Tied encoder/decoder input embeddings": ({"tie_embeddings": False}, True, False),
+    "Tied decoder input and output embeddings": ({"tie_encoder_decoder": False}, False, True),
+    "Untied embeddings": ({"tie_embeddings": False, "tie_encoder_decoder": False}, False, False),
+    "Factorized embedding": ({"embed_dim": E, "tie_embeddings": False, "tie_encoder_decoder": False}, False, False),
+    "Factorized & shared embeddings": ({"embed_dim": E}, True, True),
+}
+
+
+@pytest.mark.parametrize("row", NARANG)
+def test_narang_embedding_rows_share_what_they_say(row):
+    options, enc_dec, dec_out = NARANG[row]
+    model = build_model(tiny_cfg("encoder_decoder", **options))
+    enc, dec = model.encoder.embed, model.decoder.embed
+    assert (enc is dec) == enc_dec
+    out = model.head.out.table() if hasattr(model.head, "out") else model.head.weight
+    assert (out is dec.weight) == dec_out
+    tables = {id(m.weight) for m in (enc, dec)} | {id(out)}
+    width = options.get("embed_dim", D)
+    projections = (len({id(enc), id(dec)}) + (not dec_out)) * D * E if "embed_dim" in options else 0
+    assert count_params(tiny_cfg("encoder_decoder", **options))["embedding"] + \
+        count_params(tiny_cfg("encoder_decoder", **options))["head"] == len(tables) * V * width + projections
+
+
+@pytest.mark.parametrize("options", [{"embed_dim": E}, {"tie_encoder_decoder": False},
+                                     {"embed_dim": E, "softmaxes": 2}])
+def test_factorized_and_untied_cached_generation_equals_recomputation(options):
+    model = build_model(tiny_cfg("encoder_decoder", **options), seed=1).eval()
+    prompt, src = torch.randint(0, V, (2, 3)), torch.randint(0, V, (2, 7))
+    assert torch.equal(generate(model, prompt, 8, src=src), generate(model, prompt, 8, src=src, use_cache=False))
+
+
+def test_factorized_flops_come_from_the_module():
+    plain, factorized = tiny_cfg(n_layers=1), tiny_cfg(n_layers=1, embed_dim=E)
+    # the embedding's projection, and the head's map to E and products with a (vocab, E) table instead of (vocab, D)
+    expected = 2 * E * D + 2 * D * E + 2 * V * E - 2 * V * D
+    assert flops_per_token(factorized)["forward"] - flops_per_token(plain)["forward"] == expected
+
+
+@pytest.mark.parametrize("over, key", [({"embed_dim": 0}, "model.embed_dim"),
+                                       ({"embed_dim": 8, "parametrization": "mup"}, "model.embed_dim"),
+                                       ({"tie_encoder_decoder": False}, "model.tie_encoder_decoder")])
+def test_bad_embedding_options_are_one_line_naming_the_key(over, key):
     with pytest.raises(ConfigError, match=f"^{key}: "):
         build_model(tiny_cfg(**over))

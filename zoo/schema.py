@@ -72,6 +72,8 @@ class ModelConfig:
     embed_skip: bool = False  # each block's input is a * x + b * x0 (x0: the stack's embedding output; a=1, b=0)
     # The embedding and the output head (zoo/models/vocab.py; docs/options.md): a mixture of this many softmaxes
     softmaxes: int = 1
+    embed_dim: int | None = None  # factorized embeddings (ALBERT): a table this wide, then to d_model; null: none
+    tie_encoder_decoder: bool = True  # encoder_decoder: the encoder and the decoder read one token embedding
     # The components: in a composed config, the node of the chosen preset (conf/<kind>/) replaces these.
     attention: Any = field(default_factory=lambda: {"name": "mha"})
     position: Any = field(default_factory=lambda: {"name": "learned"})
@@ -137,6 +139,8 @@ class ModelSpec:
     residual_init: str
     embed_skip: bool
     softmaxes: int
+    embed_dim: int | None
+    tie_encoder_decoder: bool
     attention: Part[AttentionOptions]
     position: Part[Options]
     norm: NormPart[NormOptions]

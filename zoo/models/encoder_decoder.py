@@ -1,5 +1,5 @@
 """Encoder-decoder (original Transformer, T5, BART): a bidirectional encoder, a causal decoder that
-cross-attends to it, one shared token embedding and a tied output head."""
+cross-attends to it, one shared token embedding and a tied output head (zoo/models/vocab.py: other ties)."""
 
 from __future__ import annotations
 
@@ -26,7 +26,8 @@ class EncoderDecoder(nn.Module):
         self.embed = token_embedding(cfg)
         n_enc, n_dec = cfg.n_layers, cfg.n_decoder_layers or cfg.n_layers
         ctx = context(cfg, n_enc + n_dec)
-        self.encoder = Stack(cfg, ctx, self.embed, n_enc)
+        # model.tie_encoder_decoder=false: the encoder reads a token embedding of its own
+        self.encoder = Stack(cfg, ctx, self.embed if cfg.tie_encoder_decoder else token_embedding(cfg), n_enc)
         self.decoder = Stack(cfg, replace(ctx, causal=True, layer=n_enc), self.embed, n_dec, cross=True)
         self.head = output_head(cfg, cfg.d_model, False, self.embed)
 
