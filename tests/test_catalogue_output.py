@@ -160,3 +160,101 @@ def test_factorized_flops_come_from_the_module():
 def test_bad_embedding_options_are_one_line_naming_the_key(over, key):
     with pytest.raises(ConfigError, match=f"^{key}: "):
         build_model(tiny_cfg(**over))
+
+
+CUTOFFS = [9, 20]  # three clusters of the 37 ids: 9, 11 and 17 tokens, 32, 8 and 2 wide (div 4)
+
+
+def adaptive_cfg(lineage: str = "decoder_only", **over) -> dict:
+    return tiny_cfg(lineage, adaptive_input=True, adaptive_softmax=True, adaptive_cutoffs=CUTOFFS, **over)
+
+
+def test_adaptive_softmax_equals_torch_adaptive_log_softmax_with_copied_weights():
+    model = build_model(tiny_cfg(adaptive_softmax=True, adaptive_cutoffs=CUTOFFS, tie_embeddings=False,
+                                 adaptive_div=2.0), seed=5).double()
+    ref = torch.nn.AdaptiveLogSoftmaxWithLoss(D, V, CUTOFFS, div_value=2.0).double()
+    head = model.head
+    with torch.no_grad():
+        ref.head.weight.copy_(torch.cat([head.tables[0], head.cluster_logits]))
+        for tail, table, proj in zip(ref.tail, head.tables[1:], head.proj, strict=True):
+            tail[0].weight.copy_(proj)
+            tail[1].weight.copy_(table)
+    h = torch.randn(3, 13, D, dtype=torch.float64, requires_grad=True)
+    h_ref = h.detach().clone().requires_grad_()
+    out, expected = head(h), ref.log_prob(h_ref.flatten(0, 1)).view(3, 13, V)
+    torch.testing.assert_close(out, expected, rtol=1e-12, atol=1e-12)
+    target = torch.randint(0, V, (3, 13))
+    loss = -out.gather(-1, target[..., None]).mean()  # what cross-entropy makes of log-probabilities
+    torch.testing.assert_close(loss, ref(h_ref.flatten(0, 1), target.flatten()).loss, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(torch.autograd.grad(loss, h)[0],
+                               torch.autograd.grad(ref(h_ref.flatten(0, 1), target.flatten()).loss, h_ref)[0])
+
+
+def test_adaptive_input_is_baevski_and_auli_s_clusters_and_tied_to_the_softmax():
+    model = build_model(adaptive_cfg(init_std=0.3, max_seq_len=64), seed=6).double()
+    embed, head = model.embed, model.head
+    tokens = torch.arange(V).view(1, V)
+    expected = torch.stack([embed.tables[0].weight[x] if x < 9 else
+                            embed.tables[1].weight[x - 9] @ embed.proj[0] if x < 20 else
+                            embed.tables[2].weight[x - 20] @ embed.proj[1] for x in range(V)])
+    torch.testing.assert_close(embed(tokens)[0], expected, rtol=1e-12, atol=1e-12)
+    assert [t.weight.shape[1] for t in embed.tables] == [32, 8, 2]
+    tables, proj = head.weights()  # tied: the embedding's tensors themselves
+    assert all(a is b.weight for a, b in zip(tables, embed.tables, strict=True))
+    assert all(a is b for a, b in zip(proj, embed.proj, strict=True))
+    assert torch.allclose(model(tokens).exp().sum(-1), torch.ones(1, V, dtype=torch.float64))
+
+
+@pytest.mark.parametrize("lineage", ["decoder_only", "encoder_decoder"])
+def test_adaptive_cached_generation_equals_recomputation(lineage):
+    model = build_model(adaptive_cfg(lineage), seed=1).eval()
+    prompt, src = torch.randint(0, V, (2, 3)), torch.randint(0, V, (2, 7))
+    src = src if lineage == "encoder_decoder" else None
+    g = [torch.Generator().manual_seed(0) for _ in range(2)]
+    cached = generate(model, prompt, 8, temperature=1.0, src=src, generator=g[0])
+    assert torch.equal(cached, generate(model, prompt, 8, temperature=1.0, src=src, use_cache=False, generator=g[1]))
+
+
+def test_adaptive_counts_and_flops_come_from_the_module():
+    counts = count_params(adaptive_cfg(n_layers=1))
+    tables, proj = 9 * 32 + 11 * 8 + 17 * 2, 8 * 32 + 2 * 32
+    assert counts["embedding"] == tables + proj and counts["head"] == 2 * D  # the head's two tail entries
+    plain = flops_per_token(tiny_cfg(n_layers=1))["forward"] - 2 * V * D
+    head = 2 * (9 + 2) * D + 2 * (8 * 32 + 11 * 8) + 2 * (2 * 32 + 17 * 2)
+    assert flops_per_token(adaptive_cfg(n_layers=1))["forward"] - plain == 2 * 8 * 32 + head
+
+
+def test_adaptive_with_the_bpe_tokenizer_learns():
+    """A word-piece vocabulary, as the option is meant for: BPE on the embedded corpus, ids in merge order."""
+    from zoo.data.corpus import load_default_corpus
+    from zoo.data.tokenizers import build_tokenizer
+
+    text = load_default_corpus()[:20000]
+    tok = build_tokenizer("bpe", vocab_size=300).fit(text)
+    ids = torch.tensor(tok.encode(text)[:8 * 129]).view(8, 129)
+    cfg = tiny_cfg(vocab_size=tok.vocab_size, adaptive_input=True, adaptive_softmax=True,
+                   adaptive_cutoffs=[64, 160], max_seq_len=256)
+    model = build_model(cfg, seed=0)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    objective = OBJECTIVE.get("decoder_only")(tok.vocab_size)
+    batch = objective.text_batch(ids, torch.Generator())
+    first = objective.loss(model, batch)[0].item()
+    for _ in range(30):
+        opt.zero_grad()
+        objective.loss(model, batch)[0].backward()
+        opt.step()
+    assert first > 5.5 and objective.loss(model, batch)[0].item() < first - 1.5  # log(300) = 5.7 at the start
+
+
+@pytest.mark.parametrize("over, key", [
+    ({"adaptive_softmax": True}, "model.adaptive_cutoffs"),
+    ({"adaptive_softmax": True, "adaptive_cutoffs": [20, 9]}, "model.adaptive_cutoffs"),
+    ({"adaptive_softmax": True, "adaptive_cutoffs": [9, 37]}, "model.adaptive_cutoffs"),
+    ({"adaptive_softmax": True, "adaptive_cutoffs": [9]}, "model.tie_embeddings"),
+    ({"adaptive_input": True, "adaptive_cutoffs": [9], "embed_dim": 8, "tie_embeddings": False}, "model.embed_dim"),
+    ({"adaptive_softmax": True, "adaptive_cutoffs": [9], "softmaxes": 2, "tie_embeddings": False}, "model.softmaxes"),
+    ({"adaptive_input": True, "adaptive_cutoffs": [9, 20, 30], "adaptive_div": 8.0, "tie_embeddings": False},
+     "model.adaptive_div")])
+def test_bad_adaptive_options_are_one_line_naming_the_key(over, key):
+    with pytest.raises(ConfigError, match=f"^{key}: "):
+        build_model(tiny_cfg(**over))
