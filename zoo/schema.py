@@ -73,6 +73,16 @@ class ModelConfig:
     # learned tokens placed before each stack's sequence, dropped from its output (Burtsev et al. 2020; registers,
     # Darcet et al. 2023); 0: none
     memory_tokens: int = 0
+    # The embedding and the output head (zoo/models/vocab.py; docs/options.md): a mixture of this many softmaxes
+    softmaxes: int = 1
+    embed_dim: int | None = None  # factorized embeddings (ALBERT): a table this wide, then to d_model; null: none
+    tie_encoder_decoder: bool = True  # encoder_decoder: the encoder and the decoder read one token embedding
+    # adaptive input embeddings (Baevski and Auli 2019) and adaptive softmax (Grave et al. 2017): the vocabulary cut
+    # into clusters at adaptive_cutoffs (ids in order of frequency), cluster i of width d_model / adaptive_div^i
+    adaptive_input: bool = False
+    adaptive_softmax: bool = False
+    adaptive_cutoffs: list[int] | None = None
+    adaptive_div: float = 4.0
     # The components: in a composed config, the node of the chosen preset (conf/<kind>/) replaces these.
     attention: Any = field(default_factory=lambda: {"name": "mha"})
     position: Any = field(default_factory=lambda: {"name": "learned"})
@@ -138,6 +148,13 @@ class ModelSpec:
     residual_init: str
     embed_skip: bool
     memory_tokens: int
+    softmaxes: int
+    embed_dim: int | None
+    tie_encoder_decoder: bool
+    adaptive_input: bool
+    adaptive_softmax: bool
+    adaptive_cutoffs: list[int] | None
+    adaptive_div: float
     attention: Part[AttentionOptions]
     position: Part[Options]
     norm: NormPart[NormOptions]

@@ -32,7 +32,7 @@ class Stack(nn.Module):
     causal=True makes it a decoder (each token sees only earlier ones); cross=True adds
     cross-attention to an encoder's output. ctx.layer is the index of its first block in the model."""
 
-    def __init__(self, cfg: ModelSpec, ctx: Context, embed: nn.Embedding, n_layers: int, cross: bool = False):
+    def __init__(self, cfg: ModelSpec, ctx: Context, embed: nn.Module, n_layers: int, cross: bool = False):
         super().__init__()
         self.embed, self.causal = embed, ctx.causal
         self.embed_scale = math.sqrt(ctx.d_model) if cfg.scale_embeddings else 1.0
@@ -52,7 +52,7 @@ class Stack(nn.Module):
         need(not cfg.value_embeddings or value_dim is not None, "value_embeddings",
              f"attention '{cfg.attention.name}' takes no value embeddings (its value_dim is null: the values are not "
              "what it caches or projects directly); valid: 0 with this attention, or an attention with a value_dim")
-        self.value_embeds = nn.ModuleList(nn.Embedding(embed.num_embeddings, value_dim or 0)
+        self.value_embeds = nn.ModuleList(nn.Embedding(cfg.vocab_size, value_dim or 0)
                                           for _ in range(cfg.value_embeddings))
         # model.memory_tokens: learned tokens before the sequence (with the first tokens; then in the cache)
         self.memory = nn.Embedding(cfg.memory_tokens, ctx.d_model) if cfg.memory_tokens else None
