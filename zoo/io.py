@@ -150,10 +150,15 @@ def atomic_write_json(path: str | os.PathLike, data: Any) -> None:
 # with zoo's names but no marker are a look-alike (or a run of a zoo from before the marker): left alone.
 RUN_MARKER = ".zoo-run"
 RUN_LOCK = "run.lock"
+CONSOLE_LOG = "console.log"  # the parallel launcher's console of a job (hydra_plugins/zoo_launcher), appended to
 # What a run writes there, each "file" or "dir"; a parent comes before what it holds.
 RUN_ENTRIES = {RUN_MARKER: "file", RUN_LOCK: "file", "config.yaml": "file", "metrics.csv": "file",
                "summary.json": "file", "hparams.yaml": "file", "checkpoints": "dir", "checkpoints/last.ckpt": "file",
-               "checkpoints/best.ckpt": "file", "tb": "dir", "wandb": "dir", "console.log": "file"}
+               "checkpoints/best.ckpt": "file", "tb": "dir", "wandb": "dir", CONSOLE_LOG: "file"}
+# What overwrite=true removes, in this order (docs/reliability.md lists them; a test compares): what a run writes,
+# not the marker and lock (the new run's), nor console.log: the launcher appends the running job's console there
+# (each start marked by a line), and a console.log the user made (a tee) is theirs.
+OVERWRITE_REMOVES = tuple(n for n in RUN_ENTRIES if n not in (RUN_MARKER, RUN_LOCK, CONSOLE_LOG))
 # Finding any of these means the directory holds a run (Hydra's .hydra/ and log do not count).
 RUN_FILES = ("config.yaml", "metrics.csv", "summary.json", "hparams.yaml", "checkpoints")
 
@@ -279,15 +284,15 @@ def open_append(path: str | os.PathLike, **kwargs) -> IO:
 
 
 def remove_run_files(run_dir: str | os.PathLike) -> None:
-    """overwrite=true: remove what an earlier zoo run wrote (call after check_run_dir found its marker): its files,
-    its checkpoints/ files (and the directory, once empty) and its loggers' directories; .hydra/, the marker,
-    the lock and anything else stay."""
+    """overwrite=true: remove what an earlier zoo run wrote (call after check_run_dir found its marker): the names
+    in OVERWRITE_REMOVES, checkpoints/ only once empty; .hydra/, the marker, the lock, console.log and anything
+    else stay."""
     import shutil
 
     run_dir = Path(run_dir)
-    for name, kind in RUN_ENTRIES.items():
-        path = owned_path(run_dir, name)
-        if name in (RUN_MARKER, RUN_LOCK) or name.startswith("checkpoints") or not os.path.lexists(path):
+    for name in OVERWRITE_REMOVES:
+        path, kind = owned_path(run_dir, name), RUN_ENTRIES[name]
+        if name.startswith("checkpoints") or not os.path.lexists(path):
             continue
         if kind == "dir":
             shutil.rmtree(path)  # rmtree removes links inside, never what they point to
@@ -295,8 +300,9 @@ def remove_run_files(run_dir: str | os.PathLike) -> None:
             path.unlink()
     checkpoints = owned_path(run_dir, "checkpoints")
     if checkpoints.is_dir():
-        for name in ("last.ckpt", "best.ckpt"):
-            owned_path(run_dir, f"checkpoints/{name}").unlink(missing_ok=True)
+        for name in OVERWRITE_REMOVES:
+            if name.startswith("checkpoints/"):
+                owned_path(run_dir, name).unlink(missing_ok=True)
         remove_temp_files(checkpoints)
         with contextlib.suppress(OSError):  # a directory the user added files to stays
             checkpoints.rmdir()
