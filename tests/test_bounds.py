@@ -328,6 +328,18 @@ def test_overwrite_leaves_the_users_files(tmp_path, user_file):
     assert marker.read_bytes() == before
 
 
+def test_reliability_md_states_the_bounds_of_the_code():
+    from zoo.io import MAX_DEPTH, MAX_INT_DIGITS, MAX_SWEEP_JOBS, READ_LIMITS
+
+    text = " ".join((ROOT / "docs" / "reliability.md").read_text().split())
+    bullet = text[text.index("**Every file zoo parses is bounded**"):text.index("**Special files are refused")]
+    stated = f"at most {READ_LIMITS['json'] >> 20} MiB of JSON, {READ_LIMITS['yaml'] >> 20} MiB of YAML and " \
+             f"{READ_LIMITS['csv'] >> 20} MiB of CSV"
+    assert stated in bullet
+    assert f"nested at most {MAX_DEPTH} levels" in bullet and f"at most {MAX_INT_DIGITS} digits" in bullet
+    assert f"more than {MAX_SWEEP_JOBS:,} jobs" in bullet and f"{MEMORY_LIMIT >> 30} GiB of address space" in bullet
+
+
 def test_reliability_md_lists_what_overwrite_removes():
     text = (ROOT / "docs" / "reliability.md").read_text()
     bullet = re.search(r"`overwrite=true` removes only (.*?);", text, re.S).group(1)
