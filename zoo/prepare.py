@@ -36,7 +36,6 @@ import glob
 import gzip
 import hashlib
 import itertools
-import json
 import multiprocessing
 import os
 import re
@@ -52,7 +51,7 @@ from zoo.cli.common import OneLineParser, command, needs
 from zoo.data.corpus import DataError
 from zoo.data.tokenizers import HF_PREFIX, Tokenizer, build_tokenizer, tokenizer_from_state
 from zoo.data.tokens import FORMAT, MANIFEST, SPLITS, dtype_for, write_shard
-from zoo.io import atomic_write_json, first_line, remove_temp_files
+from zoo.io import FileFormatError, atomic_write_json, first_line, parse_json, read_json, remove_temp_files
 from zoo.net import bound_network
 
 SAMPLE_BY = ("document", "paragraph", "line")
@@ -125,9 +124,9 @@ def _file_documents(path: Path, sample_by: str, text_field: str) -> Iterator[str
 
 def _json_text(line: str, field: str, path: Path, n: int) -> str:
     try:
-        record = json.loads(line)
-    except json.JSONDecodeError as e:
-        raise DataError(f"sources: '{path}' line {n} is not JSON ({e.msg})") from None
+        record = parse_json(line, f"{path} line {n}")
+    except FileFormatError as e:  # not JSON, nested too deep, a number out of range
+        raise DataError(f"sources: {first_line(e)}") from None
     if not isinstance(record, dict) or field not in record:
         keys = ", ".join(record) if isinstance(record, dict) else type(record).__name__
         raise DataError(f"--text-field: '{field}' not in '{path}' line {n}; it has: {keys}")
@@ -412,8 +411,8 @@ def _read_previous(out: Path, plan: dict) -> dict | None:
                             "choose an empty or new directory")
         return None
     try:
-        manifest = json.loads(file.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        manifest = read_json(file)
+    except (OSError, ValueError):  # FileFormatError: too large, too deep, not JSON
         raise DataError(f"--out: '{file}' is damaged; delete '{out}' and prepare again") from None
     if manifest.get("format") != FORMAT or manifest.get("plan") != plan:
         old = manifest.get("plan", {})

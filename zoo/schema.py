@@ -382,6 +382,7 @@ def option_specs() -> dict:
     import json
     import sys
 
+    from zoo.io import read_json
     from zoo.registry import plugins
 
     # Not loaded yet, the registries will hold today's sources; parts from ZOO_PLUGINS are outside zoo/, which
@@ -393,8 +394,8 @@ def option_specs() -> dict:
         path = None
     if fresh and path is not None and path.is_file():
         try:
-            return json.loads(path.read_text())
-        except (OSError, ValueError):
+            return read_json(path)
+        except (OSError, ValueError):  # damaged (FileFormatError too): read the sources live
             pass
     specs = _live_specs()
     # Kept only when this call loaded the sources the name stands for: a process that imported zoo earlier (a

@@ -33,6 +33,8 @@ from hydra.core.singleton import Singleton
 from hydra.core.utils import JobReturn, JobStatus, configure_log, filter_overrides, run_job, setup_globals
 from omegaconf import DictConfig, OmegaConf, open_dict
 
+from zoo.io import CONSOLE_LOG
+
 log = logging.getLogger(__name__)
 
 
@@ -194,7 +196,7 @@ def _lost(job: _Job) -> JobReturn:
     return ret
 
 
-CONSOLE = "console.log"  # a job's stdout and stderr, in its directory, when jobs run side by side
+CONSOLE = CONSOLE_LOG  # a job's stdout and stderr, in its directory, when jobs run side by side
 OWN_CONSOLE_ENV = "ZOO_JOB_CONSOLE"  # set in a job whose output goes to its own CONSOLE
 PROGRESS_EVERY_S = 60.0  # how often the sweep's console says where each running job is
 
@@ -206,6 +208,8 @@ def _console_to(output_dir: str) -> None:
 
     Path(output_dir).mkdir(parents=True, exist_ok=True)
     console = open_append(owned_path(output_dir, CONSOLE), encoding="utf-8")
+    console.write(f"--- zoo job started {time.strftime('%Y-%m-%d %H:%M:%S')} (pid {os.getpid()}) ---\n")  # a rerun
+    console.flush()  # appends: each start is marked
     sys.stdout.flush()
     sys.stderr.flush()
     for fd in (1, 2):
@@ -216,10 +220,12 @@ def _console_to(output_dir: str) -> None:
 
 def outcome(output_dir: str | None) -> str:
     """A finished job in words, from its summary.json: 'completed in 93 s: val_loss 2.0812', or why not."""
-    import json
+    from zoo.io import read_json
 
     try:
-        summary = json.loads((Path(output_dir) / "summary.json").read_text())
+        summary = read_json(Path(output_dir) / "summary.json")  # bounded: one zoo.io.FileFormatError at most
+        if not isinstance(summary, dict):
+            raise TypeError("not a JSON object")
     except (OSError, TypeError, ValueError):
         return "ended without a summary.json" + (f" (see {Path(output_dir) / CONSOLE})" if output_dir else "")
     status = summary.get("status", "failed")
@@ -233,19 +239,22 @@ def outcome(output_dir: str | None) -> str:
 
 def progress(output_dir: str) -> str | None:
     """Where a running job is, from its metrics.csv and config.yaml: 'step 400/2100, val_loss 2.3100'."""
-    import csv
+    from zoo.io import read_csv, read_yaml
 
-    try:
-        with open(Path(output_dir) / "metrics.csv", newline="") as f:
-            rows = list(csv.DictReader(f))
-        total = OmegaConf.load(Path(output_dir) / "config.yaml").trainer.max_steps
+    try:  # bounded reads (zoo.io): a damaged file is no progress line, never a stuck or crashed launcher
+        rows = read_csv(Path(output_dir) / "metrics.csv")[1]
+        total = read_yaml(Path(output_dir) / "config.yaml")["trainer"]["max_steps"]
     except Exception:  # not started yet, or no history logged
         return None
     steps = [int(r["step"]) for r in rows if (r.get("step") or "").isdigit()]
     val = [r["val_loss"] for r in rows if r.get("val_loss")]
     if not steps:
         return None
-    return f"step {max(steps) + 1}/{total}" + (f", val_loss {float(val[-1]):.4f}" if val else "")
+    try:
+        last = f", val_loss {float(val[-1]):.4f}" if val else ""
+    except ValueError:  # not a number: said without it
+        last = ""
+    return f"step {max(steps) + 1}/{total}{last}"
 
 
 def disk_estimate(launcher, job_overrides) -> str | None:

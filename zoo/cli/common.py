@@ -35,8 +35,11 @@ class OneLineParser(argparse.ArgumentParser):
 
     REQUIRED = "the following arguments are required: "
 
-    def __init__(self, tool: str, **kwargs):
-        super().__init__(prog=command(tool), **kwargs)
+    def __init__(self, tool: str | None = None, **kwargs):
+        # prog given: a subcommand's parser (argparse makes those), or a tool `zoo` has no subcommand for
+        if tool is not None:
+            kwargs.setdefault("prog", command(tool))
+        super().__init__(**kwargs)
 
     def error(self, message: str):
         if message.startswith(self.REQUIRED):  # argparse also names positionals that may be left out (nargs *)

@@ -35,6 +35,9 @@ if TYPE_CHECKING:
     from omegaconf import DictConfig
 
 
+JOB_CODES: list[int] = []  # each job's exit code, of the jobs this process ran (Hydra's basic launcher: all of them)
+
+
 def task(cfg: DictConfig) -> float | None:
     """What Hydra runs for each job: one training run."""
     # torch and Lightning load here, after the argument checks and --help: a typo costs no import time.
@@ -46,6 +49,7 @@ def task(cfg: DictConfig) -> float | None:
 
     resume_gc()  # everything is loaded: collect once, freeze it, collector back on for the run
     code = train(cfg)
+    JOB_CODES.append(code)
     if code and HydraConfig.get().mode == RunMode.RUN:  # in a sweep, one failed run must not stop the others
         sys.exit(code)
     if cfg.get("optimized_metric"):  # what a search sweeper (Optuna) minimises or maximises
@@ -119,5 +123,9 @@ def main(argv: list[str] | None = None, command: str = "zoo train", doc: str = _
         return EXIT_ERROR
     if asks_for_sweep(args):
         resume_gc()  # a launcher may run every job elsewhere: this process never reaches task()'s own call
+    JOB_CODES.clear()
     run_hydra(args)
+    if JOB_CODES and all(c == EXIT_ERROR for c in JOB_CODES):  # a sweep refused whole: say so in the code
+        print(f"error: all {len(JOB_CODES)} jobs of the sweep were refused (each said why above)", file=sys.stderr)
+        return EXIT_ERROR
     return EXIT_OK

@@ -52,8 +52,13 @@ def load_default_corpus() -> str:
 
 
 def check_text_file(path: str | os.PathLike[str]) -> Path:
-    """The path of an existing file (not a directory) for data.path, else a one-line DataError."""
+    """The path of an existing regular file for data.path (not a directory, FIFO, device or socket: reading one
+    would block or never end), else a one-line DataError."""
+    from zoo.io import special_file
+
     p = Path(path).expanduser()
+    if kind := special_file(p):
+        raise DataError(f"data.path: '{p}' is {kind}, not a regular file; point it at a text file")
     if not p.exists():
         raise DataFileNotFoundError(f"data.path: no such file '{p}'")
     if p.is_dir():

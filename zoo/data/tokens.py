@@ -18,7 +18,6 @@ corpus is read whole once, not at every run.
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import re
 import stat
@@ -30,7 +29,7 @@ import numpy as np
 
 from zoo.cli.common import command
 from zoo.data.corpus import DataError, cache_dir
-from zoo.io import atomic_write, atomic_write_json
+from zoo.io import atomic_write, atomic_write_json, read_json
 
 FORMAT = "zoo-tokens/1"
 MANIFEST = "manifest.json"
@@ -78,11 +77,11 @@ def read_manifest(path: str | Path, key: str = "data.path") -> dict[str, Any]:
     if file.exists() and not file.is_file() and not file.is_dir():  # a FIFO would block the read
         raise DataError(f"{key}: '{file}' is not a regular file; prepare the corpus again")
     try:
-        manifest = json.loads(file.read_text(encoding="utf-8"))
+        manifest = read_json(file)
     except FileNotFoundError:
         raise DataError(f"{key}: '{root}' has no {MANIFEST}; make a prepared corpus with "
                         f"{command('prepare')} <text files> --out {root}") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+    except (OSError, ValueError) as e:  # FileFormatError: too large, too deep, not JSON
         raise DataError(f"{key}: cannot read '{file}': {getattr(e, 'strerror', None) or e}") from None
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
         raise DataError(f"{key}: '{file}' is not a zoo prepare manifest ({FORMAT})")
@@ -233,8 +232,8 @@ class _VerifiedRecord:
         self.file = cache_dir() / "verified" / f"{hashlib.sha256(str(root).encode()).hexdigest()[:32]}.json"
         self.shards: dict[str, Any] = {}
         self.changed = False
-        try:  # a regular file only: a FIFO put there would block the read
-            saved = json.loads(self.file.read_text(encoding="utf-8")) if self.file.is_file() else {}
+        try:  # bounded, a regular file only (FileFormatError, a ValueError, otherwise): damaged means verify again
+            saved = read_json(self.file) if self.file.is_file() else {}
             if saved.get("format") == VERIFIED_FORMAT and saved.get("corpus") == str(root):
                 self.shards = dict(saved["shards"])
         except (OSError, ValueError, TypeError, AttributeError, KeyError):

@@ -197,11 +197,14 @@ def _check_types(args: list[str], configs: list, conf_dir: Path) -> str | None:
     from omegaconf.errors import OmegaConfBaseException
 
     from zoo.schema import one_line
+    from zoo.training.safety import too_many_jobs
 
     try:
         parsed = OverridesParser.create().parse_overrides(overrides(args))
     except HydraException:
         return None  # Hydra reports an override it cannot parse
+    if error := too_many_jobs(parsed, "the command line"):  # before any sweep is expanded below
+        return error
     probes = [copy.deepcopy(c) for c in configs]  # each value is tried on a copy
     for o in parsed:
         key = o.key_or_group

@@ -9,13 +9,11 @@ summary.json, whatever happened: a diverged or failed run still writes its summa
 from __future__ import annotations
 
 import csv
-import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-from omegaconf import OmegaConf
 
 from zoo.cli.common import command
 from zoo.component import ConfigError
@@ -28,6 +26,8 @@ from zoo.io import (
     is_secondary_rank,
     lock_run_dir,
     owned_path,
+    read_json,
+    read_yaml,
     remove_run_files,
     remove_temp_files,
     write_marker,
@@ -119,15 +119,15 @@ def finished_earlier(plain: dict, run_dir: Path) -> str | None:
     """A sweep job's earlier run that finished (its summary's status: completed or diverged) with this job's
     settings; None if it did not finish. Other settings are refused: a sweep directory holds one sweep."""
     try:
-        summary = json.loads((run_dir / "summary.json").read_text())
+        summary = read_json(run_dir / "summary.json")
         status = summary["status"] if summary.get("status") in ("completed", "diverged") else None
-    except (OSError, ValueError, AttributeError, KeyError):
+    except (OSError, ValueError, AttributeError, KeyError):  # damaged or too large (FileFormatError): not finished
         return None
     if status is None:
         return None
     try:
-        saved = OmegaConf.to_container(OmegaConf.load(run_dir / "config.yaml"), resolve=False)
-    except Exception:  # a missing or broken config.yaml cannot show the run's settings
+        saved = read_yaml(run_dir / "config.yaml")
+    except (OSError, ValueError):  # a missing or broken config.yaml cannot show the run's settings
         saved = None
     difference = settings_difference(plain, saved, saved.get("trainer", {}).get("precision"), "earlier run") \
         if isinstance(saved, dict) else "config.yaml: unreadable"
@@ -176,7 +176,7 @@ def trim_history(path: Path, step: int) -> None:
         return
     try:
         rows, header = read_rows(path), read_header(path)
-    except (UnicodeDecodeError, csv.Error) as e:  # not what zoo writes: the history is the user's to keep
+    except (ValueError, csv.Error) as e:  # not what zoo writes (FileFormatError): the history is the user's to keep
         raise RunDirError(f"'{path}' is not a CSV history zoo can read ({e}); move it aside to resume without "
                           "it") from e
     if not header:  # an empty file: nothing to keep
