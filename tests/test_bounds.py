@@ -295,18 +295,38 @@ def test_bench_and_kernels_usage_errors_are_one_line(tmp_path, cmd, says):
     assert proc.returncode == 2 and proc.stderr == says + "\n" and proc.stdout == ""
 
 
-def test_a_sweep_whose_every_job_is_refused_exits_2(tmp_path):
+REFUSALS = ["error: model.mup_base_d_model: must be an integer from 1 to 65536, got 0",
+            "error: model.mup_base_d_model: must be an integer from 1 to 65536, got 100000000"]
+
+
+# Hydra's basic launcher runs the jobs in this process; zoo's parallel one in processes of their own, each job's
+# refusal in its console.log, its exit code sent back to the launcher.
+@pytest.mark.parametrize("launcher", [[], ["hydra/launcher=parallel", "hydra.launcher.n_jobs=2"]],
+                         ids=["basic", "parallel"])
+def test_a_sweep_whose_every_job_is_refused_exits_2(tmp_path, launcher):
     marker, before = _outside(tmp_path)
-    proc = subprocess.run([sys.executable, "train.py", "-m", "model.mup_base_d_model=0,100000000",
+    proc = subprocess.run([sys.executable, "train.py", "-m", *launcher, "model.mup_base_d_model=0,100000000",
                            "trainer.max_steps=1", f"hydra.sweep.dir={tmp_path / 'sweep'}"], cwd=ROOT,
                           capture_output=True, text=True, timeout=300,
                           env={**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"})
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
     errors = [ln for ln in proc.stderr.splitlines() if ln.startswith("error: ")]
-    assert errors == ["error: model.mup_base_d_model: must be an integer from 1 to 65536, got 0",
-                      "error: model.mup_base_d_model: must be an integer from 1 to 65536, got 100000000",
+    assert errors == [*([] if launcher else REFUSALS),
                       "error: all 2 jobs of the sweep were refused (each said why above)"]
+    if launcher:
+        consoles = sorted((tmp_path / "sweep").glob("*/console.log"))
+        assert [ln for c in consoles for ln in c.read_text().splitlines() if ln.startswith("error: ")] == REFUSALS
     assert marker.read_bytes() == before
+
+
+def test_a_sweep_with_one_job_refused_exits_0(tmp_path):
+    """The neighbour: one refused job among good ones is the sweep going on, not a refused sweep."""
+    proc = subprocess.run([sys.executable, "train.py", "-m", "model.mup_base_d_model=0,128", "trainer.max_steps=1",
+                           "debug=fast", f"hydra.sweep.dir={tmp_path / 'sweep'}"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert [ln for ln in proc.stderr.splitlines() if ln.startswith("error: ")] == REFUSALS[:1]
 
 
 # -- overwrite=true removes only what zoo wrote --------------------------------------------------------------------

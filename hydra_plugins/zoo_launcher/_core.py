@@ -33,6 +33,7 @@ from hydra.core.singleton import Singleton
 from hydra.core.utils import JobReturn, JobStatus, configure_log, filter_overrides, run_job, setup_globals
 from omegaconf import DictConfig, OmegaConf, open_dict
 
+from zoo.cli.common import JOB_CODES
 from zoo.io import CONSOLE_LOG
 
 log = logging.getLogger(__name__)
@@ -162,6 +163,8 @@ def _receive(job: _Job) -> None:
         return
     if kind == "dir":
         job.output_dir = value
+    elif kind == "codes":  # the job's exit code: a sweep whose every job was refused exits 2 (zoo.cli.train)
+        JOB_CODES.extend(value)
     elif kind == "return":
         try:
             job.result = pickle.loads(value)
@@ -292,6 +295,7 @@ def _output_dir(config: DictConfig) -> str:
 
 def _child(payload: bytes, num: int, overrides: list[str], conn: Connection, own_console: bool) -> None:
     """One job, in its own process: the joblib launcher's execute_job, then the JobReturn down the pipe."""
+    JOB_CODES.clear()  # a forked child starts with the launcher's list: send back its own code alone
     try:
         hydra_context, config, task_function, singleton_state = pickle.loads(payload)
         setup_globals()
@@ -319,6 +323,7 @@ def _child(payload: bytes, num: int, overrides: list[str], conn: Connection, own
         failed.return_value = RuntimeError(f"job #{num}'s result could not be sent back: {type(e).__name__}: {e}")
         data = cloudpickle.dumps(failed)
     try:
+        conn.send(("codes", list(JOB_CODES)))
         conn.send(("return", data))
         conn.close()
     except OSError:  # the launcher is gone (killed itself): the job's directory has its outcome

@@ -14,6 +14,9 @@ from zoo.component import ConfigError  # no torch
 from zoo.io import first_line
 
 EXIT_OK, EXIT_ERROR = 0, 2
+# Each job's exit code, of the sweep this process launched: train.py's task adds its own; zoo's parallel launcher
+# adds those its job processes send back. main reads them to exit 2 when every job was refused.
+JOB_CODES: list[int] = []
 CONFIG_PACKAGE = "zoo.conf"  # conf/ inside an installed wheel (setup.py maps it)
 
 _command: str | None = None  # what the user typed to start the tool (`zoo sample`, `python train.py`): run_as

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 from hydra.experimental.callback import Callback
 
-from zoo.cli.common import EXIT_ERROR, EXIT_OK, command, config_dir, config_search_path, run_as
+from zoo.cli.common import EXIT_ERROR, EXIT_OK, JOB_CODES, command, config_dir, config_search_path, run_as
 from zoo.component import ConfigError
 from zoo.io import collect_once_at_exit, pause_gc_while_loading, resume_gc
 from zoo.training.cli import (  # no torch: fast answers
@@ -33,9 +33,6 @@ from zoo.training.safety import check_argv  # no torch either
 
 if TYPE_CHECKING:
     from omegaconf import DictConfig
-
-
-JOB_CODES: list[int] = []  # each job's exit code, of the jobs this process ran (Hydra's basic launcher: all of them)
 
 
 def task(cfg: DictConfig) -> float | None:
