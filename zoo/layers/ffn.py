@@ -22,7 +22,12 @@ ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "relu": F.relu,
     "gelu": F.gelu,
     "gelu_tanh": partial(F.gelu, approximate="tanh"),  # GPT-2's "gelu_new"
-    "silu": F.silu,
+    "silu": F.silu,  # Swish with beta = 1 (Ramachandran et al. 2017)
+    "elu": F.elu,
+    "selu": F.selu,
+    "sigmoid": torch.sigmoid,  # the gate of the original GLU (Dauphin et al. 2017)
+    "softplus": F.softplus,
+    "identity": lambda x: x,  # no activation: the bilinear GLU (LiGLU)
 }
 
 
@@ -85,10 +90,12 @@ class GatedMLP(_FFN):
         return self.dropout(self.down(self.act(self.gate(x)) * self.up(x)))
 
 
-# One registered subclass per variant: the class says which activation, nothing else changes.
+# One registered subclass per variant: the class says which activation, nothing else changes. Narang et al.
+# 2021's rows: silu is their Swish, glu the sigmoid-gated GLU, liglu the bilinear one (no activation).
 for _name, _base, _act in [
-    ("relu", MLP, "relu"), ("gelu", MLP, "gelu"), ("gelu_tanh", MLP, "gelu_tanh"),
+    ("relu", MLP, "relu"), ("gelu", MLP, "gelu"), ("gelu_tanh", MLP, "gelu_tanh"), ("silu", MLP, "silu"),
+    ("elu", MLP, "elu"), ("selu", MLP, "selu"), ("sigmoid", MLP, "sigmoid"), ("softplus", MLP, "softplus"),
     ("reglu", GatedMLP, "relu"), ("geglu", GatedMLP, "gelu"), ("geglu_tanh", GatedMLP, "gelu_tanh"),
-    ("swiglu", GatedMLP, "silu"),
+    ("swiglu", GatedMLP, "silu"), ("glu", GatedMLP, "sigmoid"), ("liglu", GatedMLP, "identity"),
 ]:
     FFN.register(_name, type(_name.upper(), (_base,), {"activation": _act}), options=FFNOptions)
