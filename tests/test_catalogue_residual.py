@@ -1,0 +1,88 @@
+"""The residual placements of the catalogue (zoo/layers/rezero.py, ...) against the papers' equations written out
+in float64: each block's output from its own sublayers, at odd shapes (3 heads, 13 tokens, a padding mask)."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from tests.helpers import tiny_cfg
+from zoo import build_model
+from zoo.block import TransformerBlock
+
+D, H, T = 24, 3, 13
+
+
+def _model(placement: str, norm_type: str = "layernorm", lineage: str = "encoder_only", **over):
+    cfg = tiny_cfg(lineage, d_model=D, n_heads=H, n_layers=2, norm={"placement": placement, "type": norm_type},
+                   position={"name": "none"}, **over)
+    model = build_model(cfg).double()
+    with torch.no_grad():  # every parameter away from its init, so a missing gain, norm or term shows
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.3)
+    return model
+
+
+def _ln(x, norm):
+    return F.layer_norm(x, (D,), norm.weight, norm.bias, norm.eps)
+
+
+def _blocks_by_hand(model, x, pad, step):
+    """The stack's blocks applied by hand: step(block, name, sublayer_input) -> the residual step's output."""
+    kw = {"attn": dict(pos=model.encoder.position, mask=pad, is_causal=False), "ffn": {}}
+    for block in model.encoder.blocks:
+        for name in ("attn", "ffn"):
+            x = step(getattr(block, name), x, kw[name])
+    return x
+
+
+def _hidden(model, tokens, padding):
+    seen = {}
+    handle = model.encoder.blocks[-1].register_forward_hook(lambda m, a, out: seen.setdefault("h", out))
+    model(tokens, padding=padding)
+    handle.remove()
+    return seen["h"]
+
+
+@pytest.mark.parametrize("placement,norm_type", [("rezero", "layernorm"), ("rezero_pre", "layernorm"),
+                                                 ("rezero_pre", "rmsnorm")])
+def test_rezero_is_x_plus_alpha_f(placement, norm_type):
+    """ReZero: x_{l+1} = x_l + alpha_l F(x_l) (Bachlechner et al. 2020, eq. 3); with a norm, F(norm(x_l))."""
+    model = _model(placement, norm_type)
+    tokens, padding = torch.randint(0, 37, (2, T)), torch.ones(2, T, dtype=torch.bool)
+    padding[1, 9:] = False
+    pad = torch.zeros(2, 1, 1, T, dtype=torch.float64).masked_fill(~padding[:, None, None, :], float("-inf"))
+
+    def norm(x, n):
+        if placement == "rezero":
+            return x
+        if norm_type == "rmsnorm":
+            return x / x.square().mean(-1, keepdim=True).add(n.eps).sqrt() * n.weight
+        return _ln(x, n)
+
+    def step(res, x, kw):
+        y = res.f(norm(x, getattr(res, "norm", None)), **kw)
+        return x + res.alpha.gain * y
+
+    x = model.encoder.embed(tokens)
+    expect = _blocks_by_hand(model, x, pad, step)
+    got = _hidden(model, tokens, padding)
+    torch.testing.assert_close(got[padding], expect[padding], rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("placement", ["rezero", "rezero_pre"])
+@pytest.mark.parametrize("lineage", ["decoder_only", "encoder_decoder"])
+def test_rezero_blocks_start_as_the_identity(placement, lineage):
+    """alpha = 0 at init: every block returns its input; the gradient still reaches the decoder's alphas."""
+    model = build_model(tiny_cfg(lineage, norm={"placement": placement, "type": "layernorm"}))
+    alphas = {n: p for n, p in model.named_parameters() if n.endswith("alpha.gain")}
+    assert len(alphas) == (4 if lineage == "decoder_only" else 2 * 2 + 2 * 3) and all(a == 0 for a in alphas.values())
+    seen = []
+    for block in model.modules():
+        if isinstance(block, TransformerBlock):
+            block.register_forward_hook(lambda m, args, out: seen.append(torch.equal(args[0], out)))
+    tokens = torch.randint(0, 37, (2, 7))
+    logits = model(tokens, tokens) if model.needs_source else model(tokens)
+    assert len(seen) == sum(isinstance(m, TransformerBlock) for m in model.modules()) and all(seen)
+    logits.logsumexp(-1).sum().backward()
+    # the encoder's get none until the decoder's cross-attention alpha moves from 0: its output is not yet read
+    assert all(a.grad.abs() > 0 for n, a in alphas.items() if n.startswith("decoder"))
