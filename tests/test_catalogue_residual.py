@@ -7,7 +7,7 @@ import torch.nn.functional as F
 
 from tests.helpers import tiny_cfg
 from zoo import build_model
-from zoo.block import TransformerBlock
+from zoo.block import NO_POSITION, TransformerBlock
 
 D, H, T = 24, 3, 13
 
@@ -86,3 +86,77 @@ def test_rezero_blocks_start_as_the_identity(placement, lineage):
     logits.logsumexp(-1).sum().backward()
     # the encoder's get none until the decoder's cross-attention alpha moves from 0: its output is not yet read
     assert all(a.grad.abs() > 0 for n, a in alphas.items() if n.startswith("decoder"))
+
+
+def _attention_step(placement: str, norm_type: str = "layernorm"):
+    """A self-attention (3 heads of 8) inside the placement, in float64, every parameter moved from its init."""
+    cfg = tiny_cfg("decoder_only", d_model=D, n_heads=H, n_layers=20, norm={"placement": placement, "type": norm_type},
+                   position={"name": "none"})
+    step = build_model(cfg).double().decoder.blocks[0].attn
+    with torch.no_grad():
+        for p in step.parameters():
+            p.add_(torch.randn_like(p) * 0.3)
+    return step
+
+
+def _copy_of(x):
+    return x.detach().clone().requires_grad_()
+
+
+def _compare(ours, theirs, x, params):
+    """Outputs, and the gradients of the input and of the paired parameters, equal in float64."""
+    x2 = _copy_of(x)
+    a, b = ours(x), theirs(x2)
+    torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)
+    a.sin().sum().backward(), b.sin().sum().backward()
+    torch.testing.assert_close(x.grad, x2.grad, rtol=1e-10, atol=1e-10)
+    for p, q in params:
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-10, atol=1e-10)
+
+
+def test_layerscale_equals_x_transformers_layerscale_on_a_pre_ln_branch():
+    from x_transformers.x_transformers import LayerScale as TheirLayerScale
+
+    ours = _attention_step("layerscale")
+    assert ours.scale.gain.shape == (D,)
+    theirs = TheirLayerScale(ours.f, D).double()
+    with torch.no_grad():
+        theirs.gamma.copy_(torch.rand(D) * 0.1)
+        ours.scale.gain.copy_(theirs.gamma)
+    pad = torch.zeros(2, 1, T, T, dtype=torch.float64)
+    pad[1, ..., 9:] = float("-inf")  # a padding mask: the second sequence has 9 real tokens
+    kw = dict(pos=NO_POSITION, mask=pad, is_causal=False)
+    x = torch.randn(2, T, D, dtype=torch.float64, requires_grad=True)
+    _compare(lambda x: ours(x, **kw), lambda x: x + theirs(_ln(x, ours.norm), **kw), x,
+             [(ours.scale.gain, theirs.gamma)])
+
+
+def test_layerscale_starts_by_depth_as_cait():
+    for blocks, start in [(2, 0.1), (18, 0.1), (24, 1e-5), (36, 1e-6)]:
+        model = build_model(tiny_cfg(n_layers=blocks, norm={"placement": "layerscale", "type": "rmsnorm"}))
+        gains = torch.cat([p for n, p in model.named_parameters() if n.endswith("scale.gain")])
+        assert gains.shape == (2 * blocks * 32,) and gains.eq(torch.tensor(start)).all(), blocks
+
+
+def test_gated_residual_equals_x_transformers_gru_gating():
+    from x_transformers.x_transformers import GRUGating
+
+    ours = _attention_step("gated", "rmsnorm")
+    theirs = GRUGating(D).double()
+    ours.gate.load_state_dict(theirs.gru.state_dict())
+    kw = dict(pos=NO_POSITION, mask=None, is_causal=True)
+    x = torch.randn(3, T, D, dtype=torch.float64, requires_grad=True)
+    norm = ours.norm
+    _compare(lambda x: ours(x, **kw), lambda x: theirs(ours.f(norm(x), **kw), x), x,
+             [(ours.gate.weight_hh, theirs.gru.weight_hh), (ours.gate.bias_ih, theirs.gru.bias_ih)])
+
+
+def test_gated_residual_starts_near_the_identity_and_counts_its_gate():
+    from zoo import count_params
+
+    cfg = tiny_cfg(norm={"placement": "gated", "type": "rmsnorm"})
+    model = build_model(cfg)
+    gate = model.decoder.blocks[0].ffn.gate
+    assert gate.bias_hh[32:64].eq(2).all() and gate.bias_hh[:32].eq(0).all() and gate.bias_ih.eq(0).all()
+    plain = count_params(tiny_cfg(norm={"placement": "pre", "type": "rmsnorm"}))
+    assert count_params(cfg)["norm"] - plain["norm"] == 2 * 2 * (6 * 32 * 32 + 6 * 32)  # 2 blocks x 2 steps

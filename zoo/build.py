@@ -228,6 +228,7 @@ def init_weights(model: nn.Module, cfg: ModelSpec, seed: int = 0) -> None:
     Each parameter draws from its own generator, seeded by the seed and the parameter's name, so
     swapping one component leaves every other component's initial weights unchanged.
     Under model.parametrization=mup, hidden weights' std is further divided by sqrt(width_mult) (zoo/mup.py).
+    Last, each placement that declares `init_for_depth(blocks)` sets its own start for the model's depth.
     """
     n_blocks = sum(isinstance(m, TransformerBlock) for m in model.modules())
     constants: dict[int, float] = {}
@@ -250,6 +251,9 @@ def init_weights(model: nn.Module, cfg: ModelSpec, seed: int = 0) -> None:
                 g = torch.Generator().manual_seed(zlib.crc32(f"{seed}:{name}".encode()))
                 s = std / (2 * n_blocks) ** 0.5 if id(p) in residual_out else std
                 p.copy_(torch.randn(p.shape, generator=g) * (s * init_scale(role.get(name, FIXED), cfg)))
+        for m in model.modules():  # a placement's own start for this depth (Placement.init_for_depth)
+            if callable(getattr(m, "init_for_depth", None)):
+                m.init_for_depth(n_blocks)
 
 
 COUNT_GROUPS = ("embedding", "position", "attention", "ffn", "norm", "head")
