@@ -36,6 +36,9 @@ class AttentionOptions(Options):
     # Queries and keys normalised with the model's norm, before RoPE: true (or head) each head on its own (Qwen3,
     # Gemma 3); projection the whole query and key projections, all heads at once (OLMo 2); false: neither.
     qk_norm: bool | Literal["head", "projection"] = False
+    # NormFormer's head scaling (Shleifer et al. 2021; x-transformers' attn_head_scale): each head's output times a
+    # learned scalar, from 1, before the output projection
+    head_scale: bool = False
 
 
 def qk_norms(ctx: Context, opts: AttentionOptions, dim: int, k_dim: int | None = None) -> tuple[nn.Module, nn.Module]:
@@ -106,6 +109,13 @@ class AttentionBase(nn.Module):
         self.backend, self.dropout = opts.backend, ctx.dropout
         self.record = False  # when True, use the math backend and keep `weights` (B, H, Tq, Tk)
         self.weights: torch.Tensor | None = None
+        self.head_scale = nn.Parameter(torch.ones(ctx.n_heads, 1, 1)) if opts.head_scale else None
+        if opts.head_scale:
+            self.constants = {"head_scale": 1.0}  # init_weights starts it at 1
+
+    def _scale_heads(self, y: torch.Tensor) -> torch.Tensor:
+        """Each head's output (B, H, T, hd) times its learned scalar (attention.head_scale), else unchanged."""
+        return y if self.head_scale is None else y * self.head_scale
 
     def _attend(self, q, k, v, mask, is_causal, qk_dim: int | None = None) -> torch.Tensor:
         """softmax(q k^T / sqrt(qk_dim)) v. q (B, H, Tq, E); k (B, H_kv, Tk, E) and v (B, H_kv, Tk, Ev), each
@@ -193,7 +203,7 @@ class Attention(AttentionBase):
                 k, v = self._normed(k, self.k_norm), self._heads(v)
                 if cache is not None:
                     cache.append(k, v)
-        y = self._attend(q, k, v, mask, is_causal)
+        y = self._scale_heads(self._attend(q, k, v, mask, is_causal))
         return self.out_dropout(self.out(y.transpose(1, 2).reshape(B, T, -1)))
 
     def cache_bytes_per_token(self, element_size: int) -> int:
@@ -213,7 +223,8 @@ class Attention(AttentionBase):
         return self._heads(norm(t)) if self.norm_projection else norm(self._heads(t))
 
 
-@ATTENTION.register("mha", options=AttentionOptions, examples=[{}, {"window": 3}, {"qk_norm": True}])
+@ATTENTION.register("mha", options=AttentionOptions, examples=[{}, {"window": 3}, {"qk_norm": True},
+                                                                 {"head_scale": True}])
 def mha(ctx: Context, opts: AttentionOptions) -> Attention:
     """Multi-head attention: a key/value head per query head (Vaswani et al. 2017)."""
     return Attention(ctx, opts, ctx.n_heads)
