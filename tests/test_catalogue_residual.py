@@ -160,3 +160,42 @@ def test_gated_residual_starts_near_the_identity_and_counts_its_gate():
     assert gate.bias_hh[32:64].eq(2).all() and gate.bias_hh[:32].eq(0).all() and gate.bias_ih.eq(0).all()
     plain = count_params(tiny_cfg(norm={"placement": "pre", "type": "rmsnorm"}))
     assert count_params(cfg)["norm"] - plain["norm"] == 2 * 2 * (6 * 32 * 32 + 6 * 32)  # 2 blocks x 2 steps
+
+
+def test_fixup_step_is_x_plus_scale_f_of_x_plus_bias_plus_bias():
+    """Fixup's residual step with its scalars (Zhang et al. 2019, Fig. 1 right: bias, branch, multiplier, bias)."""
+    model = _model("fixup")
+    tokens, padding = torch.randint(0, 37, (2, T)), torch.ones(2, T, dtype=torch.bool)
+    padding[0, 11:] = False
+    pad = torch.zeros(2, 1, 1, T, dtype=torch.float64).masked_fill(~padding[:, None, None, :], float("-inf"))
+
+    def step(res, x, kw):
+        a, s, b = res.scalars.bias_in, res.scalars.scale, res.scalars.bias_out
+        return x + s * res.branch(x + a, **kw) + b
+
+    expect = _blocks_by_hand(model, model.encoder.embed(tokens), pad, step)
+    torch.testing.assert_close(_hidden(model, tokens, padding)[padding], expect[padding], rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("lineage", ["decoder_only", "encoder_only"])
+def test_fixup_initialisation_zeroes_last_layers_and_scales_the_rest_by_depth(lineage, monkeypatch):
+    """Rules 2 and 3: the branch's last layer 0, the others times L^(-1/(2m-2)) = L^(-1/2) (m = 2), L = 3 blocks x 2
+    branches; scalars 1 and 0. Against the same model's draws without Fixup's rules (init_for_depth skipped)."""
+    from zoo.layers.fixup import Fixup
+
+    n_layers, layers = 3, "decoder" if lineage == "decoder_only" else "encoder"
+    cfg = tiny_cfg(lineage, n_layers=n_layers, norm={"placement": "fixup"})
+    fixup = build_model(cfg, seed=5)
+    monkeypatch.setattr(Fixup, "init_for_depth", lambda self, blocks: None)
+    drawn = dict(build_model(cfg, seed=5).named_parameters())
+    factor = (2 * n_layers) ** -0.5
+    for name, p in fixup.named_parameters():
+        if f"{layers}.blocks." not in name or name.endswith("bias"):
+            continue
+        if name.endswith((".branch.out.weight", ".branch.down.weight")):
+            assert p.eq(0).all() and drawn[name].ne(0).all(), name
+        elif ".scalars." in name:
+            assert p.item() == (1.0 if name.endswith("scale") else 0.0), name
+        else:
+            torch.testing.assert_close(p, drawn[name] * factor, rtol=1e-6, atol=0)
+    assert not any("norm" in n for n in dict(fixup.named_parameters()) if f"{layers}.blocks." in n)  # no norm
