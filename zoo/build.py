@@ -27,7 +27,7 @@ from torch.overrides import TorchFunctionMode
 
 import zoo.layers  # noqa: F401  (registers the components)
 import zoo.models  # noqa: F401  (registers the lineages)
-from zoo.block import TransformerBlock
+from zoo.block import SUBLAYER_LETTERS, TransformerBlock
 from zoo.component import (
     ConfigError,
     check_options,
@@ -149,12 +149,28 @@ def _validate(cfg: dict) -> None:
     need(cfg["residual_init"] in RESIDUAL_INITS, "residual_init",
          f"unknown {cfg['residual_init']!r}; valid: {', '.join(RESIDUAL_INITS)}")
 
+    _check_sublayers(cfg)
     _check_name(RESIDUAL, "norm.placement", cfg["norm"]["placement"])
     # conf/norm/*.yaml set placement and type; the preset's name is only the Hydra option (norm=post_ln).
     _check_name(NORM, "norm.type", cfg["norm"]["type"])
     norm_keys = ", ".join(sorted(["placement", "type", *option_fields(NORM.options(cfg["norm"]["type"]))]))
     need("name" not in cfg["norm"], "norm.name", "unknown key (the presets pre_ln, post_ln, ... are chosen with "
          f"norm=post_ln and set placement and type); valid: {norm_keys}")
+
+
+def _check_sublayers(cfg: dict) -> None:
+    value, n = cfg["sublayers"], cfg["n_layers"]
+    patterns = [value] if isinstance(value, str) else value
+    valid = (f"a string of the letters {', '.join(SUBLAYER_LETTERS)} for every block, a list of one per block, "
+             "or null")
+    need(value is None or (isinstance(patterns, list) and all(isinstance(p, str) and p and set(p) <= set(
+        SUBLAYER_LETTERS) for p in patterns)), "sublayers", f"got {value!r}; valid: {valid}")
+    layers = {n, cfg["n_decoder_layers"] or n} if cfg["name"] == "encoder_decoder" else {n}
+    need(not isinstance(value, list) or layers == {len(value)}, "sublayers",
+         f"a list of {len(value or [])} blocks' sublayers for a stack of {' and '.join(map(str, sorted(layers)))}; "
+         "valid: one string per block of every stack")
+    need(value is None or not cfg["value_embeddings"], "sublayers",
+         "not with model.value_embeddings (the tables are read by the standard block's attention); valid: null")
 
 
 def _parts(cfg: dict) -> dict[str, Any]:

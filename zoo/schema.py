@@ -70,6 +70,10 @@ class ModelConfig:
     # where the weights parts list in residual_outputs start: scaled (init_std / sqrt(2 * blocks)) or zero
     residual_init: str = "scaled"
     embed_skip: bool = False  # each block's input is a * x + b * x0 (x0: the stack's embedding output; a=1, b=0)
+    # each block's sequence of sublayers, a letter each: a self-attention (in a decoder that cross-attends, a
+    # cross-attention follows each), f FFN, h half-step FFN (x + f(x) / 2: macaron); one string for every block
+    # ("hah": macaron) or a list of one per block (["aa", "af", "af", "ff"]: the sandwich); null: "af"
+    sublayers: Any = None
     # The components: in a composed config, the node of the chosen preset (conf/<kind>/) replaces these.
     attention: Any = field(default_factory=lambda: {"name": "mha"})
     position: Any = field(default_factory=lambda: {"name": "learned"})
@@ -134,6 +138,7 @@ class ModelSpec:
     value_embeddings: int
     residual_init: str
     embed_skip: bool
+    sublayers: Any
     attention: Part[AttentionOptions]
     position: Part[Options]
     norm: NormPart[NormOptions]
