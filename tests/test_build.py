@@ -43,7 +43,7 @@ def test_counts_by_component_match_the_model():
 def test_final_norm_option_overrides_the_placement_rule_and_counts_follow(placement, final_norm):
     cfg = tiny_cfg("encoder_decoder", norm={"placement": placement}, final_norm=final_norm)
     model = build_model(cfg)
-    expected = placement != "post" if final_norm is None else final_norm
+    expected = RESIDUAL.get(placement).final_norm if final_norm is None else final_norm  # post, rezero: none
     for stack in (model.encoder, model.decoder):
         assert isinstance(stack.final_norm, torch.nn.LayerNorm) == expected
     assert count_params(cfg)["total"] == sum(p.numel() for p in model.parameters())

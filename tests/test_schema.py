@@ -145,7 +145,8 @@ def test_an_old_checkpoint_config_still_resolves():
     old = {"vocab_size": 10, "max_seq_len": 16, "attention": {"name": "mha", "window": None, "backend": "sdpa"},
            "norm": {"placement": "pre", "type": "rmsnorm", "eps": 1e-5}, "ffn": {"name": "gelu", "d_ff": None}}
     assert resolve_config(old).as_dict()["attention"] == {"name": "mha", "window": None, "backend": "sdpa",
-                                                          "qk_norm": False, "sigmoid": False, "sparse_topk": None}
+                                                          "qk_norm": False, "sigmoid": False, "sparse_topk": None,
+                                                          "head_scale": False}
 
 
 def test_default_of_reads_the_schema():

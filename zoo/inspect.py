@@ -221,8 +221,9 @@ def format_vs(a: dict, b: dict, a_over: list[str], b_over: list[str]) -> str:
 # Attention maps
 # ----------------------------------------------------------------------------------------------
 
-# decoder.blocks.3.attn.f (a sequential placement) or decoder.blocks.3.parallel.f.attn (parallel)
-_NAME = re.compile(r"^(encoder|decoder)\.blocks\.(\d+)\.(?:(attn|cross)\.f|parallel\.f\.(attn|cross))$")
+# decoder.blocks.3.attn.f (a sequential placement; .branch under fixup, whose weights start apart) or
+# decoder.blocks.3.parallel.f.attn (parallel)
+_NAME = re.compile(r"^(encoder|decoder)\.blocks\.(\d+)\.(?:(attn|cross)\.(?:f|branch)|parallel\.f\.(attn|cross))$")
 
 
 def _token_label(s: str) -> str:

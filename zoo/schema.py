@@ -83,6 +83,10 @@ class ModelConfig:
     adaptive_softmax: bool = False
     adaptive_cutoffs: list[int] | None = None
     adaptive_div: float = 4.0
+    # each block's sequence of sublayers, a letter each: a self-attention (in a decoder that cross-attends, a
+    # cross-attention follows each), f FFN, h half-step FFN (x + f(x) / 2: macaron); one string for every block
+    # ("hah": macaron) or a list of one per block (["aa", "af", "af", "ff"]: the sandwich); null: "af"
+    sublayers: Any = None
     # The components: in a composed config, the node of the chosen preset (conf/<kind>/) replaces these.
     attention: Any = field(default_factory=lambda: {"name": "mha"})
     position: Any = field(default_factory=lambda: {"name": "learned"})
@@ -155,6 +159,7 @@ class ModelSpec:
     adaptive_softmax: bool
     adaptive_cutoffs: list[int] | None
     adaptive_div: float
+    sublayers: Any
     attention: Part[AttentionOptions]
     position: Part[Options]
     norm: NormPart[NormOptions]

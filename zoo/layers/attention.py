@@ -42,6 +42,9 @@ class AttentionOptions(Options):
     # Explicit sparse attention (Zhao et al. 2019): each query keeps its sparse_topk highest scores (ties kept), the
     # rest masked before the softmax; null: all.
     sparse_topk: int | None = None
+    # NormFormer's head scaling (Shleifer et al. 2021; x-transformers' attn_head_scale): each head's output times a
+    # learned scalar, from 1, before the output projection
+    head_scale: bool = False
 
 
 def qk_norms(ctx: Context, opts: AttentionOptions, dim: int, k_dim: int | None = None) -> tuple[nn.Module, nn.Module]:
@@ -124,6 +127,13 @@ class AttentionBase(nn.Module):
              f"must be a positive integer or null, got {opts.sparse_topk}")
         self.sparse_topk = opts.sparse_topk
         self.plain = not opts.sigmoid and opts.sparse_topk is None
+        self.head_scale = nn.Parameter(torch.ones(ctx.n_heads, 1, 1)) if opts.head_scale else None
+        if opts.head_scale:
+            self.constants = {"head_scale": 1.0}  # init_weights starts it at 1
+
+    def _scale_heads(self, y: torch.Tensor) -> torch.Tensor:
+        """Each head's output (B, H, T, hd) times its learned scalar (attention.head_scale), else unchanged."""
+        return y if self.head_scale is None else y * self.head_scale
 
     def _attend(self, q, k, v, mask, is_causal, qk_dim: int | None = None) -> torch.Tensor:
         """softmax(q k^T / sqrt(qk_dim)) v. q (B, H, Tq, E); k (B, H_kv, Tk, E) and v (B, H_kv, Tk, Ev), each
@@ -248,7 +258,7 @@ class Attention(AttentionBase):
 
     def _output(self, y: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         """The heads' outputs y (B, H, T, hd) -> (B, T, d_model); x is the layer's input (a gate reads it)."""
-        return self.out_dropout(self.out(y.transpose(1, 2).flatten(2)))
+        return self.out_dropout(self.out(self._scale_heads(y).transpose(1, 2).flatten(2)))
 
     def cache_bytes_per_token(self, element_size: int) -> int:
         """KV-cache bytes one token adds to this layer: its keys and values."""
@@ -268,7 +278,8 @@ class Attention(AttentionBase):
 
 
 @ATTENTION.register("mha", options=AttentionOptions, examples=[{}, {"window": 3}, {"qk_norm": True}, {"sigmoid": True},
-                                                                  {"sparse_topk": 3}])
+                                                                  {"sparse_topk": 3},
+                                                                  {"head_scale": True}])
 def mha(ctx: Context, opts: AttentionOptions) -> Attention:
     """Multi-head attention: a key/value head per query head (Vaswani et al. 2017)."""
     return Attention(ctx, opts, ctx.n_heads)

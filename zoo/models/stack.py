@@ -9,14 +9,14 @@ from functools import partial
 import torch
 from torch import nn
 
-from zoo.block import TransformerBlock
+from zoo.block import TransformerBlock, block_sublayers
 from zoo.component import Context, build, need
 from zoo.layers.attention import KVCache, attention_bias, cross_attention_mask
 from zoo.mup import output_scale
 from zoo.registry import NORM, POSITION, RESIDUAL
 from zoo.schema import ModelSpec
 
-Cache = list[tuple[KVCache, KVCache]]  # per layer: (self-attention, cross-attention)
+Cache = list[tuple[KVCache, ...]]  # per layer: (self-attention, cross-attention), or one per attention step
 
 
 def context(cfg: ModelSpec, n_layers: int, causal: bool = False) -> Context:
@@ -42,11 +42,13 @@ class Stack(nn.Module):
         self.dropout = nn.Dropout(ctx.dropout)
         residual = RESIDUAL.get(cfg.norm.placement)
         self.value_tables = value_tables(cfg.value_embeddings, n_layers)
+        orders = block_sublayers(cfg, n_layers)  # model.sublayers: each block's sequence (None: standard)
         self.blocks = nn.ModuleList(
             TransformerBlock(replace(ctx, layer=ctx.layer + i, value_embed=self.value_tables[i] is not None), cfg,
-                             residual, cross) for i in range(n_layers)
+                             residual, cross, orders[i]) for i in range(n_layers)
         )
-        self.window = self.blocks[0].window  # one mask for every layer: their attention's (AttentionPart)
+        # one mask for every layer: their attention's (AttentionPart), from the first block that attends
+        self.window = next((b.window for b in self.blocks if b.kinds is None or "a" in b.kinds), None)
         # model.value_embeddings: tables of the tokens' vectors, each as wide as the attention's values
         value_dim = self.blocks[0].value_dim
         need(not cfg.value_embeddings or value_dim is not None, "value_embeddings",
@@ -63,7 +65,9 @@ class Stack(nn.Module):
                 memory: torch.Tensor | None = None, memory_padding: torch.Tensor | None = None,
                 cache: Cache | None = None) -> torch.Tensor:
         """tokens (B, T) -> hidden states (B, T, d). padding: (B, T) True for real tokens."""
-        offset = cache[0][0].len if cache else 0  # positions the layers have seen, the memory's included
+        # positions the layers have seen (the memory's included): a self-attention's cache, the first block's that
+        # attends (model.sublayers may start a block with no attention)
+        offset = next((layer[0].len for layer in cache if layer), 0) if cache else 0
         n_mem = self.memory.num_embeddings if self.memory is not None else 0
         x = self.embed(tokens) * self.embed_scale
         x = x0 = self.dropout(self.embed_norm(self.position.embed(x, offset - n_mem if offset else 0)))
@@ -84,7 +88,7 @@ class Stack(nn.Module):
         return self.final_norm(x)
 
     def new_cache(self) -> Cache:
-        return [(KVCache(), KVCache()) for _ in self.blocks]
+        return [block.new_cache() for block in self.blocks]
 
 
 def value_tables(n_tables: int, n_layers: int) -> list[int | None]:
