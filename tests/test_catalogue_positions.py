@@ -7,7 +7,7 @@ import re
 import pytest
 import torch
 
-from tests.helpers import make
+from tests.helpers import make, tiny_cfg
 from zoo.registry import POSITION
 
 xt = pytest.importorskip("x_transformers.x_transformers")
@@ -144,3 +144,111 @@ def test_partial_rotary_refuses_a_fraction_that_rotates_nothing(fraction, messag
 
     with pytest.raises(ConfigError, match=r"^" + re.escape(message) + "$"):
         make(POSITION, "rope", d_model=64, n_heads=4, fraction=fraction)
+
+
+# ---- xPos (Sun et al. 2022): rope's xpos_scale_base
+
+
+def _zoo_mha(max_seq_len: int, causal: bool = True, bias: bool = False, **position):
+    from zoo.component import Context
+    from zoo.registry import ATTENTION
+
+    ctx = Context(d_model=48, n_heads=3, max_seq_len=max_seq_len, causal=causal, rotary=True, bias=bias)
+    attn = ATTENTION.get("mha")(ctx, ATTENTION.options("mha")())
+    return attn.double(), POSITION.get("rope")(ctx, POSITION.options("rope")(**position)).double()
+
+
+def _copy_interleaved(attn, xt_attn, rot: int, hd: int = 16):
+    """x-transformers' attention into zoo's. It rotates interleaved pairs (2i, 2i+1) of each head's first `rot`
+    dims, zoo half-split ones (i, i + rot/2): the same rotation of q and k after permuting those dims alike."""
+    perm = torch.cat([torch.arange(0, rot, 2), torch.arange(1, rot, 2), torch.arange(rot, hd)])
+    rows = torch.cat([h * hd + perm for h in range(48 // hd)])
+    with torch.no_grad():
+        attn.qkv.weight.copy_(torch.cat([xt_attn.to_q.weight[rows], xt_attn.to_k.weight[rows], xt_attn.to_v.weight]))
+        attn.out.weight.copy_(xt_attn.to_out.weight)
+
+
+@pytest.mark.parametrize(("scale_base", "fraction"), [(8.0, 1.0), (512.0, 1.0), (8.0, 0.5)])
+def test_xpos_matches_x_transformers(scale_base, fraction):
+    """Outputs and gradients at 3 heads, 13 tokens, with key padding; then a cached decode at offset 9 equals the
+    recomputation and x-transformers' full pass. A small scale base makes the decay large at 13 tokens. Both tables
+    of angles are float32 (x-transformers' inv_freq, zoo's table), so agreement is to 1e-6, not float64's."""
+    from zoo.layers.attention import KVCache, attention_bias
+
+    torch.manual_seed(0)
+    rot = int(16 * fraction)
+    theirs_attn = xt.Attention(dim=48, heads=3, dim_head=16, causal=True).double()
+    rotary = xt.RotaryEmbedding(rot, use_xpos=True, scale_base=scale_base).double()
+    # x-transformers centres the scale at the sequence's middle (13 // 2); zoo at max_seq_len // 2: the same here
+    attn, pos = _zoo_mha(13, xpos_scale_base=scale_base, fraction=fraction)
+    _copy_interleaved(attn, theirs_attn, rot)
+    x = torch.randn(2, 13, 48, dtype=torch.float64)
+    padding = torch.ones(2, 13, dtype=torch.bool)
+    padding[1, 4:6] = False  # keys 4 and 5 hidden; every query still sees a real key, so no row is all masked
+    freqs, scale = rotary(torch.arange(13))
+
+    x_ours, x_theirs = x.clone().requires_grad_(), x.clone().requires_grad_()
+    ours = attn(x_ours, pos, *attention_bias(13, 13, True, None, pos, padding, x.device, x.dtype))
+    theirs = theirs_attn(x_theirs, mask=padding, rotary_pos_emb=(freqs, scale))
+    real = padding[:, :, None]  # a padded query's row differs by convention (zoo: it sees itself); compare the rest
+    torch.testing.assert_close(ours * real, theirs * real, rtol=1e-6, atol=1e-6)
+    g = torch.randn_like(ours) * real
+    ours.backward(g), theirs.backward(g)
+    torch.testing.assert_close(x_ours.grad, x_theirs.grad, rtol=1e-6, atol=1e-6)
+
+    with torch.no_grad():
+        cache = KVCache()
+        attn(x[:, :9], pos, *attention_bias(9, 9, True, None, pos, None, x.device, x.dtype), cache=cache)
+        step = attn(x[:, 9:], pos, *attention_bias(4, 13, True, None, pos, None, x.device, x.dtype), cache=cache,
+                    offset=9)
+        full = attn(x, pos, *attention_bias(13, 13, True, None, pos, None, x.device, x.dtype))
+        torch.testing.assert_close(step, full[:, 9:], rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(step, theirs_attn(x, rotary_pos_emb=(freqs, scale))[:, 9:], rtol=1e-6,
+                                   atol=1e-6)
+
+
+def test_xpos_scores_follow_the_paper():
+    """The paper's score, written out: q_n . k_m rotated by (n - m) theta, pair i scaled by zeta_i^((n - m)/B)."""
+    B, hd = 4.0, 16
+    rope = _zoo_mha(10, xpos_scale_base=B)[1]  # head size 16; the rotated vectors below are of size hd
+    q, k = torch.randn(hd, dtype=torch.float64), torch.randn(hd, dtype=torch.float64)
+    theta = 10000.0 ** (-torch.arange(0, hd, 2, dtype=torch.float64) / hd)
+    zeta = (torch.arange(0, hd, 2, dtype=torch.float64) / hd + 0.4) / 1.4
+    for n, m in [(5, 2), (9, 0), (3, 3), (12, 1)]:
+        q_n = rope.rotate(q.view(1, 1, 1, hd), q.view(1, 1, 1, hd), n)[0].flatten()
+        k_m = rope.rotate(k.view(1, 1, 1, hd), k.view(1, 1, 1, hd), m)[1].flatten()
+        # pair i: (x_i, x_{i + hd/2}) as a complex number; the score is Re(q conj(k) e^{i (n - m) theta}) zeta^...
+        qc, kc = torch.complex(q[: hd // 2], q[hd // 2:]), torch.complex(k[: hd // 2], k[hd // 2:])
+        paper = ((qc * kc.conj() * torch.exp(1j * (n - m) * theta)).real * zeta ** ((n - m) / B)).sum()
+        torch.testing.assert_close((q_n * k_m).sum(), paper, rtol=1e-6, atol=1e-6)  # float32 angle table
+
+
+def test_xpos_is_refused_in_an_encoder():
+    from zoo import build_model
+    from zoo.component import ConfigError
+
+    for lineage in ("encoder_only", "encoder_decoder"):
+        with pytest.raises(ConfigError, match=r"^model.position.xpos_scale_base: xPos is for causal stacks only"):
+            build_model(tiny_cfg(lineage, position={"name": "rope", "xpos_scale_base": 512.0}))
+
+
+def test_xpos_decoder_decodes_as_it_recomputes_and_stays_causal():
+    """A whole decoder with xPos: logits of a prompt, then of one token at a time with the cache, equal the full
+    recomputation's, past max_seq_len // 2 (the scale's centre) too; changing a later token changes no earlier
+    logit; greedy generation runs with the cache."""
+    from zoo import build_model
+    from zoo.generate import generate
+
+    torch.manual_seed(0)
+    model = build_model(tiny_cfg(position={"name": "rope", "xpos_scale_base": 16.0}, n_heads=3, d_model=48,
+                                 max_seq_len=24, init_std=0.3)).double().eval()
+    seq = torch.randint(0, 37, (2, 20))
+    with torch.no_grad():
+        full = model(seq)
+        cache = model.new_cache()
+        steps = [model(seq[:, :6], cache=cache)] + [model(seq[:, t:t + 1], cache=cache) for t in range(6, 20)]
+        torch.testing.assert_close(torch.cat(steps, 1), full, rtol=1e-10, atol=1e-10)
+        changed = seq.clone()
+        changed[:, 11] = (changed[:, 11] + 1) % 37
+        torch.testing.assert_close(model(changed)[:, :11], full[:, :11], rtol=0, atol=0)
+    assert generate(model, seq[:, :5], max_new_tokens=10).shape == (2, 15)
