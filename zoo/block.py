@@ -32,6 +32,7 @@ class TransformerBlock(nn.Module):
         self.parallel: nn.Module | None
         self.window = sublayers["attn"].window  # the stack's mask follows its self-attention's window
         self.value_dim = declared(sublayers["attn"], "value_dim")  # the width of a value embedding, if it takes one
+        self.chains_scores = declared(sublayers["attn"], "chains_scores")  # takes the previous layer's scores
         # model.embed_skip: the block's input is a * x + b * x0, x0 the stack's embedding output (a=1, b=0 at init)
         self.embed_skip = ScalarMix("embedding", 1.0, 0.0) if cfg.embed_skip else None
         if residual.parallel:  # one residual step around all of them, on one norm
@@ -44,15 +45,18 @@ class TransformerBlock(nn.Module):
     def forward(self, x: torch.Tensor, pos: Position, mask: torch.Tensor | None, is_causal: bool,
                 memory: torch.Tensor | None = None, memory_mask: torch.Tensor | None = None,
                 cache: tuple[KVCache, KVCache] | None = None, offset: int = 0, x0: torch.Tensor | None = None,
-                value_embed: torch.Tensor | None = None) -> torch.Tensor:
+                value_embed: torch.Tensor | None = None, scores: list[torch.Tensor] | None = None) -> torch.Tensor:
         """x0: the stack's embedding output (model.embed_skip); value_embed: this layer's value embedding of the
-        tokens (model.value_embeddings), given only to a layer that has a table."""
+        tokens (model.value_embeddings), given only to a layer that has a table; scores: the previous layer's
+        attention scores, for a self-attention that chains them (AttentionPart.chains_scores)."""
         self_cache, cross_cache = cache if cache is not None else (None, None)
         kw: dict[str, dict[str, Any]] = {
             "attn": dict(pos=pos, mask=mask, is_causal=is_causal, cache=self_cache, offset=offset),
             "cross": dict(pos=NO_POSITION, mask=memory_mask, context=memory, cache=cross_cache), "ffn": {}}
         if value_embed is not None:  # an attention without value embeddings keeps the plain signature
             kw["attn"]["value_embed"] = value_embed
+        if scores is not None:
+            kw["attn"]["scores"] = scores
         if self.embed_skip is not None:
             x = self.embed_skip(x, x0)
         if self.parallel is not None:

@@ -69,9 +69,11 @@ class Stack(nn.Module):
                                          padding, x.device, x.dtype)
         memory_mask = cross_attention_mask(memory_padding)
         values = [table(tokens) for table in self.value_embeds]  # (B, T, value_dim) each: the new tokens' only
+        # each layer's attention scores, handed to the next (AttentionPart.chains_scores)
+        scores: list[torch.Tensor] | None = [] if self.blocks[0].chains_scores else None
         for i, (block, table) in enumerate(zip(self.blocks, self.value_tables, strict=True)):
             x = block(x, self.position, mask, is_causal, memory, memory_mask, cache[i] if cache else None, offset,
-                      x0=x0, value_embed=None if table is None else values[table])
+                      x0=x0, value_embed=None if table is None else values[table], scores=scores)
         return self.final_norm(x)
 
     def new_cache(self) -> Cache:
