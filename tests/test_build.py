@@ -12,7 +12,7 @@ from tests.helpers import tiny_cfg
 from zoo import ConfigError, build_model, count_params, flops_per_token, resolve_config
 from zoo.layers.ffn import FFNOptions
 from zoo.layers.norm import NormOptions
-from zoo.registry import RESIDUAL
+from zoo.registry import ATTENTION, RESIDUAL
 from zoo.schema import NormPart
 
 
@@ -79,7 +79,8 @@ def test_defaults_fill_in_and_dictconfig_works():
     ({"attention": {"name": "mha", "n_kv_heads": 2}}, "model.attention.n_kv_heads: not an option of 'mha'"),
     ({"attention": {"name": "mha", "window": 0}}, "model.attention.window: must be a positive integer"),
     ({"attention": {"name": "mha", "backend": "flash"}}, "model.attention.backend: unknown 'flash'"),
-    ({"attention": {"name": "flash"}}, "model.attention.name: unknown attention 'flash'; valid: gqa, mha, mla, mqa"),
+    ({"attention": {"name": "flash"}}, "model.attention.name: unknown attention 'flash'; valid: "
+     + ", ".join(ATTENTION.names())),
     ({"position": {"name": "rotary"}}, "model.position.name: unknown position 'rotary'"),
     ({"position": {"name": "rope"}, "d_model": 36, "n_heads": 4}, "model.position.name: rope needs an even head"),
     ({"position": {"name": "learned", "theta": 5.0}}, "model.position.theta: not an option of 'learned'; valid: none"),

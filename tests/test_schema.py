@@ -92,7 +92,8 @@ def test_the_default_config_composes_to_the_dataclass_defaults():
 @pytest.mark.parametrize("kind", ["attention", "position", "norm", "ffn"])
 def test_every_preset_restates_no_default(kind):
     """A preset holds only what it chooses: every option it does not set is the component's dataclass default."""
-    chosen = {"gqa": {"n_kv_heads": 2}, "sliding_window": {"window": 32}}
+    chosen = {"gqa": {"n_kv_heads": 2}, "sliding_window": {"window": 32}, "sigmoid": {"sigmoid": True},
+              "sparse_topk": {"sparse_topk": 8}}
     name_key = KINDS[kind][1]
     for path in sorted((CONF / kind).glob("*.yaml")):
         node = _values(compose_cfg([f"{kind}={path.stem}"]).model[kind])
@@ -144,7 +145,7 @@ def test_an_old_checkpoint_config_still_resolves():
     old = {"vocab_size": 10, "max_seq_len": 16, "attention": {"name": "mha", "window": None, "backend": "sdpa"},
            "norm": {"placement": "pre", "type": "rmsnorm", "eps": 1e-5}, "ffn": {"name": "gelu", "d_ff": None}}
     assert resolve_config(old).as_dict()["attention"] == {"name": "mha", "window": None, "backend": "sdpa",
-                                                          "qk_norm": False}
+                                                          "qk_norm": False, "sigmoid": False, "sparse_topk": None}
 
 
 def test_default_of_reads_the_schema():

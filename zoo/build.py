@@ -146,6 +146,8 @@ def _validate(cfg: dict) -> None:
          f"must be positive or null, got {cap!r}; valid: a finite number > 0 (the speedrun's 30 or 15), or null")
     need(is_int(cfg["value_embeddings"]) and cfg["value_embeddings"] >= 0, "value_embeddings",
          f"must be an integer >= 0, got {cfg['value_embeddings']!r} (0: none)")
+    need(is_int(cfg["memory_tokens"]) and cfg["memory_tokens"] >= 0, "memory_tokens",
+         f"must be an integer >= 0, got {cfg['memory_tokens']!r} (0: none)")
     need(cfg["residual_init"] in RESIDUAL_INITS, "residual_init",
          f"unknown {cfg['residual_init']!r}; valid: {', '.join(RESIDUAL_INITS)}")
 

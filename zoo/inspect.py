@@ -373,7 +373,7 @@ def format_loss_by_position(result: dict) -> str:
 # ----------------------------------------------------------------------------------------------
 
 def main(argv: list[str] | None = None) -> int:
-    p = OneLineParser(prog="python -m zoo.inspect", description=__doc__.split("\n\n")[0],
+    p = OneLineParser("inspect", description=__doc__.split("\n\n")[0],
                                 epilog="B (--vs) is A's overrides with the --vs overrides applied on top.")
     p.add_argument("overrides", nargs="*", help="Hydra overrides, as for train.py (ffn=swiglu model.d_model=256)")
     p.add_argument("--vs", nargs="+", default=None, metavar="OVERRIDE", help="a second config to compare with")

@@ -32,7 +32,7 @@ class Stack(nn.Module):
     causal=True makes it a decoder (each token sees only earlier ones); cross=True adds
     cross-attention to an encoder's output. ctx.layer is the index of its first block in the model."""
 
-    def __init__(self, cfg: ModelSpec, ctx: Context, embed: nn.Embedding, n_layers: int, cross: bool = False):
+    def __init__(self, cfg: ModelSpec, ctx: Context, embed: nn.Module, n_layers: int, cross: bool = False):
         super().__init__()
         self.embed, self.causal = embed, ctx.causal
         self.embed_scale = math.sqrt(ctx.d_model) if cfg.scale_embeddings else 1.0
@@ -52,8 +52,10 @@ class Stack(nn.Module):
         need(not cfg.value_embeddings or value_dim is not None, "value_embeddings",
              f"attention '{cfg.attention.name}' takes no value embeddings (its value_dim is null: the values are not "
              "what it caches or projects directly); valid: 0 with this attention, or an attention with a value_dim")
-        self.value_embeds = nn.ModuleList(nn.Embedding(embed.num_embeddings, value_dim or 0)
+        self.value_embeds = nn.ModuleList(nn.Embedding(cfg.vocab_size, value_dim or 0)
                                           for _ in range(cfg.value_embeddings))
+        # model.memory_tokens: learned tokens before the sequence (with the first tokens; then in the cache)
+        self.memory = nn.Embedding(cfg.memory_tokens, ctx.d_model) if cfg.memory_tokens else None
         final = cfg.final_norm  # None: the placement decides (Post-LN has none; nn.Transformer adds one)
         self.final_norm = ctx.norm() if (residual.final_norm if final is None else final) else nn.Identity()
 
@@ -61,19 +63,26 @@ class Stack(nn.Module):
                 memory: torch.Tensor | None = None, memory_padding: torch.Tensor | None = None,
                 cache: Cache | None = None) -> torch.Tensor:
         """tokens (B, T) -> hidden states (B, T, d). padding: (B, T) True for real tokens."""
-        offset = cache[0][0].len if cache else 0
+        offset = cache[0][0].len if cache else 0  # positions the layers have seen, the memory's included
+        n_mem = self.memory.num_embeddings if self.memory is not None else 0
         x = self.embed(tokens) * self.embed_scale
-        x = x0 = self.dropout(self.embed_norm(self.position.embed(x, offset)))
-        t = tokens.shape[1]
+        x = x0 = self.dropout(self.embed_norm(self.position.embed(x, offset - n_mem if offset else 0)))
+        values = [table(tokens) for table in self.value_embeds]  # (B, T, value_dim) each: the new tokens' only
+        prepend = n_mem if offset == 0 else 0  # the memory sits before the first token: the layers' positions 0..
+        if prepend and self.memory is not None:
+            x = x0 = torch.cat([self.memory.weight.to(x.dtype).expand(x.shape[0], -1, -1), x], dim=1)
+            padding = None if padding is None else torch.nn.functional.pad(padding, (prepend, 0), value=True)
+            values = [torch.nn.functional.pad(v, (0, 0, prepend, 0)) for v in values]
+        t = x.shape[1]
         mask, is_causal = attention_bias(t, offset + t, self.causal, self.window, self.position,
                                          padding, x.device, x.dtype)
         memory_mask = cross_attention_mask(memory_padding)
-        values = [table(tokens) for table in self.value_embeds]  # (B, T, value_dim) each: the new tokens' only
         # each layer's attention scores, handed to the next (AttentionPart.chains_scores)
         scores: list[torch.Tensor] | None = [] if self.blocks[0].chains_scores else None
         for i, (block, table) in enumerate(zip(self.blocks, self.value_tables, strict=True)):
             x = block(x, self.position, mask, is_causal, memory, memory_mask, cache[i] if cache else None, offset,
                       x0=x0, value_embed=None if table is None else values[table], scores=scores)
+        x = x[:, prepend:]  # the memory tokens' outputs are dropped
         return self.final_norm(x)
 
     def new_cache(self) -> Cache:
