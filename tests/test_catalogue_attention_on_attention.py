@@ -107,3 +107,22 @@ def test_attention_on_attention_decoder_decodes_as_it_recomputes():
         steps = [model(seq[:, :9], cache=cache)] + [model(seq[:, t:t + 1], cache=cache) for t in range(9, 13)]
         torch.testing.assert_close(torch.cat(steps, 1), full, rtol=1e-10, atol=1e-10)
     assert generate(model, seq[:, :5], max_new_tokens=6).shape == (2, 11)
+
+
+@pytest.mark.parametrize("option", [{}, {"sparse_topk": 4}], ids=["softmax", "sparse_topk"])
+@pytest.mark.parametrize("heads,kv_heads", [(3, None), (6, 2)])
+@pytest.mark.parametrize("lineage", ["encoder", "decoder", "cross"])
+def test_attention_on_attention_with_shared_heads_equals_x_transformers(lineage, heads, kv_heads, option):
+    """n_kv_heads (GQA) and an option of every attention under the GLU, query=false, against x-transformers
+    (tests/catalogue.py: 13 tokens, padding, outputs and gradients, the GLU's included; decoder: cached decoding)."""
+    from tests.catalogue import check_cached_decoding, compare, head_columns, qkv_pairs, zoo_attention
+
+    d, cross, causal = 4 * heads, lineage == "cross", lineage == "decoder"
+    attn = zoo_attention("attention_on_attention", d, heads, cross=cross, causal=causal, n_kv_heads=kv_heads,
+                         query=False, **option)
+    theirs = xt.Attention(d, dim_head=4, heads=heads, kv_heads=kv_heads, causal=causal, on_attn=True,
+                          **option).double()
+    glu = (attn.aoa.weight, head_columns(attn), theirs.to_out[0].weight, 0.0)  # its columns read the heads
+    compare(attn, theirs, qkv_pairs(attn, theirs) + [glu], cross=cross, causal=causal)
+    if causal:
+        check_cached_decoding(attn)

@@ -152,3 +152,26 @@ def test_cope_keeps_its_position_term_under_the_cpu_kernels():
         plain = slow(tokens)
     assert torch.equal(a, b)
     assert (a - plain).abs().max() > 1e-2
+
+
+SCORE_OPTIONS = [{}, {"sigmoid": True}, {"sparse_topk": 4}]
+
+
+@pytest.mark.parametrize("option", SCORE_OPTIONS, ids=["softmax", "sigmoid", "sparse_topk"])
+@pytest.mark.parametrize("heads,kv_heads", [(3, None), (6, 2)])
+def test_cope_with_shared_heads_and_score_options_equals_x_transformers(heads, kv_heads, option):
+    """n_kv_heads (GQA) and the options of every attention on CoPE's logits, as x-transformers applies its attn_fn
+    after its CoPE term (tests/catalogue.py: 13 tokens, padding, outputs and gradients, a cached decode at offsets;
+    its sigmoid has no bias: zoo's b = -log(max_seq_len) is 0 at max_seq_len 1)."""
+    from x_transformers.x_transformers import Attention as XAttention
+
+    from tests.catalogue import check_cached_decoding, compare, projection_pairs, zoo_attention
+
+    d = 4 * heads
+    attn = zoo_attention("cope", d, heads, causal=True, max_seq_len=1 if option.get("sigmoid") else 64,
+                         n_kv_heads=kv_heads, max_pos=5, **option)
+    theirs = XAttention(d, dim_head=4, heads=heads, kv_heads=kv_heads, causal=True, use_cope=True, cope_max_pos=5,
+                        **option).double()
+    table = (attn.pos_emb, lambda w: w, theirs.attend.cope.pos_emb, 0.0)
+    compare(attn, theirs, projection_pairs(attn, theirs) + [table], causal=True)
+    check_cached_decoding(attn)

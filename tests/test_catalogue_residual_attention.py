@@ -166,3 +166,53 @@ def test_residual_attention_keeps_its_chain_under_the_cpu_kernels():
         a, b, plain = fast(tokens), slow(tokens), mha(tokens)
     assert torch.equal(a, b)
     assert (a - plain).abs().max() > 1e-2
+
+
+@pytest.mark.parametrize("option", [{}, {"sigmoid": True}, {"sparse_topk": 4}], ids=["softmax", "sigmoid", "topk"])
+@pytest.mark.parametrize("heads,kv_heads", [(3, None), (6, 2)])
+@pytest.mark.parametrize("causal", [True, False])
+def test_residual_attention_with_shared_heads_and_score_options_equals_x_transformers(causal, heads, kv_heads, option):
+    """n_kv_heads (GQA) and the options of every attention over three chained layers, against x-transformers' chain
+    (prev_attn; its sigmoid has no bias: zoo's b = -log(max_seq_len) is 0 at max_seq_len 1): 13 tokens, key padding,
+    outputs, gradients into the input and every weight of the first layer; decoder: a cached decode at offset 9."""
+    from x_transformers.x_transformers import Attention as XAttention
+
+    from tests.catalogue import B, T, copy_pairs, float64_softmax, projection_pairs, zoo_attention
+    from zoo.layers.attention import KVCache
+
+    d, ours, theirs, pairs = 4 * heads, [], [], []
+    for seed in range(3):
+        attn = zoo_attention("residual_attention", d, heads, causal=causal, n_kv_heads=kv_heads,
+                             max_seq_len=1 if option.get("sigmoid") else 64, **option)
+        with torch.no_grad():  # each layer its own weights (zoo_attention draws the same for all)
+            torch.manual_seed(seed)
+            for p in attn.parameters():
+                p.normal_(0, 0.2)
+        xa = float64_softmax(XAttention(d, dim_head=4, heads=heads, kv_heads=kv_heads, causal=causal,
+                                        **option).double())
+        layer_pairs = projection_pairs(attn, xa)
+        copy_pairs(layer_pairs)
+        ours.append(attn), theirs.append(xa), pairs.append(layer_pairs)
+    torch.manual_seed(3)
+    x = torch.randn(B, T, d, dtype=torch.float64)
+    padding = torch.ones(B, T, dtype=torch.bool)
+    padding[1, 4:6] = False
+    x_ours, x_theirs = x.clone().requires_grad_(), x.clone().requires_grad_()
+    out = _run_ours(ours, x_ours, *attention_bias(T, T, causal, None, NO_POSITION, padding, x.device, x.dtype))
+    ref = _run_theirs(theirs, x_theirs, padding)
+    real = padding[:, :, None]
+    torch.testing.assert_close(out * real, ref * real, rtol=0, atol=1e-10)
+    g = torch.randn_like(out) * real
+    first = pairs[0]
+    ours_g = torch.autograd.grad((out * g).sum(), [x_ours] + [p[0] for p in first])
+    theirs_g = torch.autograd.grad((ref * g).sum(), [x_theirs] + [p[2] for p in first])
+    torch.testing.assert_close(ours_g[0], theirs_g[0], rtol=1e-9, atol=1e-10)  # large: three layers' worth
+    for (_, transform, _, _), a, b in zip(first, ours_g[1:], theirs_g[1:], strict=True):
+        torch.testing.assert_close(transform(a), b, rtol=1e-9, atol=1e-10)
+    if causal:
+        with torch.no_grad():
+            caches = [KVCache() for _ in ours]
+            _chain_cached(ours, caches, x[:, :9], 9, 0)
+            step = _chain_cached(ours, caches, x[:, 9:], T, 9)
+            full = _run_ours(ours, x, *attention_bias(T, T, True, None, NO_POSITION, None, x.device, x.dtype))
+            torch.testing.assert_close(step, full[:, 9:], rtol=1e-12, atol=1e-12)

@@ -6,7 +6,8 @@ a GLU that replaces the output projection, so a layer can pass on little where a
 An attention part (it adds weights), built on MHA: the attention itself is unchanged, so the fused kernel still
 computes it. `query` true (default) is the paper's: both read the query too, here the attention's input x (in
 cross-attention the decoder's); false is x-transformers' on_attn, a GLU of v_hat alone. Each token's output is its
-own, so causality and cached decoding are unchanged.
+own, so causality and cached decoding are unchanged. n_kv_heads shares key/value heads as GQA (v_hat is the query
+heads' outputs joined, as MHA's); the options of every attention (sigmoid, sparse_topk) apply to the attention.
 """
 
 from __future__ import annotations
@@ -17,13 +18,12 @@ import torch
 from torch import nn
 
 from zoo.component import Context
-from zoo.layers.attention import Attention, AttentionOptions, KVCache
-from zoo.layers.position import Position
+from zoo.layers.attention import Attention, HeadsOptions, kv_heads
 from zoo.registry import ATTENTION
 
 
 @dataclass(kw_only=True)
-class AoAOptions(AttentionOptions):
+class AoAOptions(HeadsOptions):
     query: bool = True  # information and gate read the query as well as v_hat (the paper; false: x-transformers)
 
 
@@ -31,22 +31,22 @@ class AttentionOnAttention(Attention):
     residual_outputs = ("aoa",)  # writes into the residual stream: depth-scaled init
 
     def __init__(self, ctx: Context, opts: AoAOptions):
-        super().__init__(ctx, opts, ctx.n_heads)
-        self.out, self.out_dropout = nn.Identity(), nn.Identity()  # MHA's forward then gives v_hat (B, T, H * hd)
+        super().__init__(ctx, opts, kv_heads(ctx, opts))
+        del self.out, self.out_dropout  # the GLU below takes the output projection's place
         self.query = opts.query
         self.aoa = nn.Linear(ctx.n_heads * self.head_dim + (ctx.d_model if opts.query else 0), 2 * ctx.d_model,
                              bias=ctx.bias)  # [information; gate]
         self.aoa_dropout = nn.Dropout(ctx.dropout)
 
-    def forward(self, x: torch.Tensor, pos: Position, mask: torch.Tensor | None = None, is_causal: bool = False,
-                context: torch.Tensor | None = None, cache: KVCache | None = None, offset: int = 0,
-                value_embed: torch.Tensor | None = None) -> torch.Tensor:
-        attended = super().forward(x, pos, mask, is_causal, context, cache, offset, value_embed)  # v_hat
+    def _output(self, y: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """The heads' outputs y (B, H, T, hd) joined are v_hat; x, the layer's input, is the query."""
+        attended = y.transpose(1, 2).flatten(2)  # v_hat (B, T, H * hd)
         info, gate = self.aoa(torch.cat([attended, x], -1) if self.query else attended).chunk(2, dim=-1)
         return self.aoa_dropout(info * torch.sigmoid(gate))
 
 
-@ATTENTION.register("attention_on_attention", options=AoAOptions, examples=[{}, {"query": False}])
+@ATTENTION.register("attention_on_attention", options=AoAOptions, examples=[{}, {"query": False},
+                                                                              {"n_kv_heads": 1, "sparse_topk": 3}])
 def attention_on_attention(ctx: Context, opts: AoAOptions) -> AttentionOnAttention:
     """Attention on attention: a sigmoid-gated information vector of the attended vector and the query (Huang et al.
     2019)."""

@@ -15,6 +15,10 @@ non-causal attention (an encoder, cross-attention), which the paper does not def
 j to the last key, as x-transformers' CoPE computes it without its causal check: a contextual position from the
 end of the sequence. Each query's row is its own, so cached decoding equals recomputation. The scores are
 needed, so it is always computed written out (backend is ignored).
+
+The gated scores plus the term become weights as any attention's do (AttentionBase._normalise): the softmax, or
+with attention.sigmoid / attention.sparse_topk those options' weights of the same logits, as x-transformers applies
+its attn_fn after CoPE's term. n_kv_heads shares key/value heads as GQA; the table is shared by the query heads.
 """
 
 from __future__ import annotations
@@ -23,16 +27,15 @@ import math
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from zoo.component import Context, need
-from zoo.layers.attention import Attention, AttentionOptions, attention_mask
+from zoo.layers.attention import Attention, HeadsOptions, kv_heads, masked_scores
 from zoo.registry import ATTENTION
 
 
 @dataclass(kw_only=True)
-class CoPEOptions(AttentionOptions):
+class CoPEOptions(HeadsOptions):
     max_pos: int = 16  # rows of the position table: counts are clamped to max_pos - 1 (x-transformers' cope_max_pos)
 
 
@@ -41,21 +44,24 @@ class CoPE(Attention):
 
     def __init__(self, ctx: Context, opts: CoPEOptions):
         need(opts.max_pos >= 1, "attention.max_pos", f"must be a positive integer, got {opts.max_pos!r}")
-        super().__init__(ctx, opts, ctx.n_heads)
+        super().__init__(ctx, opts, kv_heads(ctx, opts))
         self.max_pos = opts.max_pos
         self.pos_emb = nn.Parameter(torch.zeros(opts.max_pos, self.head_dim))  # e[p], shared by the heads
-
-    def _attend(self, q, k, v, mask, is_causal, qk_dim: int | None = None) -> torch.Tensor:
-        return self._written_out(q, k, v, mask, is_causal, qk_dim)  # it needs the scores: never the fused kernel
+        self.plain = False  # it needs the scores: never the fused kernel
+        self.queries: torch.Tensor | None = None  # the queries of the written-out form, during its call
 
     def _written_out(self, q, k, v, mask, is_causal, qk_dim: int | None = None) -> torch.Tensor:
-        # (overrides the written-out form itself, which the kernels' attention_written_out calls directly)
-        scores = masked(q @ k.transpose(-2, -1) / math.sqrt(qk_dim or q.shape[-1]), mask, is_causal)  # (B, H, Tq, Tk)
-        weights = (scores + self.position_scores(q, scores)).softmax(
-            dim=-1, dtype=torch.promote_types(scores.dtype, torch.float32)).to(q.dtype)
-        if self.record:
-            self.weights = weights.detach()
-        return F.dropout(weights, self.dropout if self.training else 0.0) @ v
+        # (the kernels' attention_written_out calls this directly) the term reads the queries: _weights sees scores
+        self.queries = q
+        try:
+            return super()._written_out(q, k, v, mask, is_causal, qk_dim)
+        finally:
+            self.queries = None
+
+    def _weights(self, scores, mask, is_causal, qk_dim: int) -> torch.Tensor:
+        assert self.queries is not None  # set by _written_out, the only caller
+        scores = masked_scores(scores / math.sqrt(qk_dim), mask, is_causal)  # (B, H, Tq, Tk), the gates' input
+        return self._normalise(scores + self.position_scores(self.queries, scores))
 
     def position_scores(self, q: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
         """q_i . e[p_ij] (B, H, Tq, Tk) for masked scores (B, H, Tq, Tk) of the queries q (B, H, Tq, hd)."""
@@ -67,22 +73,13 @@ class CoPE(Attention):
         return (low + (pos - floor) * (high - low)).to(scores.dtype)  # e interpolated, then dotted: the same
 
     def flops(self, t: int) -> int:
-        """Forward FLOPs per token at context t: MHA's, the q.e products (2 max_pos hd a head), and a few per score
-        for the gate, the count and the interpolation (about 4 per score)."""
+        """Forward FLOPs per token at context t: MHA's (GQA's), the q.e products (2 max_pos hd a head), and a few per
+        score for the gate, the count and the interpolation (about 4 per score)."""
         return super().flops(t) + self.n_heads * (2 * self.max_pos * self.head_dim + 4 * t)
 
 
-def masked(scores: torch.Tensor, mask: torch.Tensor | None, is_causal: bool) -> torch.Tensor:
-    """Scaled scores (..., Tq, Tk) with the stack's mask applied as the softmax would: a bool mask's hidden keys
-    -inf, a float one (a position bias, -inf where hidden) added; is_causal: queries are the last of the keys."""
-    if is_causal:
-        mask = attention_mask(scores.shape[-2], scores.shape[-1], True, None, scores.device)
-    if mask is None:
-        return scores
-    return scores.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else scores + mask
-
-
-@ATTENTION.register("cope", options=CoPEOptions, examples=[{}, {"max_pos": 4, "window": 3}])
+@ATTENTION.register("cope", options=CoPEOptions, examples=[{}, {"max_pos": 4, "window": 3},
+                                                           {"n_kv_heads": 1, "sigmoid": True}, {"sparse_topk": 3}])
 def cope(ctx: Context, opts: CoPEOptions) -> CoPE:
     """CoPE: each score gains q . e[p], p the sum of sigmoid gates from the key to the query (Golovneva et al.
     2024)."""

@@ -10,6 +10,10 @@ a bias: a masked key is masked in every layer). Cross-attention layers are not c
 cross_residual_attn is not offered); they attend as MHA. With a KV cache each layer's S is of the new queries over
 all keys, as the previous layer's is, so cached decoding equals recomputation. The scores are needed, so it is always
 computed written out (backend is ignored).
+
+The summed scores, masked, become weights as any attention's do (AttentionBase._normalise): the softmax, or with
+attention.sigmoid / attention.sparse_topk those options' weights of them; what is handed on is S_l either way.
+n_kv_heads shares key/value heads as GQA; S_l is per query head.
 """
 
 from __future__ import annotations
@@ -17,10 +21,9 @@ from __future__ import annotations
 import math
 
 import torch
-import torch.nn.functional as F
 
 from zoo.component import Context
-from zoo.layers.attention import Attention, AttentionOptions, KVCache, scores_softmax
+from zoo.layers.attention import Attention, HeadsOptions, KVCache, kv_heads, masked_scores
 from zoo.layers.position import Position
 from zoo.registry import ATTENTION
 
@@ -28,8 +31,9 @@ from zoo.registry import ATTENTION
 class ResidualAttention(Attention):
     chains_scores = True
 
-    def __init__(self, ctx: Context, opts: AttentionOptions):
-        super().__init__(ctx, opts, ctx.n_heads)
+    def __init__(self, ctx: Context, opts: HeadsOptions):
+        super().__init__(ctx, opts, kv_heads(ctx, opts))
+        self.plain = False  # it needs the scores: never the fused kernel
         self.chain: list[torch.Tensor] | None = None  # the stack's list of scores, during a forward
 
     def forward(self, x: torch.Tensor, pos: Position, mask: torch.Tensor | None = None, is_causal: bool = False,
@@ -37,29 +41,23 @@ class ResidualAttention(Attention):
                 value_embed: torch.Tensor | None = None, scores: list[torch.Tensor] | None = None) -> torch.Tensor:
         """As MHA's forward; scores: the stack's list, its last entry the previous layer's scores (empty at the
         first layer; None: not chained)."""
-        self.chain = scores  # read and extended by the written-out form, within this call
+        self.chain = scores  # read and extended by _weights, within this call
         try:
             return super().forward(x, pos, mask, is_causal, context, cache, offset, value_embed)
         finally:
             self.chain = None
 
-    def _attend(self, q, k, v, mask, is_causal, qk_dim: int | None = None) -> torch.Tensor:
-        return self._written_out(q, k, v, mask, is_causal, qk_dim)  # it needs the scores: never the fused kernel
-
-    def _written_out(self, q, k, v, mask, is_causal, qk_dim: int | None = None) -> torch.Tensor:
-        # (overrides the written-out form itself, which the kernels' attention_written_out calls directly)
-        scores = q @ k.transpose(-2, -1) / math.sqrt(qk_dim or q.shape[-1])  # (B, H, Tq, Tk)
+    def _weights(self, scores, mask, is_causal, qk_dim: int) -> torch.Tensor:
+        scores = scores / math.sqrt(qk_dim)  # (B, H, Tq, Tk)
         if self.chain:
             scores = scores + self.chain.pop()  # the previous layer's, of the same queries and keys
         if self.chain is not None:
             self.chain.append(scores)
-        weights = scores_softmax(scores, mask, is_causal, 1).to(q.dtype)  # already scaled
-        if self.record:
-            self.weights = weights.detach()
-        return F.dropout(weights, self.dropout if self.training else 0.0) @ v
+        return self._normalise(masked_scores(scores, mask, is_causal))
 
 
-@ATTENTION.register("residual_attention", options=AttentionOptions, examples=[{}, {"window": 3}])
-def residual_attention(ctx: Context, opts: AttentionOptions) -> ResidualAttention:
+@ATTENTION.register("residual_attention", options=HeadsOptions,
+                    examples=[{}, {"window": 3}, {"n_kv_heads": 1, "sigmoid": True}, {"sparse_topk": 3}])
+def residual_attention(ctx: Context, opts: HeadsOptions) -> ResidualAttention:
     """Residual attention: each layer's pre-softmax scores plus the previous layer's (He et al. 2020, RealFormer)."""
     return ResidualAttention(ctx, opts)
