@@ -43,6 +43,11 @@ def head_order(attn) -> torch.Tensor:
 
 def projection_pairs(attn, xt) -> list[Pair]:
     """zoo's q, k, v (fused, or q and kv when cross-attending) and out -> x-transformers' to_q, to_k, to_v, to_out."""
+    return qkv_pairs(attn, xt) + [(attn.out.weight, head_columns(attn), xt.to_out.weight, 0.0)]
+
+
+def qkv_pairs(attn, xt) -> list[Pair]:
+    """zoo's q, k, v (fused, or q and kv when cross-attending) -> x-transformers' to_q, to_k, to_v."""
     H, hd, perm = attn.n_heads, attn.head_dim, head_order(attn)
     q_dim, kv_dim = H * hd, attn.n_kv_heads * hd
     heads = lambda w: w.unflatten(0, (H, hd))[perm].flatten(0, 1)  # noqa: E731  rows grouped by head
@@ -52,8 +57,18 @@ def projection_pairs(attn, xt) -> list[Pair]:
         q, kv, kv_off = (attn.q.weight, heads), attn.kv.weight, 0
     return [(q[0], q[1], xt.to_q.weight, 0.0),
             (kv, lambda w: w[kv_off: kv_off + kv_dim], xt.to_k.weight, 0.0),
-            (kv, lambda w: w[kv_off + kv_dim: kv_off + 2 * kv_dim], xt.to_v.weight, 0.0),
-            (attn.out.weight, lambda w: w.unflatten(1, (H, hd))[:, perm].flatten(1), xt.to_out.weight, 0.0)]
+            (kv, lambda w: w[kv_off + kv_dim: kv_off + 2 * kv_dim], xt.to_v.weight, 0.0)]
+
+
+def head_columns(attn) -> Callable[[torch.Tensor], torch.Tensor]:
+    """A weight reading the query heads' outputs joined (columns grouped by head, zoo's order) -> x-transformers'."""
+    H, hd, perm = attn.n_heads, attn.head_dim, head_order(attn)
+    return lambda w: w.unflatten(1, (H, hd))[:, perm].flatten(1)
+
+
+def width(attn) -> int:
+    """The layer's input width, d_model."""
+    return (attn.qkv if hasattr(attn, "qkv") else attn.q).in_features
 
 
 def float64_softmax(xt):
@@ -86,7 +101,7 @@ def compare(attn, xt, pairs: list[Pair], cross: bool = False, causal: bool = Fal
     copy_pairs(pairs)
     float64_softmax(xt)
     torch.manual_seed(1)
-    d = attn.out.weight.shape[0]
+    d = width(attn)
     x = torch.randn(B, T, d, dtype=torch.float64, requires_grad=True)
     src = torch.randn(B, T - 4, d, dtype=torch.float64, requires_grad=True) if cross else None
     n = (src if cross else x).shape[1]
@@ -111,7 +126,7 @@ def check_cached_decoding(attn, first: int = 7, chunks: tuple[int, ...] = (1, 3,
     """A causal layer fed `first` tokens, then the rest in chunks with a KVCache at each offset, gives the rows its
     full forward gives (float64)."""
     torch.manual_seed(2)
-    x = torch.randn(B, first + sum(chunks), attn.out.weight.shape[0], dtype=torch.float64)
+    x = torch.randn(B, first + sum(chunks), width(attn), dtype=torch.float64)
     with torch.no_grad():
         full = run_zoo(attn, x, causal=True)
         cache, start, rows = KVCache(), 0, []

@@ -58,6 +58,7 @@ class TransformerBlock(nn.Module):
         self.parallel: nn.Module | None
         self.window = sublayers["attn"].window  # the stack's mask follows its self-attention's window
         self.value_dim = declared(sublayers["attn"], "value_dim")  # the width of a value embedding, if it takes one
+        self.chains_scores = declared(sublayers["attn"], "chains_scores")  # takes the previous layer's scores
         # model.embed_skip: the block's input is a * x + b * x0, x0 the stack's embedding output (a=1, b=0 at init)
         self.embed_skip = ScalarMix("embedding", 1.0, 0.0) if cfg.embed_skip else None
         if residual.parallel:  # one residual step around all of them, on one norm
@@ -79,7 +80,11 @@ class TransformerBlock(nn.Module):
         self.steps = nn.ModuleList(residual(make[k](), ctx.norm) for k in self.kinds)
         attns = [step.f for step, k in zip(self.steps, self.kinds, strict=True) if k == "a"]
         self.window = attns[0].window if attns else None
-        self.value_dim, self.embed_skip = None, ScalarMix("embedding", 1.0, 0.0) if cfg.embed_skip else None
+        need(not any(declared(a, "chains_scores") for a in attns), "sublayers", f"attention '{cfg.attention.name}' "
+             "hands its scores to the next layer's, which a block of sublayers does not carry; valid: null, or "
+             "another attention")
+        self.value_dim, self.chains_scores = None, False
+        self.embed_skip = ScalarMix("embedding", 1.0, 0.0) if cfg.embed_skip else None
         self.parallel = self.attn = self.cross = self.ffn = None
 
     def new_cache(self) -> tuple[KVCache, ...]:
@@ -91,9 +96,10 @@ class TransformerBlock(nn.Module):
     def forward(self, x: torch.Tensor, pos: Position, mask: torch.Tensor | None, is_causal: bool,
                 memory: torch.Tensor | None = None, memory_mask: torch.Tensor | None = None,
                 cache: tuple[KVCache, ...] | None = None, offset: int = 0, x0: torch.Tensor | None = None,
-                value_embed: torch.Tensor | None = None) -> torch.Tensor:
+                value_embed: torch.Tensor | None = None, scores: list[torch.Tensor] | None = None) -> torch.Tensor:
         """x0: the stack's embedding output (model.embed_skip); value_embed: this layer's value embedding of the
-        tokens (model.value_embeddings), given only to a layer that has a table."""
+        tokens (model.value_embeddings), given only to a layer that has a table; scores: the previous layer's
+        attention scores, for a self-attention that chains them (AttentionPart.chains_scores)."""
         if self.kinds is not None:
             return self._run_sequence(x, pos, mask, is_causal, memory, memory_mask, cache, offset, x0)
         self_cache, cross_cache = cache if cache is not None else (None, None)
@@ -102,6 +108,8 @@ class TransformerBlock(nn.Module):
             "cross": dict(pos=NO_POSITION, mask=memory_mask, context=memory, cache=cross_cache), "ffn": {}}
         if value_embed is not None:  # an attention without value embeddings keeps the plain signature
             kw["attn"]["value_embed"] = value_embed
+        if scores is not None:
+            kw["attn"]["scores"] = scores
         if self.embed_skip is not None:
             x = self.embed_skip(x, x0)
         if self.parallel is not None:
@@ -110,7 +118,6 @@ class TransformerBlock(nn.Module):
             if step is not None:  # cross: only in a decoder that cross-attends
                 x = step(x, **kw[name])
         return x
-
 
     def _run_sequence(self, x: torch.Tensor, pos: Position, mask: torch.Tensor | None, is_causal: bool,
                       memory: torch.Tensor | None, memory_mask: torch.Tensor | None,

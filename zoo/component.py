@@ -240,6 +240,10 @@ class AttentionPart(Part, Protocol):
     value_dim: Annotated[int | None, "the width of its values (n_kv_heads * head_dim), into which, built with "
                                      "ctx.value_embed, it mixes forward's value_embed (B, T, value_dim); null: it "
                                      "takes no value embeddings (model.value_embeddings)"] = None
+    chains_scores: Annotated[bool, "its forward takes `scores`, a list the stack hands its self-attention layers in "
+                                   "turn during one forward, empty at the first: it adds the last entry, the previous "
+                                   "layer's pre-softmax scores (B, H, Tq, Tk), to its own and leaves its own in its "
+                                   "place (residual attention)"] = False
 
     def forward(self, x: Any, pos: Any, mask: Any = None, is_causal: bool = False, context: Any = None,
                 cache: Any = None, offset: int = 0, value_embed: Any = None) -> Any:

@@ -19,11 +19,11 @@ else:
 
 
 class CppRotary(_Served):
-    def rotate(self, q: torch.Tensor, k: torch.Tensor, offset: int = 0):
+    def rotate_all(self, q: torch.Tensor, k: torch.Tensor, offset: int = 0):  # partial rotary: rotate splits
         if q.device.type == "cpu" and q.dtype != torch.float64 and not torch.compiler.is_compiling():
             cos, sin = self.angles(offset, *q.shape[-2:]).float().unbind(1)
             return torch.ops.zoo.rope(q, cos, sin), torch.ops.zoo.rope(k, cos, sin)
-        return super().rotate(q, k, offset)
+        return super().rotate_all(q, k, offset)
 
 
 # float32: the formula's operations in its order, the same bits; bf16/fp16: computed in float32 and rounded once,

@@ -117,33 +117,83 @@ class SinusoidalPosition(_GrowingTable):
 @dataclass(kw_only=True)
 class RotaryOptions(Options):
     theta: float = 10000.0  # base of the rotation frequencies
+    # partial rotary: the share of each rotated vector (a head) that is rotated, its first dims, floored to an even
+    # count; the rest passes unrotated (GPT-NeoX rotary_pct, Phi partial_rotary_factor). 1: all of it.
+    fraction: float = 1.0
+    # xPos (Sun et al. 2022): queries scaled by zeta^(n/B) and keys by zeta^(-m/B), so each score decays as
+    # zeta^((n - m)/B) with distance; B is this scale base (x-transformers rotary_xpos_scale_base). null: plain RoPE.
+    xpos_scale_base: float | None = None
 
 
-@POSITION.register("rope", options=RotaryOptions)
+@POSITION.register("rope", options=RotaryOptions, examples=[{}, {"fraction": 0.5}])
 class RotaryPosition(_GrowingTable):
-    """RoPE (Su et al. 2021): rotate each (i, i + hd/2) pair of q and k by angle pos * theta^(-2i/hd),
+    """RoPE (Su et al. 2021): rotate each (i, i + dim/2) pair of q and k by angle pos * theta^(-2i/dim),
     so q.k depends only on the offset between positions. Half-split layout, as in Llama.
-    The table is of the head size; any other even size (a rotary part of each head) is computed per call."""
+    Partial rotary (`fraction` < 1, GPT-NeoX, Phi) is an option of this scheme, not a scheme of its own: it is the
+    same rotation, of the first dim = fraction * head size dims of each head only (its frequencies over those
+    dims, as GPT-NeoX's), the others passed through, so q.k still depends only on the offset, and the unrotated
+    dims carry content alone.
+    xPos (`xpos_scale_base`, Sun et al. 2022) is an option of this scheme too, as x-transformers' rotary_xpos: the
+    rotation with a per-pair decay zeta_i^((n - m)/B) on each score, for causal stacks only.
+    The table is of the rotated size; any other size (a rotary part of each head, as MLA's) is computed per call."""
 
     rotary = True
 
     def __init__(self, ctx: Context, opts: RotaryOptions):
         need(opts.theta > 0, "position.theta", f"must be positive, got {opts.theta!r}; valid: a finite number > 0")
+        need(0 < opts.fraction <= 1, "position.fraction", f"must be in (0, 1], got {opts.fraction!r}")
         need(ctx.head_dim % 2 == 0, "position.name",
              f"rope needs an even head size, got d_model/n_heads={ctx.head_dim}")
-        self.head_dim, self.theta = ctx.head_dim, opts.theta
+        self.fraction, self.theta = opts.fraction, opts.theta
+        self.rotary_dim = self.rotated(ctx.head_dim)  # of each head
+        need(self.rotary_dim >= 2, "position.fraction", f"{opts.fraction!r} of the head size {ctx.head_dim} rotates "
+             f"no pair of dims; valid: at least {2 / ctx.head_dim:g}")
+        base = self.xpos_scale_base = opts.xpos_scale_base
+        need(base is None or base > 0, "position.xpos_scale_base", f"must be positive or null, got {base!r}")
+        # The decay zeta^((n - m)/B) holds for keys before the query; a key after it would be amplified instead.
+        need(base is None or ctx.causal, "position.xpos_scale_base", "xPos is for causal stacks only (Sun et al. "
+             "2022; x-transformers refuses it too): keys after the query would grow by zeta^-(m - n)/B; valid: null "
+             "in an encoder")
+        # Positions enter the scale relative to a fixed centre (scores see only n - m), so cached and recomputed keys
+        # agree; the middle of the trained context keeps zeta^(+-pos/B) near 1 over it.
+        self.xpos_centre = ctx.max_seq_len // 2
         super().__init__(ctx, opts)
 
+    def rotated(self, dim: int) -> int:
+        """How many of a vector's dim leading dims are rotated: fraction * dim, floored to an even count."""
+        return dim if self.fraction == 1 else 2 * int(dim * self.fraction / 2)
+
     def _table(self, n: int) -> torch.Tensor:
-        return _cos_sin(torch.arange(n, dtype=torch.float32), self.head_dim, self.theta)
+        return _cos_sin(torch.arange(n, dtype=torch.float32), self.rotary_dim, self.theta)
 
     def rotate(self, q: torch.Tensor, k: torch.Tensor, offset: int = 0):
+        dim = q.shape[-1]
+        r = self.rotated(dim)
+        if r == dim:
+            return self.xpos(*self.rotate_all(q, k, offset), offset)
+        (q_r, q_pass), (k_r, k_pass) = q.split([r, dim - r], -1), k.split([r, dim - r], -1)
+        q_r, k_r = self.xpos(*self.rotate_all(q_r, k_r, offset), offset)
+        return torch.cat((q_r, q_pass), -1), torch.cat((k_r, k_pass), -1)
+
+    def xpos(self, q: torch.Tensor, k: torch.Tensor, offset: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Rotated q and k (B, H, T, dim) scaled by xPos, pair i by zeta_i^(+-(pos - centre)/B) with
+        zeta_i = (2i/dim + 0.4) / 1.4 (the paper's gamma 0.4); unchanged without xpos_scale_base."""
+        if self.xpos_scale_base is None:
+            return q, k
+        (t, dim), dtype = q.shape[-2:], torch.promote_types(q.dtype, torch.float32)
+        zeta = (torch.arange(0, dim, 2, dtype=dtype, device=q.device) / dim + 0.4) / 1.4  # (dim/2,)
+        power = torch.arange(offset, offset + t, dtype=dtype, device=q.device) - self.xpos_centre
+        scale = (zeta ** (power[:, None] / self.xpos_scale_base)).repeat(1, 2)  # (T, dim), both halves of a pair
+        return q * scale.to(q.dtype), k * scale.reciprocal().to(k.dtype)
+
+    def rotate_all(self, q: torch.Tensor, k: torch.Tensor, offset: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+        """q and k (B, H, T, dim) rotated in all their dims (rotate: in their first `rotated(dim)`)."""
         cos, sin = self.angles(offset, *q.shape[-2:]).to(q.dtype).unbind(1)  # (T, dim) each
         return _rotate(q, cos, sin), _rotate(k, cos, sin)
 
     def angles(self, offset: int, t: int, dim: int) -> torch.Tensor:
         """(t, 2, dim): cos and sin of positions offset .. offset + t - 1, for a rotated part of size dim."""
-        if dim == self.head_dim:
+        if dim == self.rotary_dim:
             return self._rows(offset, t)
         # a rotary part of another size: a few sin/cos per position, cheap next to the attention itself
         return _cos_sin(torch.arange(offset, offset + t, dtype=torch.float32, device=self.table.device),

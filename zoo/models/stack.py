@@ -81,9 +81,11 @@ class Stack(nn.Module):
         mask, is_causal = attention_bias(t, offset + t, self.causal, self.window, self.position,
                                          padding, x.device, x.dtype)
         memory_mask = cross_attention_mask(memory_padding)
+        # each layer's attention scores, handed to the next (AttentionPart.chains_scores)
+        scores: list[torch.Tensor] | None = [] if self.blocks[0].chains_scores else None
         for i, (block, table) in enumerate(zip(self.blocks, self.value_tables, strict=True)):
             x = block(x, self.position, mask, is_causal, memory, memory_mask, cache[i] if cache else None, offset,
-                      x0=x0, value_embed=None if table is None else values[table])
+                      x0=x0, value_embed=None if table is None else values[table], scores=scores)
         x = x[:, prepend:]  # the memory tokens' outputs are dropped
         return self.final_norm(x)
 
