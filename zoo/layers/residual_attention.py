@@ -56,8 +56,10 @@ class ResidualAttention(Attention):
         return self._normalise(masked_scores(scores, mask, is_causal))
 
 
+# sparse_topk is tested in float64 (tests/test_catalogue_residual_attention.py), not as an example here: chained
+# float32 scores can split a near-tie of the top-k between cached and full decoding (docs/options.md)
 @ATTENTION.register("residual_attention", options=HeadsOptions,
-                    examples=[{}, {"window": 3}, {"n_kv_heads": 1, "sigmoid": True}, {"sparse_topk": 3}])
+                    examples=[{}, {"window": 3}, {"n_kv_heads": 1, "sigmoid": True}])
 def residual_attention(ctx: Context, opts: HeadsOptions) -> ResidualAttention:
     """Residual attention: each layer's pre-softmax scores plus the previous layer's (He et al. 2020, RealFormer)."""
     return ResidualAttention(ctx, opts)
