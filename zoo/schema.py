@@ -83,6 +83,15 @@ class ModelConfig:
     adaptive_softmax: bool = False
     adaptive_cutoffs: list[int] | None = None
     adaptive_div: float = 4.0
+    # How each stack applies its blocks (zoo/models/depth.py; docs/options.md): one block for every layer of
+    # none, all, the encoder or the decoder stacks (ALBERT; Narang et al.'s block sharing)
+    share_blocks: str = "none"
+    # the Universal Transformer (Dehghani et al. 2019): the positions and a sinusoid of the step added before
+    # each layer; adaptive computation time (Graves 2016) over the layers, its halting threshold and ponder cost
+    step_signal: bool = False
+    act: bool = False
+    act_threshold: float = 0.99
+    ponder_cost: float = 0.01
     # The components: in a composed config, the node of the chosen preset (conf/<kind>/) replaces these.
     attention: Any = field(default_factory=lambda: {"name": "mha"})
     position: Any = field(default_factory=lambda: {"name": "learned"})
@@ -155,6 +164,11 @@ class ModelSpec:
     adaptive_softmax: bool
     adaptive_cutoffs: list[int] | None
     adaptive_div: float
+    share_blocks: str
+    step_signal: bool
+    act: bool
+    act_threshold: float
+    ponder_cost: float
     attention: Part[AttentionOptions]
     position: Part[Options]
     norm: NormPart[NormOptions]

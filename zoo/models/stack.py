@@ -12,6 +12,7 @@ from torch import nn
 from zoo.block import TransformerBlock
 from zoo.component import Context, build, need
 from zoo.layers.attention import KVCache, attention_bias, cross_attention_mask
+from zoo.models import depth
 from zoo.mup import output_scale
 from zoo.registry import NORM, POSITION, RESIDUAL
 from zoo.schema import ModelSpec
@@ -34,6 +35,7 @@ class Stack(nn.Module):
 
     def __init__(self, cfg: ModelSpec, ctx: Context, embed: nn.Module, n_layers: int, cross: bool = False):
         super().__init__()
+        depth.check(cfg)
         self.embed, self.causal = embed, ctx.causal
         self.embed_scale = math.sqrt(ctx.d_model) if cfg.scale_embeddings else 1.0
         self.position = build(POSITION, cfg.position, ctx)
@@ -42,10 +44,14 @@ class Stack(nn.Module):
         self.dropout = nn.Dropout(ctx.dropout)
         residual = RESIDUAL.get(cfg.norm.placement)
         self.value_tables = value_tables(cfg.value_embeddings, n_layers)
+        # model.share_blocks: the block each layer applies (zoo/models/depth.py); a block built once runs for each
+        # of its layers, with a KV-cache slot per layer
+        self.layer_blocks = depth.layer_blocks(cfg, n_layers, ctx.causal)
         self.blocks = nn.ModuleList(
             TransformerBlock(replace(ctx, layer=ctx.layer + i, value_embed=self.value_tables[i] is not None), cfg,
-                             residual, cross) for i in range(n_layers)
+                             residual, cross) for i in range(max(self.layer_blocks) + 1)
         )
+        self.depth = depth.Depth(cfg, ctx, n_layers)  # the loop over the layers (step signal, ACT)
         self.window = self.blocks[0].window  # one mask for every layer: their attention's (AttentionPart)
         # model.value_embeddings: tables of the tokens' vectors, each as wide as the attention's values
         value_dim = self.blocks[0].value_dim
@@ -77,14 +83,29 @@ class Stack(nn.Module):
         mask, is_causal = attention_bias(t, offset + t, self.causal, self.window, self.position,
                                          padding, x.device, x.dtype)
         memory_mask = cross_attention_mask(memory_padding)
-        for i, (block, table) in enumerate(zip(self.blocks, self.value_tables, strict=True)):
-            x = block(x, self.position, mask, is_causal, memory, memory_mask, cache[i] if cache else None, offset,
-                      x0=x0, value_embed=None if table is None else values[table])
+
+        def layer(i: int, x: torch.Tensor) -> torch.Tensor:  # the i-th layer: its block, its cache slot
+            table = self.value_tables[i]
+            return self.blocks[self.layer_blocks[i]](x, self.position, mask, is_causal, memory, memory_mask,
+                                                     cache[i] if cache else None, offset, x0=x0,
+                                                     value_embed=None if table is None else values[table])
+
+        x = self.depth(x, layer, self.position, offset, padding)
         x = x[:, prepend:]  # the memory tokens' outputs are dropped
         return self.final_norm(x)
 
     def new_cache(self) -> Cache:
-        return [(KVCache(), KVCache()) for _ in self.blocks]
+        return [(KVCache(), KVCache()) for _ in self.layer_blocks]
+
+
+def applications(model: nn.Module) -> dict[int, int]:
+    """id of every module inside a stack's blocks -> how many layers apply its block (more than 1: shared), for
+    the counts that go by applications (FLOPs, the residual init's depth)."""
+    out: dict[int, int] = {}
+    for stack in (m for m in model.modules() if isinstance(m, Stack)):
+        for b, block in enumerate(stack.blocks):
+            out |= dict.fromkeys(map(id, block.modules()), stack.layer_blocks.count(b))
+    return out
 
 
 def value_tables(n_tables: int, n_layers: int) -> list[int | None]:

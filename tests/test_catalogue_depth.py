@@ -1,0 +1,135 @@
+"""Sharing and depth (zoo/models/depth.py): block sharing against x-transformers' weight_tie_layers with copied
+weights in float64; the counts, the KV cache per application and the refusals."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from x_transformers import Decoder, Encoder
+
+from tests.catalogue import float64_softmax
+from zoo.build import build_model, count_params, flops_per_token
+from zoo.component import ConfigError
+from zoo.generate import generate
+
+B, T = 2, 13
+
+
+def tiny(name: str = "decoder_only", **kw) -> dict:
+    """3 heads of 4, 3 layers, pre-LN LayerNorm, GELU MLP, no biases and no positions: x-transformers' defaults."""
+    return {**dict(name=name, vocab_size=37, d_model=12, n_heads=3, n_layers=3, max_seq_len=64, bias=False,
+                   position={"name": "none"}), **kw}
+
+
+def tied_xt(model, stack, causal: bool):
+    """x-transformers' weight-tied layers with the weights of the zoo stack's one block, float64."""
+    block = stack.blocks[0]
+    xt = (Decoder if causal else Encoder)(dim=12, depth=3, heads=3, attn_dim_head=4, weight_tie_layers=True,
+                                          ff_no_bias=True).double()
+    attn, ff = xt.layers[0][1], xt.layers[1][1]
+    float64_softmax(attn)
+    qkv = block.attn.f.qkv.weight
+    with torch.no_grad():
+        # x-transformers adds 1 to its gains (norm_add_unit_offset)
+        xt.layers[0][0][0].gamma.copy_(block.attn.norm.weight - 1)
+        xt.layers[1][0][0].gamma.copy_(block.ffn.norm.weight - 1)
+        xt.final_norm.gamma.copy_(stack.final_norm.weight - 1)
+        for i, dst in enumerate((attn.to_q, attn.to_k, attn.to_v)):
+            dst.weight.copy_(qkv[12 * i: 12 * (i + 1)])
+        attn.to_out.weight.copy_(block.attn.f.out.weight)
+        ff.ff[0][0].weight.copy_(block.ffn.f.up.weight)
+        ff.ff[2].weight.copy_(block.ffn.f.down.weight)
+    return xt, [(qkv, attn.to_q.weight, slice(0, 12)), (block.attn.f.out.weight, attn.to_out.weight, slice(None)),
+                (block.ffn.f.up.weight, ff.ff[0][0].weight, slice(None)),
+                (block.ffn.f.down.weight, ff.ff[2].weight, slice(None))]
+
+
+class Given(torch.nn.Module):
+    """An embedding that returns the tensor it was given, whatever the tokens."""
+
+    def __init__(self, x: torch.Tensor):
+        super().__init__()
+        self.x = x
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.x
+
+
+def randomise(model) -> None:
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(1.0 if p.dim() == 1 else 0.0, 0.3)
+
+
+@pytest.mark.parametrize("lineage,share", [("decoder_only", "all"), ("decoder_only", "decoder"),
+                                           ("encoder_only", "all"), ("encoder_only", "encoder")])
+def test_shared_block_equals_x_transformers_weight_tied_layers(lineage, share):
+    model = build_model(tiny(lineage, share_blocks=share)).double()
+    randomise(model)
+    stack = model.decoder if lineage == "decoder_only" else model.encoder
+    assert len(stack.blocks) == 1 and stack.layer_blocks == [0, 0, 0]
+    xt, pairs = tied_xt(model, stack, causal=lineage == "decoder_only")
+    tokens = torch.randint(0, 37, (B, T))
+    padding = torch.ones(B, T, dtype=torch.bool)
+    padding[1, -3:] = False
+    real = padding if lineage == "encoder_only" else torch.ones_like(padding)
+    x = model.embed(tokens).detach().requires_grad_()
+    stack.embed = Given(x)  # the same input to both: the embedding's output
+    ours = stack(tokens, padding=None if lineage == "decoder_only" else padding)
+    theirs = xt(x, mask=None if lineage == "decoder_only" else padding)
+    torch.testing.assert_close(ours[real], theirs[real], atol=1e-10, rtol=0)
+    w = torch.randn_like(ours)
+    g_ours = torch.autograd.grad((ours * w)[real].sum(), [x] + [p[0] for p in pairs])
+    g_theirs = torch.autograd.grad((theirs * w)[real].sum(), [x] + [p[1] for p in pairs])
+    torch.testing.assert_close(g_ours[0], g_theirs[0], atol=1e-10, rtol=0)
+    for (_, _, rows), a, b in zip(pairs, g_ours[1:], g_theirs[1:], strict=True):
+        torch.testing.assert_close(a[rows], b, atol=1e-10, rtol=0)  # the shared weight: summed over the layers
+
+
+@pytest.mark.parametrize("share,shared", [("none", ()), ("all", ("encoder", "decoder")), ("encoder", ("encoder",)),
+                                          ("decoder", ("decoder",))])
+def test_encoder_decoder_sharing_counts_once_and_flops_per_layer(share, shared):
+    cfg = tiny("encoder_decoder", share_blocks=share)
+    model, base = build_model(cfg), build_model(tiny("encoder_decoder"))
+    for name in ("encoder", "decoder"):
+        stack = getattr(model, name)
+        assert len(stack.blocks) == (1 if name in shared else 3)
+        assert stack.layer_blocks == ([0, 0, 0] if name in shared else [0, 1, 2])
+    one_block = {name: sum(p.numel() for p in getattr(base, name).blocks[0].parameters())
+                 for name in ("encoder", "decoder")}
+    counted = count_params(cfg)["total"]
+    assert counted == sum(p.numel() for p in model.parameters())
+    assert counted == count_params(tiny("encoder_decoder"))["total"] - sum(2 * one_block[n] for n in shared)
+    assert flops_per_token(cfg) == flops_per_token(tiny("encoder_decoder"))  # every layer still runs
+
+
+@pytest.mark.parametrize("lineage", ["decoder_only", "encoder_decoder"])
+def test_shared_block_cached_decoding_equals_recomputation(lineage):
+    """Each layer keeps its own cache slot: a one-slot cache would mix the layers' keys."""
+    model = build_model(tiny(lineage, share_blocks="all", position={"name": "rope"})).double()
+    randomise(model)
+    assert len(model.new_cache()) == 3
+    src = torch.randint(0, 37, (B, 7)) if lineage == "encoder_decoder" else None
+    prompt = torch.randint(0, 37, (B, 5))
+    cached = generate(model, prompt, 8, src=src)
+    assert torch.equal(cached, generate(model, prompt, 8, src=src, use_cache=False))
+    # logits at an offset: the prompt through the cache, then 3 tokens at once
+    tokens = torch.randint(0, 37, (B, 11))
+    with torch.no_grad():
+        memory = model.encode(src) if src is not None else None
+        full = model.decoder(tokens, memory=memory)
+        cache = model.new_cache()
+        first = model.decoder(tokens[:, :8], memory=memory, cache=cache)
+        rest = model.decoder(tokens[:, 8:], memory=memory, cache=cache)
+    torch.testing.assert_close(torch.cat([first, rest], 1), full, atol=1e-12, rtol=0)
+
+
+@pytest.mark.parametrize("cfg,message", [
+    (dict(share_blocks="both"), "model.share_blocks: unknown 'both'; valid: none, all, encoder, decoder"),
+    (dict(share_blocks="encoder"), "model.share_blocks: decoder_only has no encoder stack; valid: none, all, decoder"),
+    (dict(share_blocks="all", value_embeddings=1), "model.share_blocks: not with value_embeddings"),
+])
+def test_sharing_refusals(cfg, message):
+    with pytest.raises(ConfigError, match="^" + message.replace("(", r"\(").replace(")", r"\)")):
+        build_model(tiny(**cfg))
