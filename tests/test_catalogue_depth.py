@@ -3,13 +3,15 @@ weights in float64; the counts, the KV cache per application and the refusals.""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 from x_transformers import Decoder, Encoder
 
 from tests.catalogue import float64_softmax
 from zoo.build import build_model, count_params, flops_per_token
-from zoo.component import ConfigError
+from zoo.component import ConfigError, aux_losses
 from zoo.generate import generate
 
 B, T = 2, 13
@@ -132,4 +134,129 @@ def test_shared_block_cached_decoding_equals_recomputation(lineage):
 ])
 def test_sharing_refusals(cfg, message):
     with pytest.raises(ConfigError, match="^" + message.replace("(", r"\(").replace(")", r"\)")):
+        build_model(tiny(**cfg))
+
+
+# ---- the Universal Transformer: the step signal and ACT, as the paper's appendix listing, one position at a time
+
+
+def sinusoid(x: float, d: int) -> list[float]:
+    """sin(x / 10000^(2j/d)) at 2j, cos at 2j + 1: the paper's P for a position or a step."""
+    return [math.sin(x / 10000 ** (i / d)) if i % 2 == 0 else math.cos(x / 10000 ** ((i - 1) / d)) for i in range(d)]
+
+
+def universal_reference(model, tokens: torch.Tensor, threshold: float, tau: float):
+    """Dehghani et al. 2019, appendix (tensor2tensor's ut_act): for t = 1..N, s += P^t (position + step sinusoid),
+    p = sigmoid(w.s + b), the halting bookkeeping per position in Python floats, s <- block(s),
+    y <- w s + (1 - w) y. Returns the final-normed y and the ponder cost tau * mean(steps + remainder)."""
+    stack = model.decoder
+    block, halt_w, halt_b = stack.blocks[0], stack.depth.halt_weight, stack.depth.halt_bias
+    b, t = tokens.shape
+    d = halt_w.shape[0]
+    s = model.embed(tokens)  # H^0: the embeddings, no positions
+    # the positions' sinusoid: zoo's table (float32, as position=sinusoidal adds it to the embedding), which is the
+    # paper's to float32 precision
+    positions = stack.position.embed(torch.zeros(1, t, d, dtype=s.dtype))
+    paper = torch.tensor([sinusoid(j, d) for j in range(t)], dtype=s.dtype)
+    torch.testing.assert_close(positions[0], paper, atol=1e-6, rtol=0)
+    y = torch.zeros_like(s)
+    halted = [[0.0] * t for _ in range(b)]
+    remainder = [[0.0] * t for _ in range(b)]
+    steps = [[0.0] * t for _ in range(b)]
+    for step in range(1, len(stack.layer_blocks) + 1):
+        s = s + positions + torch.tensor(sinusoid(step, d), dtype=s.dtype)
+        weights = torch.zeros(b, t, 1, dtype=s.dtype)
+        for r in range(b):
+            for j in range(t):
+                p = float(torch.sigmoid(s[r, j] @ halt_w + halt_b).detach())
+                if halted[r][j] >= 1:  # halted earlier: no share of the output
+                    continue
+                steps[r][j] += 1
+                if halted[r][j] + p > threshold:  # halts now: the remainder is this step's share
+                    remainder[r][j] = 1 - halted[r][j]
+                    halted[r][j] = 1.0
+                    weights[r, j] = remainder[r][j]
+                else:
+                    halted[r][j] += p
+                    weights[r, j] = p
+        mask, is_causal = None, True
+        s = block(s, stack.position, mask, is_causal)
+        y = weights * s + (1 - weights) * y
+    ponder = tau * sum(steps[r][j] + remainder[r][j] for r in range(b) for j in range(t)) / (b * t)
+    return stack.final_norm(y), ponder, steps
+
+
+def universal(**kw) -> dict:
+    return tiny(**{**dict(share_blocks="all", step_signal=True, act=True, n_layers=4,
+                           position={"name": "sinusoidal"}), **kw})
+
+
+def test_universal_transformer_with_act_equals_the_papers_listing():
+    model = build_model(universal(ponder_cost=0.01)).double()
+    randomise(model)
+    torch.manual_seed(0)
+    with torch.no_grad():  # halting probabilities far apart: positions halt at steps 2, 3, 4 or never
+        model.embed.weight.mul_(5)
+        model.decoder.depth.halt_weight.normal_(0, 0.3)
+        model.decoder.depth.halt_bias.fill_(0.0)
+    tokens = torch.randint(0, 37, (B, T))
+    ours = model.decoder(tokens)
+    (ponder,) = aux_losses(model).values()
+    ref, ref_ponder, steps = universal_reference(model, tokens, 0.99, 0.01)
+    assert len({s for row in steps for s in row}) >= 3  # halting at different steps
+    torch.testing.assert_close(ours, ref, atol=1e-10, rtol=0)
+    assert abs(float(ponder.detach()) - ref_ponder) < 1e-12
+    grad = torch.autograd.grad(ponder, model.decoder.depth.halt_weight)[0]  # the ponder cost trains the halting
+    assert grad.abs().sum() > 0
+
+
+def test_universal_transformer_halting_unit_starts_at_bias_one():
+    model = build_model(universal())
+    assert float(model.decoder.depth.halt_bias.detach()) == 1.0 and model.decoder.depth.halt_weight.std() > 0
+    assert count_params(universal())["total"] == count_params(tiny(share_blocks="all", n_layers=4,
+                                                                     position={"name": "sinusoidal"}))["total"] + 13
+
+
+@pytest.mark.parametrize("act", [False, True])
+@pytest.mark.parametrize("lineage", ["decoder_only", "encoder_decoder"])
+def test_universal_transformer_cached_decoding_equals_recomputation(lineage, act):
+    """Every step runs for every position: each step's cache slot holds every position's keys and values."""
+    model = build_model(universal(name=lineage, act=act)).double()
+    randomise(model)
+    with torch.no_grad():
+        if act:
+            model.decoder.depth.halt_weight.normal_(0, 0.1)
+    src = torch.randint(0, 37, (B, 7)) if lineage == "encoder_decoder" else None
+    prompt = torch.randint(0, 37, (B, 5))
+    assert torch.equal(generate(model, prompt, 8, src=src), generate(model, prompt, 8, src=src, use_cache=False))
+    tokens = torch.randint(0, 37, (B, T))
+    with torch.no_grad():
+        memory = model.encode(src) if src is not None else None
+        full = model.decoder(tokens, memory=memory)
+        cache, parts, start = model.new_cache(), [], 0
+        for n in (6, 1, 4, 2):  # a prefill, then chunks at offsets 6, 7 and 11
+            parts.append(model.decoder(tokens[:, start:start + n], memory=memory, cache=cache))
+            start += n
+    torch.testing.assert_close(torch.cat(parts, 1), full, atol=1e-12, rtol=0)
+
+
+def test_act_ponder_cost_averages_real_tokens_of_a_padded_encoder():
+    model = build_model(universal(name="encoder_only")).double()
+    tokens = torch.randint(0, 37, (B, T))
+    padding = torch.ones(B, T, dtype=torch.bool)
+    padding[1, -4:] = False
+    model(tokens, padding)
+    first = float(aux_losses(model)["act_ponder"])
+    tokens[1, -4:] = 0  # what stands in padded places changes no real token's steps
+    model(tokens, padding)
+    assert first == float(aux_losses(model)["act_ponder"]) and aux_losses(model) == {}
+
+
+@pytest.mark.parametrize("cfg,message", [
+    (dict(step_signal=True, memory_tokens=2), "model.step_signal: not with memory_tokens"),
+    (dict(act=True, act_threshold=1.5), "model.act_threshold: got 1.5; valid: a number in"),
+    (dict(act=True, ponder_cost=-1), "model.ponder_cost: got -1; valid: a number >= 0"),
+])
+def test_universal_refusals(cfg, message):
+    with pytest.raises(ConfigError, match="^" + message):
         build_model(tiny(**cfg))

@@ -99,19 +99,21 @@ class Depth(nn.Module):
                 x = layer(i, x)
             return x
         b, t, d = x.shape
-        halted, remainder, steps = (x.new_zeros(b, t) for _ in range(3))  # sum of p, remainder, steps taken
+        # per position: the sum of p so far, the remainder, the steps taken, and whether it has halted (kept apart
+        # from the sum: sum + remainder can round to just under 1)
+        halted, remainder, steps, done = (x.new_zeros(b, t) for _ in range(4))
         y = torch.zeros_like(x)
         for i in range(self.n_layers):
             if self.step_signal:  # P^t: the positions (already in the embedding at step 1) and the step's sinusoid
                 x = (position.embed(x, offset) if i else x) + step_sinusoid(i + 1, d, x)
             if self.act:
                 p = torch.sigmoid(x @ self.halt_weight + self.halt_bias)  # (B, T)
-                running = (halted < 1).to(x.dtype)
+                running = 1 - done
                 new_halted = (halted + p * running > self.threshold).to(x.dtype) * running
-                running = (halted + p * running <= self.threshold).to(x.dtype) * running
+                running = running - new_halted
                 halted = halted + p * running
                 remainder = remainder + new_halted * (1 - halted)
-                halted = halted + new_halted * remainder
+                done = done + new_halted
                 steps = steps + running + new_halted
                 w = (p * running + new_halted * remainder)[..., None]  # this step's share of the output
             x = layer(i, x)
