@@ -13,6 +13,7 @@ from tests.catalogue import float64_softmax
 from zoo.build import build_model, count_params, flops_per_token
 from zoo.component import ConfigError, aux_losses
 from zoo.generate import generate
+from zoo.layers.attention import attention_bias, cross_attention_mask
 
 B, T = 2, 13
 
@@ -260,3 +261,50 @@ def test_act_ponder_cost_averages_real_tokens_of_a_padded_encoder():
 def test_universal_refusals(cfg, message):
     with pytest.raises(ConfigError, match="^" + message):
         build_model(tiny(**cfg))
+
+
+# ---- transparent attention: each decoder layer attends to its own softmax mix of every encoder state
+
+
+def test_transparent_attention_equals_the_papers_equations():
+    """Bapna et al. 2018: decoder layer j's memory is sum_i s_ij h_i, s_ij = exp(W_ij) / sum_k exp(W_kj), h_0 the
+    embedding, h_i encoder layer i's output (each through the encoder's final norm); written out in float64."""
+    cfg = tiny("encoder_decoder", transparent_attention=True, n_decoder_layers=2, position={"name": "rope"})
+    model = build_model(cfg).double()
+    randomise(model)
+    W = model.decoder.memory_mix.weight
+    assert W.shape == (4, 2)
+    src, tgt = torch.randint(0, 37, (B, T)), torch.randint(0, 37, (B, 6))
+    padding = torch.ones(B, T, dtype=torch.bool)
+    padding[1, -3:] = False
+    ours = model(src, tgt, padding)
+
+    enc, dec = model.encoder, model.decoder
+    mask, _ = attention_bias(T, T, False, None, enc.position, padding, src.device, torch.float64)
+    h = [model.embed(src)]
+    for block in enc.blocks:
+        h.append(block(h[-1], enc.position, mask, False))
+    h = [enc.final_norm(state) for state in h]
+    x = model.embed(tgt)
+    for j, block in enumerate(dec.blocks):
+        total = sum(math.exp(float(W[k, j].detach())) for k in range(4))
+        memory_j = sum(math.exp(float(W[i, j].detach())) / total * h[i] for i in range(4))
+        x = block(x, dec.position, None, True, memory_j, cross_attention_mask(padding))
+    ref = model.head(dec.final_norm(x))
+    torch.testing.assert_close(ours, ref, atol=1e-10, rtol=0)
+    (g,) = torch.autograd.grad(ours.sum(), W)  # the mix learns
+    assert g.abs().min() > 0
+
+
+def test_transparent_attention_counts_cached_decoding_and_refusals():
+    cfg = tiny("encoder_decoder", transparent_attention=True)
+    assert count_params(cfg)["attention"] == count_params(tiny("encoder_decoder"))["attention"] + 4 * 3
+    model = build_model(cfg).double()
+    randomise(model)
+    src, prompt = torch.randint(0, 37, (B, 9)), torch.randint(0, 37, (B, 3))
+    assert torch.equal(generate(model, prompt, 8, src=src), generate(model, prompt, 8, src=src, use_cache=False))
+    for lineage in ("decoder_only", "encoder_only"):
+        with pytest.raises(ConfigError, match=f"^model.transparent_attention: {lineage} has no decoder that "):
+            build_model(tiny(lineage, transparent_attention=True))
+    with pytest.raises(ConfigError, match="^model.transparent_attention: not with act"):
+        build_model(tiny("encoder_decoder", transparent_attention=True, act=True))

@@ -92,6 +92,9 @@ class ModelConfig:
     act: bool = False
     act_threshold: float = 0.99
     ponder_cost: float = 0.01
+    # encoder_decoder: each decoder layer cross-attends to its own learned softmax mix of the encoder's embedding
+    # and every encoder layer's output (Bapna et al. 2018)
+    transparent_attention: bool = False
     # The components: in a composed config, the node of the chosen preset (conf/<kind>/) replaces these.
     attention: Any = field(default_factory=lambda: {"name": "mha"})
     position: Any = field(default_factory=lambda: {"name": "learned"})
@@ -169,6 +172,7 @@ class ModelSpec:
     act: bool
     act_threshold: float
     ponder_cost: float
+    transparent_attention: bool
     attention: Part[AttentionOptions]
     position: Part[Options]
     norm: NormPart[NormOptions]

@@ -14,6 +14,10 @@ over them (the seam in zoo/models/stack.py: `Stack.layer_blocks`, `Stack.depth`)
   The stack's position scheme supplies the positions (the paper's sinusoid with position=sinusoidal; nothing with
   a rotary or bias scheme, which place positions in every layer anyway); the embedding already carries them, so
   step 1 adds the step's sinusoid alone.
+- model.transparent_attention (encoder_decoder): transparent attention (Bapna et al. 2018): decoder layer j
+  cross-attends to m_j = sum_i softmax_i(W[:, j]) h_i, h_0 the encoder's embedding output (each layer's input, its
+  positions included) and h_i encoder layer i's output, each through the encoder's final norm (where its placement
+  has one: so h_N is the plain memory); W (n_encoder_layers + 1, n_decoder_layers), 0 at init (an even mix).
 - model.act: adaptive computation time over the layers (Graves 2016), as the Universal Transformer's code (the
   listing in its appendix, tensor2tensor's ut_act) computes it: a halting unit p = sigmoid(w . s + b) (b = 1 at
   init) per position and step, halting once the sum of p passes act_threshold, the remainder given to the
@@ -49,6 +53,10 @@ def check(cfg: ModelSpec) -> None:
          "not with value_embeddings (the layers sharing a block would read different tables); valid: none")
     need(not cfg.step_signal or cfg.memory_tokens == 0, "step_signal",
          "not with memory_tokens (the memory has no position to re-add at each step); valid: false")
+    need(not cfg.transparent_attention or cfg.name == "encoder_decoder", "transparent_attention",
+         f"{cfg.name} has no decoder that cross-attends to an encoder; valid: false, or model encoder_decoder")
+    need(not (cfg.transparent_attention and cfg.act), "transparent_attention",
+         "not with act (an encoder layer's output under ACT is not the state the stack passes on); valid: false")
     need(is_number(cfg.act_threshold) and 0 < cfg.act_threshold <= 1, "act_threshold",
          f"got {cfg.act_threshold!r}; valid: a number in (0, 1] (the paper's 1 - 0.01)")
     need(is_number(cfg.ponder_cost) and cfg.ponder_cost >= 0, "ponder_cost",
@@ -129,3 +137,26 @@ class Depth(nn.Module):
     def flops(self, t: int) -> int:
         """The halting unit's product per token and step."""
         return 2 * self.n_layers * self.halt_weight.numel() if self.act else 0
+
+
+class TransparentMix(nn.Module):
+    """The encoder's states (N + 1, B, S, d) -> decoder layer j's memory, sum_i softmax(W[:, j])_i states[i], for
+    every j: (M, B, S, d). W (N + 1, M), counted with the attention."""
+
+    count_as = "attention"
+    constants = {"weight": 0.0}  # an even mix at init
+
+    def __init__(self, cfg: ModelSpec, n_decoder_layers: int):
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(cfg.n_layers + 1, n_decoder_layers))
+        self.d_model = cfg.d_model
+
+    def forward(self, states: torch.Tensor) -> torch.Tensor:
+        need(states.dim() == 4 and states.shape[0] == self.weight.shape[0], "transparent_attention",
+             f"the decoder needs the encoder's {self.weight.shape[0]} states (encode() gives them), got a memory of "
+             f"shape {tuple(states.shape)}")
+        return torch.einsum("im,ibsd->mbsd", self.weight.softmax(0).to(states.dtype), states)
+
+    def flops(self, t: int) -> int:
+        """The mixes, per source token (zoo counts an encoder_decoder per target token, with a source as long)."""
+        return 2 * self.weight.numel() * self.d_model

@@ -52,6 +52,8 @@ class Stack(nn.Module):
                              residual, cross) for i in range(max(self.layer_blocks) + 1)
         )
         self.depth = depth.Depth(cfg, ctx, n_layers)  # the loop over the layers (step signal, ACT)
+        # model.transparent_attention: a decoder's layers read their own mix of the encoder's states
+        self.memory_mix = depth.TransparentMix(cfg, n_layers) if cross and cfg.transparent_attention else None
         self.window = self.blocks[0].window  # one mask for every layer: their attention's (AttentionPart)
         # model.value_embeddings: tables of the tokens' vectors, each as wide as the attention's values
         value_dim = self.blocks[0].value_dim
@@ -67,8 +69,10 @@ class Stack(nn.Module):
 
     def forward(self, tokens: torch.Tensor, padding: torch.Tensor | None = None,
                 memory: torch.Tensor | None = None, memory_padding: torch.Tensor | None = None,
-                cache: Cache | None = None) -> torch.Tensor:
-        """tokens (B, T) -> hidden states (B, T, d). padding: (B, T) True for real tokens."""
+                cache: Cache | None = None, states: bool = False) -> torch.Tensor:
+        """tokens (B, T) -> hidden states (B, T, d). padding: (B, T) True for real tokens. states: every layer's
+        input and the last output instead, each through the final norm (L + 1, B, T, d), what a decoder with a
+        memory_mix reads as `memory`."""
         offset = cache[0][0].len if cache else 0  # positions the layers have seen, the memory's included
         n_mem = self.memory.num_embeddings if self.memory is not None else 0
         x = self.embed(tokens) * self.embed_scale
@@ -84,13 +88,21 @@ class Stack(nn.Module):
                                          padding, x.device, x.dtype)
         memory_mask = cross_attention_mask(memory_padding)
 
+        inputs = []  # each layer's input (states=True)
+        memories = self.memory_mix(memory) if self.memory_mix is not None else None  # one per layer
+
         def layer(i: int, x: torch.Tensor) -> torch.Tensor:  # the i-th layer: its block, its cache slot
             table = self.value_tables[i]
-            return self.blocks[self.layer_blocks[i]](x, self.position, mask, is_causal, memory, memory_mask,
+            if states:
+                inputs.append(x)
+            return self.blocks[self.layer_blocks[i]](x, self.position, mask, is_causal,
+                                                     memory if memories is None else memories[i], memory_mask,
                                                      cache[i] if cache else None, offset, x0=x0,
                                                      value_embed=None if table is None else values[table])
 
         x = self.depth(x, layer, self.position, offset, padding)
+        if states:
+            return self.final_norm(torch.stack([*inputs, x])[:, :, prepend:])
         x = x[:, prepend:]  # the memory tokens' outputs are dropped
         return self.final_norm(x)
 
