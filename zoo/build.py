@@ -37,6 +37,7 @@ from zoo.component import (
     need,
     option_fields,
 )
+from zoo.models.stack import applications
 from zoo.mup import FIXED, init_scale, roles, width_mult
 from zoo.mup import check as check_parametrization
 from zoo.registry import ATTENTION, FFN, MODEL, NORM, POSITION, RESIDUAL, Registry
@@ -248,7 +249,8 @@ def init_weights(model: nn.Module, cfg: ModelSpec, seed: int = 0) -> None:
     Under model.parametrization=mup, hidden weights' std is further divided by sqrt(width_mult) (zoo/mup.py).
     Last, each placement that declares `init_for_depth(blocks)` sets its own start for the model's depth.
     """
-    n_blocks = sum(isinstance(m, TransformerBlock) for m in model.modules())
+    times = applications(model)  # a shared block counts once per layer that applies it
+    n_blocks = sum(times.get(id(m), 1) for m in model.modules() if isinstance(m, TransformerBlock))
     constants: dict[int, float] = {}
     residual_out: set[int] = set()
     for m in model.modules():
@@ -317,11 +319,11 @@ def flops_per_token(model_cfg: ModelInput, seq_len: int | None = None) -> dict[s
     source of the same length."""
     model = meta_model(model_cfg)
     t = seq_len or spec_of(model).max_seq_len
-    forward, inside = 0, set()
+    forward, inside, times = 0, set(), applications(model)
     for m in model.modules():
         if id(m) in inside or not hasattr(m, "count_as"):
             continue
         inside |= {id(sub) for sub in m.modules()}
-        forward += declared(m, "flops")(t)
+        forward += declared(m, "flops")(t) * times.get(id(m), 1)  # a shared block's parts: once per layer
     forward += sum(2 * m.weight.numel() for m in model.modules() if isinstance(m, nn.Linear) and id(m) not in inside)
     return {"forward": forward, "train": 3 * forward}

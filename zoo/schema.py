@@ -87,6 +87,18 @@ class ModelConfig:
     # cross-attention follows each), f FFN, h half-step FFN (x + f(x) / 2: macaron); one string for every block
     # ("hah": macaron) or a list of one per block (["aa", "af", "af", "ff"]: the sandwich); null: "af"
     sublayers: Any = None
+    # How each stack applies its blocks (zoo/models/depth.py; docs/options.md): one block for every layer of
+    # none, all, the encoder or the decoder stacks (ALBERT; Narang et al.'s block sharing)
+    share_blocks: str = "none"
+    # the Universal Transformer (Dehghani et al. 2019): the positions and a sinusoid of the step added before
+    # each layer; adaptive computation time (Graves 2016) over the layers, its halting threshold and ponder cost
+    step_signal: bool = False
+    act: bool = False
+    act_threshold: float = 0.99
+    ponder_cost: float = 0.01
+    # encoder_decoder: each decoder layer cross-attends to its own learned softmax mix of the encoder's embedding
+    # and every encoder layer's output (Bapna et al. 2018)
+    transparent_attention: bool = False
     # The components: in a composed config, the node of the chosen preset (conf/<kind>/) replaces these.
     attention: Any = field(default_factory=lambda: {"name": "mha"})
     position: Any = field(default_factory=lambda: {"name": "learned"})
@@ -160,6 +172,12 @@ class ModelSpec:
     adaptive_cutoffs: list[int] | None
     adaptive_div: float
     sublayers: Any
+    share_blocks: str
+    step_signal: bool
+    act: bool
+    act_threshold: float
+    ponder_cost: float
+    transparent_attention: bool
     attention: Part[AttentionOptions]
     position: Part[Options]
     norm: NormPart[NormOptions]

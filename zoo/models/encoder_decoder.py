@@ -32,7 +32,8 @@ class EncoderDecoder(nn.Module):
         self.head = output_head(cfg, cfg.d_model, False, self.embed)
 
     def encode(self, src: torch.Tensor, src_padding: torch.Tensor | None = None) -> torch.Tensor:
-        return self.encoder(src, padding=src_padding)
+        # model.transparent_attention: every encoder state, (n_layers + 1, B, S, d), mixed per decoder layer
+        return self.encoder(src, padding=src_padding, states=self.cfg.transparent_attention)
 
     def decode(self, tgt: torch.Tensor, memory: torch.Tensor, src_padding: torch.Tensor | None = None,
                cache: Cache | None = None) -> torch.Tensor:

@@ -12,6 +12,7 @@ from torch import nn
 from zoo.block import TransformerBlock, block_sublayers
 from zoo.component import Context, build, need
 from zoo.layers.attention import KVCache, attention_bias, cross_attention_mask
+from zoo.models import depth
 from zoo.mup import output_scale
 from zoo.registry import NORM, POSITION, RESIDUAL
 from zoo.schema import ModelSpec
@@ -34,6 +35,7 @@ class Stack(nn.Module):
 
     def __init__(self, cfg: ModelSpec, ctx: Context, embed: nn.Module, n_layers: int, cross: bool = False):
         super().__init__()
+        depth.check(cfg)
         self.embed, self.causal = embed, ctx.causal
         self.embed_scale = math.sqrt(ctx.d_model) if cfg.scale_embeddings else 1.0
         self.position = build(POSITION, cfg.position, ctx)
@@ -43,10 +45,16 @@ class Stack(nn.Module):
         residual = RESIDUAL.get(cfg.norm.placement)
         self.value_tables = value_tables(cfg.value_embeddings, n_layers)
         orders = block_sublayers(cfg, n_layers)  # model.sublayers: each block's sequence (None: standard)
+        # model.share_blocks: the block each layer applies (zoo/models/depth.py); a block built once runs for each
+        # of its layers, with a KV-cache slot per layer
+        self.layer_blocks = depth.layer_blocks(cfg, n_layers, ctx.causal)
         self.blocks = nn.ModuleList(
             TransformerBlock(replace(ctx, layer=ctx.layer + i, value_embed=self.value_tables[i] is not None), cfg,
-                             residual, cross, orders[i]) for i in range(n_layers)
+                             residual, cross, orders[i]) for i in range(max(self.layer_blocks) + 1)
         )
+        self.depth = depth.Depth(cfg, ctx, n_layers)  # the loop over the layers (step signal, ACT)
+        # model.transparent_attention: a decoder's layers read their own mix of the encoder's states
+        self.memory_mix = depth.TransparentMix(cfg, n_layers) if cross and cfg.transparent_attention else None
         # one mask for every layer: their attention's (AttentionPart), from the first block that attends
         self.window = next((b.window for b in self.blocks if b.kinds is None or "a" in b.kinds), None)
         # model.value_embeddings: tables of the tokens' vectors, each as wide as the attention's values
@@ -63,8 +71,10 @@ class Stack(nn.Module):
 
     def forward(self, tokens: torch.Tensor, padding: torch.Tensor | None = None,
                 memory: torch.Tensor | None = None, memory_padding: torch.Tensor | None = None,
-                cache: Cache | None = None) -> torch.Tensor:
-        """tokens (B, T) -> hidden states (B, T, d). padding: (B, T) True for real tokens."""
+                cache: Cache | None = None, states: bool = False) -> torch.Tensor:
+        """tokens (B, T) -> hidden states (B, T, d). padding: (B, T) True for real tokens. states: every layer's
+        input and the last output instead, each through the final norm (L + 1, B, T, d), what a decoder with a
+        memory_mix reads as `memory`."""
         # positions the layers have seen (the memory's included): a self-attention's cache, the first block's that
         # attends (model.sublayers may start a block with no attention)
         offset = next((layer[0].len for layer in cache if layer), 0) if cache else 0
@@ -81,16 +91,40 @@ class Stack(nn.Module):
         mask, is_causal = attention_bias(t, offset + t, self.causal, self.window, self.position,
                                          padding, x.device, x.dtype)
         memory_mask = cross_attention_mask(memory_padding)
+
+        inputs = []  # each layer's input (states=True)
         # each layer's attention scores, handed to the next (AttentionPart.chains_scores)
         scores: list[torch.Tensor] | None = [] if self.blocks[0].chains_scores else None
-        for i, (block, table) in enumerate(zip(self.blocks, self.value_tables, strict=True)):
-            x = block(x, self.position, mask, is_causal, memory, memory_mask, cache[i] if cache else None, offset,
-                      x0=x0, value_embed=None if table is None else values[table], scores=scores)
+        memories = self.memory_mix(memory) if self.memory_mix is not None else None  # one per layer
+
+        def layer(i: int, x: torch.Tensor) -> torch.Tensor:  # the i-th layer: its block, its cache slot
+            table = self.value_tables[i]
+            if states:
+                inputs.append(x)
+            return self.blocks[self.layer_blocks[i]](x, self.position, mask, is_causal,
+                                                     memory if memories is None else memories[i], memory_mask,
+                                                     cache[i] if cache else None, offset, x0=x0,
+                                                     value_embed=None if table is None else values[table],
+                                                     scores=scores)
+
+        x = self.depth(x, layer, self.position, offset, padding)
+        if states:
+            return self.final_norm(torch.stack([*inputs, x])[:, :, prepend:])
         x = x[:, prepend:]  # the memory tokens' outputs are dropped
         return self.final_norm(x)
 
     def new_cache(self) -> Cache:
-        return [block.new_cache() for block in self.blocks]
+        return [self.blocks[b].new_cache() for b in self.layer_blocks]
+
+
+def applications(model: nn.Module) -> dict[int, int]:
+    """id of every module inside a stack's blocks -> how many layers apply its block (more than 1: shared), for
+    the counts that go by applications (FLOPs, the residual init's depth)."""
+    out: dict[int, int] = {}
+    for stack in (m for m in model.modules() if isinstance(m, Stack)):
+        for b, block in enumerate(stack.blocks):
+            out |= dict.fromkeys(map(id, block.modules()), stack.layer_blocks.count(b))
+    return out
 
 
 def value_tables(n_tables: int, n_layers: int) -> list[int | None]:
