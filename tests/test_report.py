@@ -556,3 +556,50 @@ def test_report_html_renders_in_chromium(multirun, tmp_path):
                                   .replace("<table", "<div", 1).replace("</body>", "<script>nope()</script></body>"))
     counts, console = render(out / "bad.html")
     assert counts["broken"] == 1 and counts["tables"] == 2 and any("nope is not defined" in c for c in console)
+
+
+# -- scale: the report's work grows linearly with the runs --------------------------------------------------------
+
+
+def _bench_report():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bench_report", ROOT / "scripts" / "bench_report.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _calls(fn) -> int:
+    """How many Python and C function calls `fn()` makes: a count of operations, not a timing."""
+    count = 0
+
+    def profile(frame, event, arg):
+        nonlocal count
+        count += event in ("call", "c_call")
+
+    sys.setprofile(profile)
+    try:
+        fn()
+    finally:
+        sys.setprofile(None)
+    return count
+
+
+def test_report_work_is_linear_in_the_runs(tmp_path):
+    """scripts/bench_report.py's fake sweep at n, 2n and 4n runs: finding the runs and building the report make
+    calls in a fixed part plus a part per run, so going from 2n to 4n adds twice what going from n to 2n added;
+    checking each directory against every other (the quadratic search this replaced) added four times as much.
+    The figures in seconds are docs/benchmarks.md's, "The report on a large sweep"."""
+    from zoo.report.cli import build_report
+    from zoo.report.runs import find_run_dirs
+
+    bench, counts = _bench_report(), []
+    for n in (50, 100, 200):
+        root = bench.make_sweep(tmp_path / str(n), n, steps=8)
+        found = find_run_dirs(root)
+        assert len(found) == n and found[:3] == [root / "0", root / "1", root / "2"]
+        build_report(root)  # its first call imports what it needs (Hydra's parser): once, not per run
+        counts.append((_calls(lambda: find_run_dirs(root)), _calls(lambda: build_report(root))))  # noqa: B023
+    for what, (a, b, c) in zip(("find_run_dirs", "build_report"), zip(*counts, strict=True), strict=True):
+        assert 1.6 < (c - b) / (b - a) < 2.4, (what, a, b, c)
