@@ -248,3 +248,17 @@ def test_a_sweep_directory_holding_another_sweeps_finished_run_is_refused(tmp_pa
                            capture_output=True, text=True, timeout=600)
     assert "holds a finished run with other settings (trainer.max_steps: earlier run 4, this run 6)" in other.stderr
     assert (tmp_path / "0" / "summary.json").read_bytes() == before
+
+
+def test_a_ladder_on_two_cpu_instruction_sets_says_so(tmp_path):
+    """The small rungs on one machine, the large on another: the report of the ladder names both."""
+    _write_ladder(tmp_path, {"base": lambda c: 12.0 * c ** -0.06, "arm": lambda c: 11.5 * c ** -0.06}, SIZES)
+    for summary in tmp_path.glob("*/summary.json"):
+        s = json.loads(summary.read_text())
+        isa = "avx512+amx" if "size=l" in s["overrides"] else "avx512+avx512_bf16"
+        summary.write_text(json.dumps({**s, "cpu_isa": isa, "cpu_kind": isa.split("+")[1]}))
+    report = build_report(tmp_path, baseline="ffn=base")
+    assert report.ladder is not None
+    write_report(report, tmp_path)
+    said = [ln for ln in (tmp_path / "report.md").read_text().splitlines() if ln.startswith("Mixed CPU")]
+    assert said and said[0].startswith("Mixed CPU instruction sets: avx512+amx (6 runs), avx512+avx512_bf16 (12 runs).")

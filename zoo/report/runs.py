@@ -114,6 +114,18 @@ class Run:
         return d
 
 
+def instruction_sets(runs: list[Run]) -> dict[str, int]:
+    """How many runs trained on each CPU instruction set: summary.json's cpu_isa (zoo.hardware.instruction_set);
+    where a run is older than that record, every run's coarser cpu_kind, so that old and new records compare."""
+    key = "cpu_isa" if all(isinstance(r.get("cpu_isa"), str) for r in runs if r.summary and r.get("cpu_kind")) \
+        else "cpu_kind"
+    counts: dict[str, int] = {}
+    for r in runs:
+        if isinstance(value := r.get(key), str):
+            counts[value] = counts.get(value, 0) + 1
+    return counts
+
+
 def variant_label(key: tuple[tuple[str, str], ...]) -> str:
     """How a variant is named from its (factor, value) pairs: `relu` for one plain group, else `f=v, ...`."""
     if not key:

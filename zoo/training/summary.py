@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from zoo.build import count_params, flops_per_token
+from zoo.hardware import instruction_set
 from zoo.io import RunDirError, atomic_write_json, owned_path
 from zoo.registry import MODEL
 from zoo.schema import ModelSpec, ZooConfig
@@ -56,6 +57,7 @@ class Summary:
     torch: str
     load: dict[str, Any]  # tok/s on a busy machine?
     cpu_kind: str  # zoo.hardware.cpu_kind(): what the kernels' rules were chosen for
+    cpu_isa: str  # zoo.hardware.instruction_set(): float32 digits repeat only on the same one
     kernels_policy: str | list[str]  # kernels=auto, none or a list
     kernels: list[str]  # the kernels applied (zoo.kernels)
 
@@ -109,6 +111,7 @@ def summarize(cfg: ZooConfig, spec: ModelSpec, data: Any, trainer: Any, throughp
         overrides=overrides(),
         torch=torch.__version__,
         load={"loadavg": list(os.getloadavg()), "cpu_count": os.cpu_count()},
+        cpu_isa=instruction_set(),
         **kernels,
     )
 
