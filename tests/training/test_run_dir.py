@@ -153,6 +153,25 @@ def test_resume_with_another_data_file_is_refused(tmp_path, capsys):
     assert f"(data.path: checkpoint '{texts[0]}', this run '{texts[1]}')" in capsys.readouterr().err
 
 
+def test_resume_on_the_same_file_with_other_text_is_refused(tmp_path, capsys):
+    """The same path, the same characters (so the same tokenizer), another text: the checkpoint's data
+    fingerprint names the file; the same text again resumes."""
+    text = tmp_path / "a.txt"
+    text.write_text("abcdefgh ijklmnop qrstuvwx yz\n" * 200)
+    original = text.read_bytes()
+    base = TINY + QUIET + ["data=text_file", f"data.path={text}", "checkpoints=all"]
+    assert run(compose_cfg(base), run_dir=tmp_path / "run") == 0
+    text.write_text("yz qrstuvwx ijklmnop abcdefgh\n" * 200)
+    capsys.readouterr()
+    assert main(compose_cfg(base + ["ckpt_path=last"]), tmp_path / "run") == 2
+    err = capsys.readouterr().err.strip()
+    ckpt = tmp_path / "run" / "checkpoints" / "last.ckpt"
+    assert err.startswith(f"error: ckpt_path: '{ckpt}' was trained on other data (data.path '{text}' now has "
+                          "sha256 ") and "the checkpoint's" in err and "\n" not in err, err
+    text.write_bytes(original)
+    assert main(compose_cfg(base + ["ckpt_path=last"]), tmp_path / "run") == 0
+
+
 @pytest.mark.parametrize("override", ["threads=2", "sample.max_new_tokens=5", "logger=none"])
 def test_resume_may_change_what_does_not_change_the_result(finished, tmp_path, override):
     ckpt = finished / "checkpoints" / "last.ckpt"

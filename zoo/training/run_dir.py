@@ -33,7 +33,7 @@ from zoo.io import (
 )
 from zoo.training.callbacks import read_header, read_rows
 from zoo.training.checkpoint import read_checkpoint
-from zoo.training.resume import settings_difference
+from zoo.training.resume import data_difference, settings_difference
 
 
 class RunDirRefused(RunDirError):
@@ -114,9 +114,10 @@ def in_sweep() -> bool:
         return False
 
 
-def finished_earlier(plain: dict, run_dir: Path) -> str | None:
+def finished_earlier(plain: dict, run_dir: Path, fingerprint: dict | None = None) -> str | None:
     """A sweep job's earlier run that finished (its summary's status: completed or diverged) with this job's
-    settings; None if it did not finish. Other settings are refused: a sweep directory holds one sweep."""
+    settings and data (`fingerprint`, zoo.training.data); None if it did not finish. Other settings or other data
+    are refused: a sweep directory holds one sweep."""
     try:
         summary = json.loads((run_dir / "summary.json").read_text())
         status = summary["status"] if summary.get("status") in ("completed", "diverged") else None
@@ -133,11 +134,15 @@ def finished_earlier(plain: dict, run_dir: Path) -> str | None:
     if difference:
         raise RunDirRefused(f"hydra.sweep.dir: '{run_dir}' holds a finished run with other settings ({difference}); "
                             "valid: the sweep's own command, another hydra.sweep.dir, or overwrite=true")
+    if difference := data_difference(summary.get("data_fingerprint"), fingerprint):
+        raise RunDirRefused(f"hydra.sweep.dir: '{run_dir}' holds a finished run trained on other data "
+                            f"({difference}); valid: the data it trained on, another hydra.sweep.dir, or "
+                            "overwrite=true")
     return status
 
 
 # What checkpoints=last keeps of a finished run's checkpoint: enough to sample, evaluate or start another run from.
-WEIGHTS_KEYS = ("state_dict", "hyper_parameters", "tokenizer", "precision", "global_step", "epoch",
+WEIGHTS_KEYS = ("state_dict", "hyper_parameters", "tokenizer", "data_fingerprint", "precision", "global_step", "epoch",
                 "pytorch-lightning_version")
 
 

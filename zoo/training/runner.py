@@ -93,7 +93,7 @@ def _run(composed: DictConfig, run_dir: Path, start: float, state: RunState) -> 
     overwrite, continuing = overwrite_choice(plain, run_dir, state)
     data, budget = prepare_run(plain)  # raises ConfigError / DataError before any training
     if continuing:
-        kept = finished_earlier(plain, run_dir)
+        kept = finished_earlier(plain, run_dir, getattr(data, "fingerprint", None))
         if kept is not None:
             say(f"kept: {run_dir} finished earlier ({kept}); not run again")
             return EXIT_DIVERGED if kept == "diverged" else EXIT_OK
@@ -117,6 +117,7 @@ def _run(composed: DictConfig, run_dir: Path, start: float, state: RunState) -> 
     if ckpt is None:  # a resume takes its weights from its checkpoint
         pretrained.init_weights(module.model, cfg.init_from)
     module.tokenizer_state = data.tokenizer.state_dict()
+    module.data_fingerprint = getattr(data, "fingerprint", None)
     data.objective = module.objective
     throughput, guard = Throughput(start), DivergenceGuard()
     best = BestMetrics(clock=lambda: throughput.wall_time)

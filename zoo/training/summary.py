@@ -36,6 +36,7 @@ class Summary:
     model: dict[str, Any]  # the resolved model config, plain
     optim: dict[str, Any]  # the optimizer (optim=, zoo/optim/): its name and options, plain
     data: dict[str, Any]
+    data_fingerprint: dict[str, str] | None  # what it trained on: source and sha256 (zoo.training.data)
     seed: int
     precision: dict[str, Any]  # trainer.precision as asked (auto) and as run
     params: dict[str, int]
@@ -91,6 +92,7 @@ def summarize(cfg: ZooConfig, spec: ModelSpec, data: Any, trainer: Any, throughp
         model=spec.as_dict(),
         optim=cfg.optim.as_dict(),
         data=dict(cfg.data),
+        data_fingerprint=getattr(data, "fingerprint", None),
         seed=cfg.seed,
         precision=precision,
         params=count_params(spec),
