@@ -435,3 +435,83 @@ def test_train_py_imports_with_the_collector_off_and_trains_with_it_on(tmp_path,
         assert (enabled, lightning, frozen) == ("True", "True", "True")
         if not mode:  # only resume_gc's own collection; importing Lightning with the collector on makes 6-7
             assert int(full_collections) <= 1, full_collections
+
+
+# --- a signal at every point of a run: one record --------------------------------------------------------------
+
+SIGNAL_RUN = [*TINY, "trainer.max_steps=6", "trainer.val_check_interval=2", "logger=csv", "threads=1",
+              "sample.max_new_tokens=0", "checkpoints=all"]
+
+
+def _send_sigterm() -> None:
+    os.kill(os.getpid(), signal.SIGTERM)  # delivered to this (main) thread: the handler runs before the next line
+
+
+def _inject(monkeypatch, point: str) -> None:
+    """Send SIGTERM to this process at `point` of a 6-step run evaluated every 2 steps."""
+    from zoo.training.checkpoint_io import AtomicCheckpointIO
+    from zoo.training.data import ZooData
+    from zoo.training.module import ZooModule
+    from zoo.training.summary import Summary
+
+    def before(cls, name: str, when) -> None:
+        original = getattr(cls, name)
+
+        def wrapped(self, *args, **kwargs):
+            if when(self, *args):
+                _send_sigterm()
+            return original(self, *args, **kwargs)
+
+        monkeypatch.setattr(cls, name, wrapped)
+
+    step = lambda at: lambda self, *a: self.trainer.global_step == at  # noqa: E731
+    saving = lambda at: lambda self, ckpt, *a: ckpt["global_step"] == at  # noqa: E731
+    once = lambda self, *a: True  # noqa: E731
+    {"the fit's start": lambda: before(ZooData, "train_dataloader", once),
+     "a step": lambda: before(ZooModule, "training_step", step(2)),  # the third step
+     "a validation": lambda: before(ZooModule, "validation_step", step(2)),
+     "a checkpoint write": lambda: before(AtomicCheckpointIO, "save_checkpoint", saving(2)),
+     "the last step": lambda: before(ZooModule, "training_step", step(5)),
+     "the final validation": lambda: before(ZooModule, "validation_step", step(6)),
+     "the final save": lambda: before(AtomicCheckpointIO, "save_checkpoint", saving(6)),
+     "the summary write": lambda: before(Summary, "write", once)}[point]()
+
+
+def _record(run_dir: Path) -> tuple[str, int, int, list[int]]:
+    """(summary's status, its steps, last.ckpt's step, the steps of metrics.csv's training rows)."""
+    summary = json.loads((run_dir / "summary.json").read_text())
+    ckpt = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)["global_step"]
+    with (run_dir / "metrics.csv").open() as f:
+        trained = [int(r["step"]) + 1 for r in csv.DictReader(f) if r.get("train_loss")]  # Lightning's 0-based
+    return summary["status"], summary["steps"], ckpt, trained
+
+
+SIGNAL_POINTS = [  # (where the signal arrives, the status, the step every file then says)
+    ("the fit's start", "interrupted", 1),
+    ("a step", "interrupted", 3),
+    ("a validation", "interrupted", 3),
+    ("a checkpoint write", "interrupted", 3),
+    ("the last step", "completed", 6),  # nothing is left to stop: the run finishes
+    ("the final validation", "completed", 6),
+    ("the final save", "completed", 6),
+    ("the summary write", "completed", 6),
+]
+
+
+@pytest.mark.parametrize(("point", "status", "step"), SIGNAL_POINTS, ids=[p[0] for p in SIGNAL_POINTS])
+def test_a_signal_at_any_point_leaves_one_record_and_resuming_completes_it(tmp_path, monkeypatch, capsys, point,
+                                                                           status, step):
+    """SIGTERM sent at each point of a run (a hook calls it there, no timing): the summary, last.ckpt and
+    metrics.csv all say the same step; an interrupted run resumed ends with each step's row exactly once."""
+    run_dir = tmp_path / "run"
+    with monkeypatch.context() as m:
+        _inject(m, point)
+        code = main(compose_cfg(SIGNAL_RUN), run_dir)
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # the run's handler is gone with it
+    assert code == (130 if status == "interrupted" else 0), capsys.readouterr().err[-2000:]
+    assert _record(run_dir) == (status, step, step, list(range(1, step + 1)))
+    if status == "interrupted":
+        assert main(compose_cfg([*SIGNAL_RUN, "ckpt_path=last"]), run_dir) == 0
+        assert _record(run_dir) == ("completed", 6, 6, [1, 2, 3, 4, 5, 6])
+    else:
+        assert "stop asked (SIGTERM) after the last step" in capsys.readouterr().out

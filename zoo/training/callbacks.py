@@ -122,33 +122,49 @@ class BestMetrics(L.Callback):
 
 class GracefulStop(L.Callback):
     """SIGINT or SIGTERM: finish the current step, save `last.ckpt`, stop cleanly (resume with
-    ckpt_path=last). A second SIGINT interrupts at once."""
+    ckpt_path=last). A second SIGINT interrupts at once.
+
+    One record whatever the signal's timing: the runner holds the handlers (`with stop:`) from before the fit to
+    after summary.json, and Lightning's own SIGTERM handling is switched off (`attach`), so a signal only ever sets
+    `signal`, and the run stops at one place, the end of a training step before the last, where the checkpoint,
+    metrics.csv and the summary all say that step (`stopped_at`). A signal during the last step, the final
+    evaluation or checkpoint, or the summary's write lets the run finish: it is recorded completed, as it is."""
 
     def __init__(self, checkpoint_path: str):
         self.checkpoint_path = checkpoint_path
         self.signal: int | None = None
+        self.stopped_at: int | None = None  # the step the run stopped at on a signal; None: it was not stopped
         self._previous: dict[int, object] = {}
 
     def _request(self, signum, frame):
         self.signal = signum
         signal.signal(signal.SIGINT, signal.default_int_handler)  # a second Ctrl-C is not graceful
 
-    def on_train_start(self, trainer, module):
+    def __enter__(self) -> GracefulStop:
         if threading.current_thread() is threading.main_thread():  # signals can only be set there
             for sig in (signal.SIGINT, signal.SIGTERM):
                 self._previous[sig] = signal.signal(sig, self._request)
+        return self
 
-    def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
-        if self.signal is not None and not trainer.should_stop:
-            trainer.save_checkpoint(self.checkpoint_path, weights_only=False)  # the full state, said explicitly
-            trainer.should_stop = True
-
-    def on_train_end(self, trainer, module):
+    def __exit__(self, *exc) -> None:
         for sig, handler in self._previous.items():
-            signal.signal(sig, handler)
+            signal.signal(sig, handler)  # type: ignore[arg-type]
         self._previous.clear()
 
-    on_exception = lambda self, trainer, module, exc: self.on_train_end(trainer, module)  # noqa: E731
+    @staticmethod
+    def attach(trainer) -> None:
+        """Lightning would put its SIGTERM handler in front of ours for each fit and validate, and then end the
+        run from inside an evaluation (SIGTERMException) or finish it unstopped: the stop is ours alone."""
+        connector = getattr(trainer, "_signal_connector", None)
+        if connector is not None:
+            connector.register_signal_handlers = lambda: None
+            connector.teardown = lambda: None
+
+    def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+        if self.signal is not None and not trainer.should_stop and trainer.global_step < trainer.max_steps:
+            trainer.save_checkpoint(self.checkpoint_path, weights_only=False)  # the full state, said explicitly
+            trainer.should_stop = True
+            self.stopped_at = trainer.global_step
 
 
 class EvaluateAtEnd(L.Callback):

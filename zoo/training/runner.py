@@ -10,6 +10,7 @@ kept plain only where it is stored (config.yaml, checkpoints, the loggers' hyper
 from __future__ import annotations
 
 import contextlib
+import signal
 import sys
 import time
 import traceback
@@ -151,21 +152,27 @@ def _run(composed: DictConfig, run_dir: Path, start: float, state: RunState) -> 
     say(kernels.banner)  # the banner's third line
     status = "completed"
     state.training = True
-    with tf32_matmuls(cfg.tf32 and trainer.strategy.root_device.type == "cuda"):
+    stop.attach(trainer)
+    # a signal from here to the summary only asks the run to stop: it stops at the end of a step (GracefulStop)
+    with stop, tf32_matmuls(cfg.tf32 and trainer.strategy.root_device.type == "cuda"):
         trainer.fit(module, datamodule=data, ckpt_path=ckpt, weights_only=True)
-        if trainer.interrupted or stop.signal is not None:
+        if trainer.interrupted or stop.stopped_at is not None:
             status = "interrupted"
         if guard.step is not None:
             status = "diverged"
         elif status == "completed" and (not best.final or best.final["step"] != trainer.global_step):
             trainer.validate(module, datamodule=data, verbose=False)  # the final evaluation
 
-    summary = summarize(cfg, spec, data, trainer, throughput, best, status, guard.step, precision, budget,
-                        kernels.record)
+        summary = summarize(cfg, spec, data, trainer, throughput, best, status, guard.step, precision, budget,
+                            kernels.record)
+        if trainer.is_global_zero:
+            summary.write(run_dir)
+            if status in ("completed", "diverged") and cfg.checkpoints != "all":
+                finish_checkpoints(run_dir, cfg.checkpoints)
     if trainer.is_global_zero:
-        summary.write(run_dir)
-        if status in ("completed", "diverged") and cfg.checkpoints != "all":
-            finish_checkpoints(run_dir, cfg.checkpoints)
+        if stop.signal is not None and stop.stopped_at is None:
+            say(f"stop asked ({signal.Signals(stop.signal).name}) after the last step: the run had finished, and "
+                "is recorded as it ended")
         finish_loggers(loggers, summary.as_dict(), run_dir)  # final metrics, artifacts; closes the runs
         say(summary.result_line(run_dir))
         if status == "interrupted":
