@@ -515,3 +515,22 @@ def test_a_signal_at_any_point_leaves_one_record_and_resuming_completes_it(tmp_p
         assert _record(run_dir) == ("completed", 6, 6, [1, 2, 3, 4, 5, 6])
     else:
         assert "stop asked (SIGTERM) after the last step" in capsys.readouterr().out
+
+
+def test_resuming_a_finished_run_from_an_earlier_checkpoint_is_refused_and_loses_nothing(tmp_path, capsys):
+    """The state the issue found on a loaded machine (summary.json completed at the last step, last.ckpt earlier):
+    a resume would trim metrics.csv back to the checkpoint; it is refused in one line, every file as it was."""
+    run_dir = tmp_path / "run"
+    assert main(compose_cfg(SIGNAL_RUN), run_dir) == 0
+    last = run_dir / "checkpoints" / "last.ckpt"
+    ckpt = torch.load(last, weights_only=True)
+    torch.save({**ckpt, "global_step": 2}, last)
+    before = {p.name: p.read_bytes() for p in (*run_dir.iterdir(), last) if p.is_file() and p.name != "run.lock"}
+    capsys.readouterr()
+    assert main(compose_cfg([*SIGNAL_RUN, "ckpt_path=last"]), run_dir) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == (f"error: ckpt_path: '{run_dir}' finished (completed, summary.json) at step 6, after its last "
+                   "checkpoint (step 2); resuming would drop the history of the steps between; valid: keep the run "
+                   "as it is, or overwrite=true to train it again"), err
+    assert {p.name: p.read_bytes() for p in (*run_dir.iterdir(), last) if p.is_file() and p.name != "run.lock"} \
+        == before

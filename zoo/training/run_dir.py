@@ -141,6 +141,21 @@ def finished_earlier(plain: dict, run_dir: Path, fingerprint: dict | None = None
     return status
 
 
+def check_resume_keeps_history(run_dir: Path, ckpt_step: int) -> None:
+    """A resume trims metrics.csv back to its checkpoint's step and trains on from there. A run whose summary.json
+    says it finished (completed or diverged) at a later step than that checkpoint would lose its record of those
+    steps, and until the resume passed them, its history: refused in one line instead."""
+    try:
+        summary = json.loads((run_dir / "summary.json").read_text())
+        status, steps = summary["status"], summary["steps"]
+    except (OSError, ValueError, TypeError, KeyError):  # no record of a finished run: nothing to lose but rows redone
+        return
+    if status in ("completed", "diverged") and isinstance(steps, int) and steps > ckpt_step:
+        raise RunDirRefused(f"ckpt_path: '{run_dir}' finished ({status}, summary.json) at step {steps}, after its "
+                            f"last checkpoint (step {ckpt_step}); resuming would drop the history of the steps "
+                            "between; valid: keep the run as it is, or overwrite=true to train it again")
+
+
 # What checkpoints=last keeps of a finished run's checkpoint: enough to sample, evaluate or start another run from.
 WEIGHTS_KEYS = ("state_dict", "hyper_parameters", "tokenizer", "data_fingerprint", "precision", "global_step", "epoch",
                 "pytorch-lightning_version")

@@ -53,6 +53,7 @@ from zoo.training.module import ZooModule
 from zoo.training.resume import checkpoint_path
 from zoo.training.run_dir import (
     RunState,
+    check_resume_keeps_history,
     clear_for,
     finish_checkpoints,
     finished_earlier,
@@ -107,6 +108,8 @@ def _run(composed: DictConfig, run_dir: Path, start: float, state: RunState) -> 
         torch.set_num_threads(cfg.threads)
     ckpt, ckpt_step, ckpt_precision = checkpoint_path(plain, run_dir, data)
     precision = precision_choice(cfg.trainer, ckpt_precision)  # trainer.precision=auto, resolved once
+    if state.owner and ckpt is not None:
+        check_resume_keeps_history(run_dir, ckpt_step)
     if state.owner:
         clear_for(run_dir, overwrite, cfg.ckpt_path is None and bool(state.held_run),
                   ckpt_step if ckpt is not None else None)
