@@ -534,3 +534,39 @@ def test_resuming_a_finished_run_from_an_earlier_checkpoint_is_refused_and_loses
                    "as it is, or overwrite=true to train it again"), err
     assert {p.name: p.read_bytes() for p in (*run_dir.iterdir(), last) if p.is_file() and p.name != "run.lock"} \
         == before
+
+
+def test_a_resume_that_dies_keeps_the_rows_it_had_not_redone(tmp_path, monkeypatch, capsys):
+    """Killed after step 6 while its last checkpoint was at step 4 (metrics.csv holds steps 1-6, no summary), then
+    resumed, and the resume dies in its first step: the rows of steps 5 and 6 are still there. Resumed again to
+    the end, each step's row is there once, with the values of the run that was never stopped."""
+    from zoo.training.checkpoint_io import AtomicCheckpointIO
+    from zoo.training.module import ZooModule
+
+    full, run_dir = tmp_path / "full", tmp_path / "run"
+    assert main(compose_cfg(SIGNAL_RUN), full) == 0
+    original = AtomicCheckpointIO.save_checkpoint
+
+    def keep_step_4(self, checkpoint, path, storage_options=None):
+        original(self, checkpoint, path, storage_options)
+        if checkpoint["global_step"] == 4 and Path(path).name == "last.ckpt":
+            Path(path).with_name("at4.ckpt").write_bytes(Path(path).read_bytes())
+
+    with monkeypatch.context() as m:
+        m.setattr(AtomicCheckpointIO, "save_checkpoint", keep_step_4)
+        assert main(compose_cfg(SIGNAL_RUN), run_dir) == 0
+    (run_dir / "checkpoints" / "at4.ckpt").replace(run_dir / "checkpoints" / "last.ckpt")
+    (run_dir / "summary.json").unlink()  # as if killed before the step-6 checkpoint and the summary
+    before = _history(run_dir)
+    assert _same_history(before, _history(full))
+
+    def dies(self, batch, batch_idx):
+        raise RuntimeError("the machine went down")
+
+    with monkeypatch.context() as m:
+        m.setattr(ZooModule, "training_step", dies)
+        assert main(compose_cfg([*SIGNAL_RUN, "ckpt_path=last"]), run_dir) == 1
+    assert _same_history(_history(run_dir), before)  # nothing redone, nothing lost
+    assert main(compose_cfg([*SIGNAL_RUN, "ckpt_path=last"]), run_dir) == 0
+    assert _record(run_dir) == ("completed", 6, 6, [1, 2, 3, 4, 5, 6])
+    assert _same_history(_history(run_dir), _history(full))

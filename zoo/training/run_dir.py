@@ -8,7 +8,6 @@ summary.json, whatever happened: a diverged or failed run still writes its summa
 
 from __future__ import annotations
 
-import csv
 import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -31,7 +30,6 @@ from zoo.io import (
     remove_temp_files,
     write_marker,
 )
-from zoo.training.callbacks import read_header, read_rows
 from zoo.training.checkpoint import read_checkpoint
 from zoo.training.resume import data_difference, settings_difference
 
@@ -92,16 +90,15 @@ def overwrite_choice(plain: dict, run_dir: Path, state: RunState) -> tuple[bool,
     return overwrite, continuing
 
 
-def clear_for(run_dir: Path, overwrite: bool, replacing: bool, resume_step: int | None) -> None:
+def clear_for(run_dir: Path, overwrite: bool, replacing: bool) -> None:
     """Ready the owned directory: temp files of writes cut short by a kill go; a replaced run's files go (only
-    zoo's names, in a directory its marker says is a zoo run); a resume's history loses the rows it redoes."""
+    zoo's names, in a directory its marker says is a zoo run). A resume's history keeps the rows it redoes until
+    it has logged them again (zoo.training.callbacks.HistoryWriter)."""
     for directory in (run_dir, run_dir / "checkpoints"):
         remove_temp_files(directory)
     if overwrite and replacing:
         remove_run_files(run_dir)
         write_marker(run_dir, replace=True)  # a new run, a new id
-    if resume_step is not None:  # the rows after the checkpoint's step are redone; the earlier ones stay on disk
-        trim_history(owned_path(run_dir, "metrics.csv"), resume_step)
 
 
 def in_sweep() -> bool:
@@ -175,31 +172,6 @@ def finish_checkpoints(run_dir: Path, keep: str) -> None:
     ckpt = read_checkpoint(last)
     weights = {k: v for k, v in ckpt.items() if k in WEIGHTS_KEYS}
     atomic_write(last, lambda f: torch.save(weights, f), mode="wb")
-
-
-def trim_history(path: Path, step: int) -> None:
-    """Keep metrics.csv's rows before the checkpoint's step (a resume logs the later ones again), rewritten
-    atomically: at every moment the file holds at least every row up to the checkpoint."""
-    if not path.is_file():
-        return
-    try:
-        rows, header = read_rows(path), read_header(path)
-    except (UnicodeDecodeError, csv.Error) as e:  # not what zoo writes: the history is the user's to keep
-        raise RunDirError(f"'{path}' is not a CSV history zoo can read ({e}); move it aside to resume without "
-                          "it") from e
-    if not header:  # an empty file: nothing to keep
-        path.unlink()
-        return
-    kept = [r for r in rows if r.get("step") and r["step"].isdigit() and int(r["step"]) < step]
-    if len(kept) == len(rows) and path.read_text().endswith("\n"):
-        return  # nothing to redo: leave the file as it is
-
-    def write(f):
-        w = csv.DictWriter(f, fieldnames=header)
-        w.writeheader()
-        w.writerows(kept)
-
-    atomic_write(path, write)
 
 
 def hydra_output_dir() -> str:

@@ -111,8 +111,7 @@ def _run(composed: DictConfig, run_dir: Path, start: float, state: RunState) -> 
     if state.owner and ckpt is not None:
         check_resume_keeps_history(run_dir, ckpt_step)
     if state.owner:
-        clear_for(run_dir, overwrite, cfg.ckpt_path is None and bool(state.held_run),
-                  ckpt_step if ckpt is not None else None)
+        clear_for(run_dir, overwrite, cfg.ckpt_path is None and bool(state.held_run))
     atomic_write_text(owned_path(run_dir, "config.yaml"), OmegaConf.to_yaml(OmegaConf.create(plain)))
 
     L.seed_everything(cfg.seed, workers=True, verbose=False)
@@ -132,7 +131,7 @@ def _run(composed: DictConfig, run_dir: Path, start: float, state: RunState) -> 
         dirpath=run_dir / "checkpoints", filename="best", monitor="val_loss", mode="min", save_last=True,
         save_top_k=1, auto_insert_metric_name=False, enable_version_counter=False)
     loggers = build_loggers(plain, run_dir)
-    history = _keep_history(loggers)
+    history = _keep_history(loggers, ckpt_step if ckpt is not None else None)
     trainer_cfg = {**cfg.trainer, "precision": precision["used"]}
     trusted = {throughput.state_key: check_throughput_state, best.state_key: check_best_metrics_state,
                checkpoints.state_key: lambda saved: model_checkpoint_state(saved, checkpoints)}
@@ -166,6 +165,7 @@ def _run(composed: DictConfig, run_dir: Path, start: float, state: RunState) -> 
         elif status == "completed" and (not best.final or best.final["step"] != trainer.global_step):
             trainer.validate(module, datamodule=data, verbose=False)  # the final evaluation
 
+        history.settle(trainer.global_step)  # a resume's rows of the steps it redid replace the earlier ones
         summary = summarize(cfg, spec, data, trainer, throughput, best, status, guard.step, precision, budget,
                             kernels.record)
         if trainer.is_global_zero:
@@ -200,13 +200,13 @@ def tf32_matmuls(enabled: bool):
         torch.backends.cuda.matmul.allow_tf32 = before
 
 
-def _keep_history(loggers: list) -> KeepHistory:
+def _keep_history(loggers: list, resume_step: int | None) -> KeepHistory:
     """CSV loggers append to metrics.csv (Lightning's writer would delete it first) and flush before
-    every checkpoint."""
+    every checkpoint; a resume's writer keeps the rows after its checkpoint until it has logged them again."""
     writers = []
     for lg in loggers:
         if isinstance(lg, L.pytorch.loggers.CSVLogger):
-            lg._experiment = HistoryWriter(lg.log_dir)  # set before Lightning creates its own writer
+            lg._experiment = HistoryWriter(lg.log_dir, resume_step)  # set before Lightning creates its own writer
             writers.append(lg._experiment)
     return KeepHistory(writers)
 
