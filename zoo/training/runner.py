@@ -173,7 +173,7 @@ def _run(composed: DictConfig, run_dir: Path, start: float, state: RunState) -> 
             if status in ("completed", "diverged") and cfg.checkpoints != "all":
                 finish_checkpoints(run_dir, cfg.checkpoints)
     if trainer.is_global_zero:
-        if stop.signal is not None and stop.stopped_at is None:
+        if stop.signal is not None and status == "completed":
             say(f"stop asked ({signal.Signals(stop.signal).name}) after the last step: the run had finished, and "
                 "is recorded as it ended")
         finish_loggers(loggers, summary.as_dict(), run_dir)  # final metrics, artifacts; closes the runs
