@@ -312,6 +312,7 @@ def read_history(path: Path) -> list[dict]:
     from zoo.io import RunDirError
 
     try:
+        read_header(path)
         return read_rows(path)
     except (UnicodeDecodeError, csv.Error) as e:  # not what zoo writes: the history is the user's to keep
         raise RunDirError(f"'{path}' is not a CSV history zoo can read ({e}); move it aside to resume without "

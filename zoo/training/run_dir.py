@@ -30,6 +30,7 @@ from zoo.io import (
     remove_temp_files,
     write_marker,
 )
+from zoo.training.callbacks import read_history
 from zoo.training.checkpoint import read_checkpoint
 from zoo.training.resume import data_difference, settings_difference
 
@@ -90,10 +91,13 @@ def overwrite_choice(plain: dict, run_dir: Path, state: RunState) -> tuple[bool,
     return overwrite, continuing
 
 
-def clear_for(run_dir: Path, overwrite: bool, replacing: bool) -> None:
+def clear_for(run_dir: Path, overwrite: bool, replacing: bool, resuming: bool) -> None:
     """Ready the owned directory: temp files of writes cut short by a kill go; a replaced run's files go (only
-    zoo's names, in a directory its marker says is a zoo run). A resume's history keeps the rows it redoes until
-    it has logged them again (zoo.training.callbacks.HistoryWriter)."""
+    zoo's names, in a directory its marker says is a zoo run). A resume's history must be a CSV zoo can read
+    (refused before anything is written); it keeps the rows it redoes until the resume has logged them again
+    (zoo.training.callbacks.HistoryWriter)."""
+    if resuming and (history := owned_path(run_dir, "metrics.csv")).is_file():
+        read_history(history)
     for directory in (run_dir, run_dir / "checkpoints"):
         remove_temp_files(directory)
     if overwrite and replacing:

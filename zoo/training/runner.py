@@ -111,7 +111,7 @@ def _run(composed: DictConfig, run_dir: Path, start: float, state: RunState) -> 
     if state.owner and ckpt is not None:
         check_resume_keeps_history(run_dir, ckpt_step)
     if state.owner:
-        clear_for(run_dir, overwrite, cfg.ckpt_path is None and bool(state.held_run))
+        clear_for(run_dir, overwrite, cfg.ckpt_path is None and bool(state.held_run), ckpt is not None)
     atomic_write_text(owned_path(run_dir, "config.yaml"), OmegaConf.to_yaml(OmegaConf.create(plain)))
 
     L.seed_everything(cfg.seed, workers=True, verbose=False)
