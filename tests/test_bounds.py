@@ -76,7 +76,10 @@ def _file(name: str, text: str, summary: dict | None = None):
     return make
 
 
-REPORT_RUN = "from zoo.report.runs import load_run\nr = load_run(tmp / 'sweep' / '0')\nout = f'{r.status}: {r.detail}'"
+# metrics.csv is read when the report first needs it (summary.json holds most runs' history): its damage is in the
+# run's detail from then on
+REPORT_RUN = ("from zoo.report.runs import load_run\nr = load_run(tmp / 'sweep' / '0')\nr.csv_history\n"
+              "out = f'{r.status}: {r.detail}'")
 # (id, make the hostile file under the sweep directory, code run on it, what its one line says)
 PARSE_CASES = [
     ("summary-deep", _summary(DEEP_JSON), REPORT_RUN, "unreadable: summary.json nests more than 100 levels deep"),
@@ -116,8 +119,8 @@ PARSE_CASES = [
      "from zoo.training.run_dir import finished_earlier\nout = repr(finished_earlier({}, tmp / 'sweep' / '0'))",
      "holds a finished run with other settings (config.yaml: unreadable)"),
     ("resume-history-too-large", lambda d: (d / "0").mkdir() or _big(d / "0" / "metrics.csv", 257 << 20),
-     "from zoo.training.run_dir import trim_history\ntrim_history(tmp / 'sweep' / '0' / 'metrics.csv', 5)\n"
-     "out = 'trimmed'", "is not a CSV history zoo can read"),
+     "from zoo.training.callbacks import read_history\nread_history(tmp / 'sweep' / '0' / 'metrics.csv')\n"
+     "out = 'read'", "is not a CSV history zoo can read"),
     ("final-metric-deep", _summary(DEEP_JSON),
      "from zoo.training.summary import final_metric\nout = repr(final_metric(tmp / 'sweep' / '0', 'val_loss'))",
      "inf"),
