@@ -62,6 +62,7 @@ class Context:
     bias: bool = True  # biases in linear layers and LayerNorm
     dropout: float = 0.0
     value_embed: bool = False  # this layer's self-attention mixes a value embedding into its values (value_dim)
+    keep_values: bool = False  # it keeps its new tokens' values, before any mix, in kept_values (value_residual)
     norm: Callable[..., Any] = field(default=lambda dim=None: _no_norm())  # the model's: norm(dim=None) -> a new one
 
     @property
@@ -237,8 +238,10 @@ class AttentionPart(Part, Protocol):
     record: Annotated[bool, "set true by attention_maps: compute with the math backend and keep the weights "
                             "(B, H, Tq, Tk) in `weights`"]
     value_dim: Annotated[int | None, "the width of its values (n_kv_heads * head_dim), into which, built with "
-                                     "ctx.value_embed, it mixes forward's value_embed (B, T, value_dim); null: it "
-                                     "takes no value embeddings (model.value_embeddings)"] = None
+                                     "ctx.value_embed, it mixes forward's value_embed (B, T, value_dim); built with "
+                                     "ctx.keep_values, it keeps its new tokens' own values in kept_values (B, T, "
+                                     "value_dim); null: it does neither (model.value_embeddings, "
+                                     "model.value_residual)"] = None
 
     def forward(self, x: Any, pos: Any, mask: Any = None, is_causal: bool = False, context: Any = None,
                 cache: Any = None, offset: int = 0, value_embed: Any = None) -> Any:

@@ -42,16 +42,23 @@ class Stack(nn.Module):
         self.dropout = nn.Dropout(ctx.dropout)
         residual = RESIDUAL.get(cfg.norm.placement)
         self.value_tables = value_tables(cfg.value_embeddings, n_layers)
+        # model.value_residual (ResFormer): layer 0 keeps its values, each later layer mixes them into its own
+        self.value_residual = cfg.value_residual
+        need(not (cfg.value_residual and cfg.value_embeddings), "value_residual", "and value_embeddings both mix "
+             "into a layer's values through its one mix; valid: value_residual=false or value_embeddings=0")
         self.blocks = nn.ModuleList(
-            TransformerBlock(replace(ctx, layer=ctx.layer + i, value_embed=self.value_tables[i] is not None), cfg,
-                             residual, cross) for i in range(n_layers)
+            TransformerBlock(replace(ctx, layer=ctx.layer + i, keep_values=cfg.value_residual and i == 0,
+                                     value_embed=self.value_tables[i] is not None or (cfg.value_residual and i > 0)),
+                             cfg, residual, cross) for i in range(n_layers)
         )
         self.window = self.blocks[0].window  # one mask for every layer: their attention's (AttentionPart)
         # model.value_embeddings: tables of the tokens' vectors, each as wide as the attention's values
         value_dim = self.blocks[0].value_dim
-        need(not cfg.value_embeddings or value_dim is not None, "value_embeddings",
-             f"attention '{cfg.attention.name}' takes no value embeddings (its value_dim is null: the values are not "
-             "what it caches or projects directly); valid: 0 with this attention, or an attention with a value_dim")
+        for key, on in (("value_embeddings", cfg.value_embeddings), ("value_residual", cfg.value_residual)):
+            off = "0" if key == "value_embeddings" else "false"
+            need(not on or value_dim is not None, key, f"attention '{cfg.attention.name}' takes no value "
+                 "embeddings (its value_dim is null: the values are not what it caches or projects directly); valid: "
+                 f"{off} with this attention, or an attention with a value_dim")
         self.value_embeds = nn.ModuleList(nn.Embedding(cfg.vocab_size, value_dim or 0)
                                           for _ in range(cfg.value_embeddings))
         # model.memory_tokens: learned tokens before the sequence (with the first tokens; then in the cache)
@@ -77,14 +84,24 @@ class Stack(nn.Module):
         mask, is_causal = attention_bias(t, offset + t, self.causal, self.window, self.position,
                                          padding, x.device, x.dtype)
         memory_mask = cross_attention_mask(memory_padding)
+        first = None  # model.value_residual: the first layer's values of these tokens, (B, T, value_dim)
         for i, (block, table) in enumerate(zip(self.blocks, self.value_tables, strict=True)):
             x = block(x, self.position, mask, is_causal, memory, memory_mask, cache[i] if cache else None, offset,
-                      x0=x0, value_embed=None if table is None else values[table])
+                      x0=x0, value_embed=first if table is None else values[table])
+            if self.value_residual and i == 0:
+                first = kept_values(block)
         x = x[:, prepend:]  # the memory tokens' outputs are dropped
         return self.final_norm(x)
 
     def new_cache(self) -> Cache:
         return [(KVCache(), KVCache()) for _ in self.blocks]
+
+
+def kept_values(block: nn.Module) -> torch.Tensor:
+    """The values the block's self-attention kept in this forward (built with ctx.keep_values), taken from it."""
+    attn = next(m for m in block.modules() if getattr(m, "keep_values", False))
+    values, attn.kept_values = attn.kept_values, None  # held no longer than the forward
+    return values
 
 
 def value_tables(n_tables: int, n_layers: int) -> list[int | None]:
