@@ -44,9 +44,10 @@ class TransformerBlock(nn.Module):
     def forward(self, x: torch.Tensor, pos: Position, mask: torch.Tensor | None, is_causal: bool,
                 memory: torch.Tensor | None = None, memory_mask: torch.Tensor | None = None,
                 cache: tuple[KVCache, KVCache] | None = None, offset: int = 0, x0: torch.Tensor | None = None,
-                value_embed: torch.Tensor | None = None) -> torch.Tensor:
+                value_embed: torch.Tensor | None = None, state: Any = None) -> torch.Tensor:
         """x0: the stack's embedding output (model.embed_skip); value_embed: this layer's value embedding of the
-        tokens (model.value_embeddings), given only to a layer that has a table."""
+        tokens (model.value_embeddings), given only to a layer that has a table; state: what the placement carries
+        beside x (its `carry`), handed to each residual step."""
         self_cache, cross_cache = cache if cache is not None else (None, None)
         kw: dict[str, dict[str, Any]] = {
             "attn": dict(pos=pos, mask=mask, is_causal=is_causal, cache=self_cache, offset=offset),
@@ -55,11 +56,12 @@ class TransformerBlock(nn.Module):
             kw["attn"]["value_embed"] = value_embed
         if self.embed_skip is not None:
             x = self.embed_skip(x, x0)
+        carried = {} if state is None else {"state": state}
         if self.parallel is not None:
-            return self.parallel(x, **kw)
+            return self.parallel(x, **carried, **kw)
         for name, step in (("attn", self.attn), ("cross", self.cross), ("ffn", self.ffn)):
             if step is not None:  # cross: only in a decoder that cross-attends
-                x = step(x, **kw[name])
+                x = step(x, **carried, **kw[name])
         return x
 
 

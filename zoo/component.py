@@ -299,6 +299,10 @@ class Placement(Protocol):
     final_norm: Annotated[bool, "a norm after the last block (model.final_norm: null follows it)"]
     parallel: Annotated[bool, "the block hands it all its sublayers at once, for one residual step, "
                               "instead of one at a time"]
+    carry: Annotated[Any, "the state it carries beside the stream x (ResiDual's second stream): a module class, "
+                          "built by the stack as carry(ctx), whose open(x) makes the state from the embeddings and "
+                          "close(x, state) gives the stack's output before any final norm; the block passes the "
+                          "state to each step as forward's `state`. null: none"] = None
 
     def forward(self, x: Any, **kw: Any) -> Any:
         """x (B, T, d_model) -> x after the residual step; kw: the sublayer's keyword arguments (by name when

@@ -63,6 +63,8 @@ class Stack(nn.Module):
                                           for _ in range(cfg.value_embeddings))
         # model.memory_tokens: learned tokens before the sequence (with the first tokens; then in the cache)
         self.memory = nn.Embedding(cfg.memory_tokens, ctx.d_model) if cfg.memory_tokens else None
+        # what the placement carries beside the stream (ResiDual's second stream): opened and closed here
+        self.carry = residual.carry(ctx) if getattr(residual, "carry", None) else None
         final = cfg.final_norm  # None: the placement decides (Post-LN has none; nn.Transformer adds one)
         self.final_norm = ctx.norm() if (residual.final_norm if final is None else final) else nn.Identity()
 
@@ -84,12 +86,15 @@ class Stack(nn.Module):
         mask, is_causal = attention_bias(t, offset + t, self.causal, self.window, self.position,
                                          padding, x.device, x.dtype)
         memory_mask = cross_attention_mask(memory_padding)
+        state = None if self.carry is None else self.carry.open(x)
         first = None  # model.value_residual: the first layer's values of these tokens, (B, T, value_dim)
         for i, (block, table) in enumerate(zip(self.blocks, self.value_tables, strict=True)):
             x = block(x, self.position, mask, is_causal, memory, memory_mask, cache[i] if cache else None, offset,
-                      x0=x0, value_embed=first if table is None else values[table])
+                      x0=x0, value_embed=first if table is None else values[table], state=state)
             if self.value_residual and i == 0:
                 first = kept_values(block)
+        if self.carry is not None:
+            x = self.carry.close(x, state)
         x = x[:, prepend:]  # the memory tokens' outputs are dropped
         return self.final_norm(x)
 
