@@ -96,12 +96,15 @@ class TransformerBlock(nn.Module):
     def forward(self, x: torch.Tensor, pos: Position, mask: torch.Tensor | None, is_causal: bool,
                 memory: torch.Tensor | None = None, memory_mask: torch.Tensor | None = None,
                 cache: tuple[KVCache, ...] | None = None, offset: int = 0, x0: torch.Tensor | None = None,
-                value_embed: torch.Tensor | None = None, scores: list[torch.Tensor] | None = None) -> torch.Tensor:
+                value_embed: torch.Tensor | None = None, scores: list[torch.Tensor] | None = None,
+                state: Any = None) -> torch.Tensor:
         """x0: the stack's embedding output (model.embed_skip); value_embed: this layer's value embedding of the
         tokens (model.value_embeddings), given only to a layer that has a table; scores: the previous layer's
-        attention scores, for a self-attention that chains them (AttentionPart.chains_scores)."""
+        attention scores, for a self-attention that chains them (AttentionPart.chains_scores); state: what the
+        placement carries beside x (its `carry`), handed to each residual step."""
+        carried = {} if state is None else {"state": state}
         if self.kinds is not None:
-            return self._run_sequence(x, pos, mask, is_causal, memory, memory_mask, cache, offset, x0)
+            return self._run_sequence(x, pos, mask, is_causal, memory, memory_mask, cache, offset, x0, carried)
         self_cache, cross_cache = cache if cache is not None else (None, None)
         kw: dict[str, dict[str, Any]] = {
             "attn": dict(pos=pos, mask=mask, is_causal=is_causal, cache=self_cache, offset=offset),
@@ -113,26 +116,28 @@ class TransformerBlock(nn.Module):
         if self.embed_skip is not None:
             x = self.embed_skip(x, x0)
         if self.parallel is not None:
-            return self.parallel(x, **kw)
+            return self.parallel(x, **carried, **kw)
         for name, step in (("attn", self.attn), ("cross", self.cross), ("ffn", self.ffn)):
             if step is not None:  # cross: only in a decoder that cross-attends
-                x = step(x, **kw[name])
+                x = step(x, **carried, **kw[name])
         return x
 
     def _run_sequence(self, x: torch.Tensor, pos: Position, mask: torch.Tensor | None, is_causal: bool,
                       memory: torch.Tensor | None, memory_mask: torch.Tensor | None,
-                      cache: tuple[KVCache, ...] | None, offset: int, x0: torch.Tensor | None) -> torch.Tensor:
+                      cache: tuple[KVCache, ...] | None, offset: int, x0: torch.Tensor | None,
+                      carried: dict[str, Any]) -> torch.Tensor:
         """model.sublayers: the steps in order, each attention with the next of the block's caches."""
         caches = iter(cache if cache is not None else ())
         if self.embed_skip is not None:
             x = self.embed_skip(x, x0)
         for kind, step in zip(self.kinds or "", self.steps, strict=True):
             if kind == "a":
-                x = step(x, pos=pos, mask=mask, is_causal=is_causal, cache=next(caches, None), offset=offset)
+                x = step(x, pos=pos, mask=mask, is_causal=is_causal, cache=next(caches, None), offset=offset,
+                         **carried)
             elif kind == "c":
-                x = step(x, pos=NO_POSITION, mask=memory_mask, context=memory, cache=next(caches, None))
+                x = step(x, pos=NO_POSITION, mask=memory_mask, context=memory, cache=next(caches, None), **carried)
             else:
-                x = step(x)
+                x = step(x, **carried)
         return x
 
 

@@ -140,7 +140,7 @@ def _validate(cfg: dict) -> None:
     _positive_number("init_std", cfg["init_std"])
     need(cfg["final_norm"] in (True, False, None), "final_norm",
           f"must be true, false or null, got {cfg['final_norm']!r}; valid: true, false, null")
-    for key in ("bias", "tie_embeddings", "scale_embeddings", "embed_norm", "embed_skip"):
+    for key in ("bias", "tie_embeddings", "scale_embeddings", "embed_norm", "embed_skip", "value_residual"):
         _boolean(key, cfg[key])
     cap = cfg["logit_softcap"]
     need(cap is None or (is_number(cap) and cap > 0), "logit_softcap",

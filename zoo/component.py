@@ -63,6 +63,7 @@ class Context:
     bias: bool = True  # biases in linear layers and LayerNorm
     dropout: float = 0.0
     value_embed: bool = False  # this layer's self-attention mixes a value embedding into its values (value_dim)
+    keep_values: bool = False  # it keeps its new tokens' values, before any mix, in kept_values (value_residual)
     norm: Callable[..., Any] = field(default=lambda dim=None: _no_norm())  # the model's: norm(dim=None) -> a new one
 
     @property
@@ -238,8 +239,10 @@ class AttentionPart(Part, Protocol):
     record: Annotated[bool, "set true by attention_maps: compute with the math backend and keep the weights "
                             "(B, H, Tq, Tk) in `weights`"]
     value_dim: Annotated[int | None, "the width of its values (n_kv_heads * head_dim), into which, built with "
-                                     "ctx.value_embed, it mixes forward's value_embed (B, T, value_dim); null: it "
-                                     "takes no value embeddings (model.value_embeddings)"] = None
+                                     "ctx.value_embed, it mixes forward's value_embed (B, T, value_dim); built with "
+                                     "ctx.keep_values, it keeps its new tokens' own values in kept_values (B, T, "
+                                     "value_dim); null: it does neither (model.value_embeddings, "
+                                     "model.value_residual)"] = None
     chains_scores: Annotated[bool, "its forward takes `scores`, a list the stack hands its self-attention layers in "
                                    "turn during one forward, empty at the first: it adds the last entry, the previous "
                                    "layer's pre-softmax scores (B, H, Tq, Tk), to its own and leaves its own in its "
@@ -301,6 +304,10 @@ class Placement(Protocol):
     final_norm: Annotated[bool, "a norm after the last block (model.final_norm: null follows it)"]
     parallel: Annotated[bool, "the block hands it all its sublayers at once, for one residual step, "
                               "instead of one at a time"]
+    carry: Annotated[Any, "the state it carries beside the stream x (ResiDual's second stream): a module class, "
+                          "built by the stack as carry(ctx), whose open(x) makes the state from the embeddings and "
+                          "close(x, state) gives the stack's output before any final norm; the block passes the "
+                          "state to each step as forward's `state`. null: none"] = None
 
     def forward(self, x: Any, **kw: Any) -> Any:
         """x (B, T, d_model) -> x after the residual step; kw: the sublayer's keyword arguments (by name when

@@ -67,6 +67,9 @@ class ModelConfig:
     # extra token-embedding tables whose vectors are mixed into the values of each stack's first and last
     # value_embeddings layers (table i: layer i and layer n - value_embeddings + i); 0: none
     value_embeddings: int = 0
+    # value residual learning (ResFormer, Zhou et al. 2024): every layer's values mixed with its stack's first
+    # layer's, v = a * v + b * v1 (a = b = 0.5 at init)
+    value_residual: bool = False
     # where the weights parts list in residual_outputs start: scaled (init_std / sqrt(2 * blocks)) or zero
     residual_init: str = "scaled"
     embed_skip: bool = False  # each block's input is a * x + b * x0 (x0: the stack's embedding output; a=1, b=0)
@@ -161,6 +164,7 @@ class ModelSpec:
     mup_base_d_model: int
     logit_softcap: float | None
     value_embeddings: int
+    value_residual: bool
     residual_init: str
     embed_skip: bool
     memory_tokens: int

@@ -223,6 +223,8 @@ class Attention(AttentionBase):
         self.value_dim = None if ctx.cross else kv_dim  # model.value_embeddings: the tables' width
         # v = a * v + b * ve (model.value_embeddings), on the layers the stack gives a table
         self.value_mix = ScalarMix("attention", 0.5, 0.5) if ctx.value_embed and not ctx.cross else None
+        # model.value_residual: the stack's first layer keeps its values for the later layers to mix in
+        self.keep_values, self.kept_values = ctx.keep_values and not ctx.cross, None
         self.norm_projection = opts.qk_norm == "projection"  # else per head, when on
         self.q_norm, self.k_norm = qk_norms(ctx, opts, *((q_dim, kv_dim) if self.norm_projection else (self.head_dim,)))
         self.qk_dim: int | None = None  # scores are scaled by 1 / sqrt(qk_dim); None: the head size
@@ -239,6 +241,8 @@ class Attention(AttentionBase):
         """Queries (B, H, T, hd) of x; keys and values (B, H_kv, S, hd) of x and the cache, or of the context."""
         if context is None:
             q, k, v = self.qkv(x).split(self.split, dim=-1)
+            if self.keep_values:
+                self.kept_values = v  # (B, T, kv_dim): the new tokens' only; the stack takes and clears it
             if self.value_mix is not None:  # the new tokens' value embeddings join their values, then the cache
                 v = self.value_mix(v, value_embed)
             q, k, v = self._normed(q, self.q_norm), self._normed(k, self.k_norm), self._heads(v)  # (B, H, T, hd)

@@ -48,9 +48,17 @@ class Stack(nn.Module):
         # model.share_blocks: the block each layer applies (zoo/models/depth.py); a block built once runs for each
         # of its layers, with a KV-cache slot per layer
         self.layer_blocks = depth.layer_blocks(cfg, n_layers, ctx.causal)
+        # model.value_residual (ResFormer): layer 0 keeps its values, each later layer mixes them into its own
+        self.value_residual = cfg.value_residual
+        need(not (cfg.value_residual and cfg.value_embeddings), "value_residual", "and value_embeddings both mix "
+             "into a layer's values through its one mix; valid: value_residual=false or value_embeddings=0")
+        need(not (cfg.value_residual and len(self.layer_blocks) > max(self.layer_blocks) + 1), "value_residual",
+             "keeps the first layer's values for the others to mix in, which a block shared by several layers cannot "
+             "do both of; valid: value_residual=false or share_blocks=none")
         self.blocks = nn.ModuleList(
-            TransformerBlock(replace(ctx, layer=ctx.layer + i, value_embed=self.value_tables[i] is not None), cfg,
-                             residual, cross, orders[i]) for i in range(max(self.layer_blocks) + 1)
+            TransformerBlock(replace(ctx, layer=ctx.layer + i, keep_values=cfg.value_residual and i == 0,
+                                     value_embed=self.value_tables[i] is not None or (cfg.value_residual and i > 0)),
+                             cfg, residual, cross, orders[i]) for i in range(max(self.layer_blocks) + 1)
         )
         self.depth = depth.Depth(cfg, ctx, n_layers)  # the loop over the layers (step signal, ACT)
         # model.transparent_attention: a decoder's layers read their own mix of the encoder's states
@@ -59,13 +67,17 @@ class Stack(nn.Module):
         self.window = next((b.window for b in self.blocks if b.kinds is None or "a" in b.kinds), None)
         # model.value_embeddings: tables of the tokens' vectors, each as wide as the attention's values
         value_dim = self.blocks[0].value_dim
-        need(not cfg.value_embeddings or value_dim is not None, "value_embeddings",
-             f"attention '{cfg.attention.name}' takes no value embeddings (its value_dim is null: the values are not "
-             "what it caches or projects directly); valid: 0 with this attention, or an attention with a value_dim")
+        for key, on in (("value_embeddings", cfg.value_embeddings), ("value_residual", cfg.value_residual)):
+            off = "0" if key == "value_embeddings" else "false"
+            need(not on or value_dim is not None, key, f"attention '{cfg.attention.name}' takes no value "
+                 "embeddings (its value_dim is null: the values are not what it caches or projects directly); valid: "
+                 f"{off} with this attention, or an attention with a value_dim")
         self.value_embeds = nn.ModuleList(nn.Embedding(cfg.vocab_size, value_dim or 0)
                                           for _ in range(cfg.value_embeddings))
         # model.memory_tokens: learned tokens before the sequence (with the first tokens; then in the cache)
         self.memory = nn.Embedding(cfg.memory_tokens, ctx.d_model) if cfg.memory_tokens else None
+        # what the placement carries beside the stream (ResiDual's second stream): opened and closed here
+        self.carry = residual.carry(ctx) if getattr(residual, "carry", None) else None
         final = cfg.final_norm  # None: the placement decides (Post-LN has none; nn.Transformer adds one)
         self.final_norm = ctx.norm() if (residual.final_norm if final is None else final) else nn.Identity()
 
@@ -96,18 +108,24 @@ class Stack(nn.Module):
         # each layer's attention scores, handed to the next (AttentionPart.chains_scores)
         scores: list[torch.Tensor] | None = [] if self.blocks[0].chains_scores else None
         memories = self.memory_mix(memory) if self.memory_mix is not None else None  # one per layer
+        state = None if self.carry is None else self.carry.open(x)
+        first = None  # model.value_residual: the first layer's values of these tokens, (B, T, value_dim)
 
         def layer(i: int, x: torch.Tensor) -> torch.Tensor:  # the i-th layer: its block, its cache slot
-            table = self.value_tables[i]
+            nonlocal first
+            table, block = self.value_tables[i], self.blocks[self.layer_blocks[i]]
             if states:
                 inputs.append(x)
-            return self.blocks[self.layer_blocks[i]](x, self.position, mask, is_causal,
-                                                     memory if memories is None else memories[i], memory_mask,
-                                                     cache[i] if cache else None, offset, x0=x0,
-                                                     value_embed=None if table is None else values[table],
-                                                     scores=scores)
+            x = block(x, self.position, mask, is_causal, memory if memories is None else memories[i], memory_mask,
+                      cache[i] if cache else None, offset, x0=x0, value_embed=first if table is None else values[table],
+                      scores=scores, state=state)
+            if self.value_residual and i == 0:
+                first = kept_values(block)
+            return x
 
         x = self.depth(x, layer, self.position, offset, padding)
+        if self.carry is not None:
+            x = self.carry.close(x, state)
         if states:
             return self.final_norm(torch.stack([*inputs, x])[:, :, prepend:])
         x = x[:, prepend:]  # the memory tokens' outputs are dropped
@@ -125,6 +143,13 @@ def applications(model: nn.Module) -> dict[int, int]:
         for b, block in enumerate(stack.blocks):
             out |= dict.fromkeys(map(id, block.modules()), stack.layer_blocks.count(b))
     return out
+
+
+def kept_values(block: nn.Module) -> torch.Tensor:
+    """The values the block's self-attention kept in this forward (built with ctx.keep_values), taken from it."""
+    attn = next(m for m in block.modules() if getattr(m, "keep_values", False))
+    values, attn.kept_values = attn.kept_values, None  # held no longer than the forward
+    return values
 
 
 def value_tables(n_tables: int, n_layers: int) -> list[int | None]:
