@@ -239,6 +239,8 @@ class AttentionPart(Part, Protocol):
     value_dim: Annotated[int | None, "the width of its values (n_kv_heads * head_dim), into which, built with "
                                      "ctx.value_embed, it mixes forward's value_embed (B, T, value_dim); null: it "
                                      "takes no value embeddings (model.value_embeddings)"] = None
+    order_aware: Annotated[bool, "it tells positions apart itself (weights per absolute position, a convolution's "
+                                 "kernel), so even with position=none it is no set operation"] = False
 
     def forward(self, x: Any, pos: Any, mask: Any = None, is_causal: bool = False, context: Any = None,
                 cache: Any = None, offset: int = 0, value_embed: Any = None) -> Any:
