@@ -24,3 +24,13 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)
+
+
+@pytest.fixture(autouse=True)
+def _started_by_nobody(monkeypatch):
+    """Each test starts as a plain `python -m` process would: a test that ran `zoo <command>` in this process
+    (zoo.cli.common.run_as) must not change the hints a later test reads."""
+    from zoo.cli import common
+
+    monkeypatch.setattr(common, "_command", None)
+    monkeypatch.delenv(common.COMMAND_ENV, raising=False)

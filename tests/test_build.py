@@ -12,7 +12,7 @@ from tests.helpers import tiny_cfg
 from zoo import ConfigError, build_model, count_params, flops_per_token, resolve_config
 from zoo.layers.ffn import FFNOptions
 from zoo.layers.norm import NormOptions
-from zoo.registry import RESIDUAL
+from zoo.registry import ATTENTION, RESIDUAL
 from zoo.schema import NormPart
 
 
@@ -43,7 +43,7 @@ def test_counts_by_component_match_the_model():
 def test_final_norm_option_overrides_the_placement_rule_and_counts_follow(placement, final_norm):
     cfg = tiny_cfg("encoder_decoder", norm={"placement": placement}, final_norm=final_norm)
     model = build_model(cfg)
-    expected = placement != "post" if final_norm is None else final_norm
+    expected = RESIDUAL.get(placement).final_norm if final_norm is None else final_norm  # post, rezero: none
     for stack in (model.encoder, model.decoder):
         assert isinstance(stack.final_norm, torch.nn.LayerNorm) == expected
     assert count_params(cfg)["total"] == sum(p.numel() for p in model.parameters())
@@ -79,7 +79,8 @@ def test_defaults_fill_in_and_dictconfig_works():
     ({"attention": {"name": "mha", "n_kv_heads": 2}}, "model.attention.n_kv_heads: not an option of 'mha'"),
     ({"attention": {"name": "mha", "window": 0}}, "model.attention.window: must be a positive integer"),
     ({"attention": {"name": "mha", "backend": "flash"}}, "model.attention.backend: unknown 'flash'"),
-    ({"attention": {"name": "flash"}}, "model.attention.name: unknown attention 'flash'; valid: gqa, mha, mla, mqa"),
+    ({"attention": {"name": "flash"}}, "model.attention.name: unknown attention 'flash'; valid: "
+     + ", ".join(ATTENTION.names())),
     ({"position": {"name": "rotary"}}, "model.position.name: unknown position 'rotary'"),
     ({"position": {"name": "rope"}, "d_model": 36, "n_heads": 4}, "model.position.name: rope needs an even head"),
     ({"position": {"name": "learned", "theta": 5.0}}, "model.position.theta: not an option of 'learned'; valid: none"),

@@ -86,7 +86,7 @@ def test_bad_overrides_are_one_line_errors(capsys):
     assert main(["--text", "hello"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 3 and all(line.startswith("error: ") for line in err)
-    assert "valid: geglu" in err[0] and "model.d_model" in err[1]
+    assert "valid: elu, geglu" in err[0] and "model.d_model" in err[1]
 
 
 # -- attention maps ---------------------------------------------------------------------------

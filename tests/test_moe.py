@@ -157,8 +157,8 @@ def test_cached_decoding_equals_recomputation(lineage):
 
 
 @pytest.mark.parametrize("options,message", [
-    ({"expert": "swish"}, "model.ffn.expert: unknown expert 'swish'; valid: geglu, "),
-    ({"expert": "moe"}, "model.ffn.expert: unknown expert 'moe'; valid: geglu, "),
+    ({"expert": "swish"}, "model.ffn.expert: unknown expert 'swish'; valid: elu, geglu, "),
+    ({"expert": "moe"}, "model.ffn.expert: unknown expert 'moe'; valid: elu, geglu, "),
     ({"top_k": 3, "n_experts": 2}, "model.ffn.top_k: must be between 1 and n_experts=2, got 3"),
     ({"top_k": 0}, "model.ffn.top_k: must be between 1 and n_experts=8, got 0"),
     ({"n_experts": 0}, "model.ffn.n_experts: must be a positive integer, got 0"),

@@ -95,7 +95,12 @@ def test_every_registered_part_and_lineage_gets_a_role_and_trains_under_mup(name
 
 @pytest.mark.parametrize("over, message", [
     ({"parametrization": "mu"}, "model.parametrization: unknown 'mu'; valid: standard, mup"),
-    ({"mup_base_d_model": 0}, "model.mup_base_d_model: must be a positive integer, got 0"),
+    ({"mup_base_d_model": 0}, "model.mup_base_d_model: must be an integer from 1 to 65536, got 0"),
+    # absurd sizes: refused before the base models are built (10^12 overflowed a tensor's size; 2^20 a float)
+    ({"parametrization": "mup", "mup_base_d_model": 10**12},
+     "model.mup_base_d_model: must be an integer from 1 to 65536, got 1000000000000"),
+    ({"parametrization": "mup", "mup_base_d_model": 2**20},
+     "model.mup_base_d_model: must be an integer from 1 to 65536, got 1048576"),
     ({"parametrization": "mup", "d_model": 48, "n_heads": 4},  # heads of 12 cannot make a width of 128
      "model.parametrization: mup keeps the head size (12) at the base width mup_base_d_model=128, which needs "
      "10.6667 heads; valid: a d_model and n_heads whose head size divides mup_base_d_model"),

@@ -92,7 +92,8 @@ def test_the_default_config_composes_to_the_dataclass_defaults():
 @pytest.mark.parametrize("kind", ["attention", "position", "norm", "ffn"])
 def test_every_preset_restates_no_default(kind):
     """A preset holds only what it chooses: every option it does not set is the component's dataclass default."""
-    chosen = {"gqa": {"n_kv_heads": 2}, "sliding_window": {"window": 32}}
+    chosen = {"gqa": {"n_kv_heads": 2}, "sliding_window": {"window": 32}, "sigmoid": {"sigmoid": True},
+              "sparse_topk": {"sparse_topk": 8}, "partial_rope": {"fraction": 0.25}, "xpos": {"xpos_scale_base": 512}}
     name_key = KINDS[kind][1]
     for path in sorted((CONF / kind).glob("*.yaml")):
         node = _values(compose_cfg([f"{kind}={path.stem}"]).model[kind])
@@ -135,7 +136,8 @@ def test_a_registered_component_gets_its_hydra_option_with_no_yaml(new_position)
     assert _values(cfg.model.position) == {"name": new_position, "scale": 3.0}
     assert compose_cfg([f"position={new_position}"]).model.position.scale == 2.0
     assert check_group_choices([f"position={new_position}"], CONF) is None
-    assert f"position: {', '.join(sorted(POSITION.names()))}\n" in help_text([], CONF, "doc")
+    presets = {p.stem for p in (CONF / "position").glob("*.yaml")}  # partial_rope, xpos: rope with an option set
+    assert f"position: {', '.join(sorted(set(POSITION.names()) | presets))}\n" in help_text([], CONF, "doc")
     assert check_keys([f"position={new_position}", "model.position.scale=big"], CONF) == \
         "model.position.scale: got 'big'; valid: a number"
 
@@ -144,7 +146,8 @@ def test_an_old_checkpoint_config_still_resolves():
     old = {"vocab_size": 10, "max_seq_len": 16, "attention": {"name": "mha", "window": None, "backend": "sdpa"},
            "norm": {"placement": "pre", "type": "rmsnorm", "eps": 1e-5}, "ffn": {"name": "gelu", "d_ff": None}}
     assert resolve_config(old).as_dict()["attention"] == {"name": "mha", "window": None, "backend": "sdpa",
-                                                          "qk_norm": False}
+                                                          "qk_norm": False, "sigmoid": False, "sparse_topk": None,
+                                                          "head_scale": False}
 
 
 def test_default_of_reads_the_schema():

@@ -134,6 +134,18 @@ def test_study_presets_sweep_three_seeds(study):
     assert cfg.hydra.callbacks.report._target_ == "zoo.report.ReportAfterSweep"
 
 
+def test_a_sweep_run_one_job_after_another_ends_as_a_parallel_one(tmp_path):
+    """Hydra's basic launcher: the jobs share the console, so none prints its sample; the sweep's last lines say
+    where its runs are and how to compare them, in the command the user typed (`zoo train`: `zoo report`)."""
+    cmd = [sys.executable, "-m", "zoo", "train", "-m", *TINY, "logger=csv", "ffn=relu,gelu",
+           "sample.max_new_tokens=8", f"hydra.sweep.dir={tmp_path}"]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = proc.stdout.strip().splitlines()
+    assert "--- sample" not in proc.stdout and sum("completed: 4 steps" in ln for ln in lines) == 2, proc.stdout
+    assert lines[-2:] == [f"sweep: 2 runs in {tmp_path} (2 completed)", f"compare them: zoo report {tmp_path}"]
+
+
 def test_a_study_ends_with_its_report(tmp_path):
     pytest.importorskip("hydra_plugins.hydra_joblib_launcher")
     proc = _train_py(tmp_path, "study=position", *TINY, "logger=csv", "position=learned,alibi", "seed=0,1",
@@ -345,9 +357,12 @@ def test_a_parallel_sweeps_console_names_the_job_of_every_line(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     lines = [ln for ln in (proc.stdout + proc.stderr).splitlines() if ln.strip()]
     sweep_lines = ("ParallelLauncher(n_jobs=2) is launching", "Launching jobs, sweep output dir", "\t#0 : ", "\t#1 : ")
-    about_jobs = [ln for ln in lines if not any(s in ln for s in sweep_lines)]
+    assert lines[-2:] == [f"sweep: 2 runs in {tmp_path} (2 completed)",
+                          f"compare them: python -m zoo.report {tmp_path}"]
+    about_jobs = [ln for ln in lines[:-2] if not any(s in ln for s in sweep_lines)]
     [disk] = [ln for ln in about_jobs if "] disk: " in ln]  # a sweep line, said once before the jobs start
-    assert "the 2 runs will keep about" in disk and "(checkpoints=all: best and last" in disk
+    assert "the 2 runs will keep about" in disk \
+        and "(checkpoints=best_weights: last with the optimizer's state, best as weights)" in disk
     about_jobs.remove(disk)
     assert about_jobs and all(re.search(r"\[#[01] ffn=(relu|gelu)\]", ln) for ln in about_jobs), about_jobs
     for num, ffn in ((0, "relu"), (1, "gelu")):

@@ -76,7 +76,7 @@ def test_resolve_config_returns_a_frozen_spec_of_options_dataclasses():
 def test_the_spec_has_the_schemas_keys_and_gives_back_the_plain_form():
     assert [f.name for f in dataclasses.fields(ModelSpec)] == [f.name for f in dataclasses.fields(ModelConfig)]
     plain = resolve_config(tiny_cfg(ffn={"name": "swiglu", "d_ff": 48})).as_dict()
-    assert plain["ffn"] == {"name": "swiglu", "d_ff": 48} and plain["norm"] == {
+    assert plain["ffn"] == {"name": "swiglu", "d_ff": 48, "post_act_norm": False} and plain["norm"] == {
         "type": "layernorm", "placement": "pre", "eps": 1e-5}
     assert resolve_config(plain).as_dict() == plain  # the plain form resolves to the same spec
 

@@ -10,9 +10,12 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import shutil
+import signal
 import subprocess
 import sys
+import time
 import venv
 from pathlib import Path
 
@@ -58,12 +61,16 @@ def empty(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("empty")
 
 
-def _zoo(bin_dir: Path, cwd: Path, *args: str, code: int = 0) -> subprocess.CompletedProcess:
-    """`zoo <args>` as the venv's console script, with none of the clone on the path."""
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
+def _env(bin_dir: Path, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "ZOO_COMMAND")}
     env.update(PATH=f"{bin_dir}{os.pathsep}{env.get('PATH', '')}", OMP_NUM_THREADS="1", VIRTUAL_ENV=str(bin_dir.parent))
-    proc = subprocess.run([str(bin_dir / args[0]), *args[1:]], cwd=cwd, env=env, capture_output=True, text=True,
-                          timeout=TIMEOUT)
+    return {**env, **extra}
+
+
+def _zoo(bin_dir: Path, cwd: Path, *args: str, code: int = 0, **env: str) -> subprocess.CompletedProcess:
+    """`zoo <args>` as the venv's console script, with none of the clone on the path."""
+    proc = subprocess.run([str(bin_dir / args[0]), *args[1:]], cwd=cwd, env=_env(bin_dir, **env),
+                          capture_output=True, text=True, timeout=TIMEOUT)
     assert proc.returncode == code, f"{' '.join(args)} exited {proc.returncode}:\n{proc.stdout[-2000:]}\n" \
                                     f"{proc.stderr[-3000:]}"
     return proc
@@ -147,3 +154,69 @@ def test_bench_trains_with_zoo_train(installed, empty):
     assert "`zoo train experiment=nanogpt_cpu trainer.max_steps=20 trainer.precision=32-true`" in out, out
     rows = [line.split("|")[1:-1] for line in out.splitlines() if line.startswith(("| zoo train |", "| bare "))]
     assert len(rows) == 2 and all(float(row[1]) > 0 for row in rows), out  # tokens/s of both runs
+
+
+# ----------------------------------------------------------------------------------------------
+# The README's first hour, from the wheel in an empty directory: each step and each hint run as zoo prints it
+
+TINY = ["model.d_model=32", "model.n_layers=1", "model.n_heads=2", "data.context=32", "data.batch_size=8",
+        "data.eval_batches=2", "sample.max_new_tokens=20"]
+
+
+def _printed(out: str, prefix: str) -> list[str]:
+    """The command on the line zoo printed after `prefix`, split as a shell would."""
+    [line] = [ln for ln in out.splitlines() if ln.startswith(prefix)]
+    return shlex.split(line.removeprefix(prefix))
+
+
+def test_a_stopped_run_resumes_with_the_command_it_printed(installed, tmp_path):
+    """Ctrl-C once the first checkpoint is written; the run's `resume with:` line is `zoo train ...` (no train.py
+    here), and running it as printed finishes the run."""
+    run = tmp_path / "run"
+    args = ["train", *TINY, "trainer.max_steps=300", "trainer.val_check_interval=10", f"hydra.run.dir={run}"]
+    proc = subprocess.Popen([str(installed / "zoo"), *args], cwd=tmp_path, env=_env(installed),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + TIMEOUT
+    while not (run / "checkpoints" / "last.ckpt").is_file() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=TIMEOUT)
+    assert proc.returncode == 130, out[-2000:] + err[-2000:]
+    command = _printed(out, "resume with: ")
+    assert command[:2] == ["zoo", "train"] and "ckpt_path=last" in command, command
+    _zoo(installed, tmp_path, *command)
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["steps"] == 300, summary
+
+
+def test_a_sweep_one_job_after_another_ends_with_its_report_command(installed, tmp_path):
+    out = _zoo(installed, tmp_path, "zoo", "train", "-m", "debug=fast", "seed=0,1", "hydra.sweep.dir=sweep").stdout
+    lines = out.strip().splitlines()
+    assert lines[-2] == "sweep: 2 runs in sweep (2 completed)" and "--- sample" not in out, out
+    command = _printed(lines[-1], "compare them: ")
+    assert command == ["zoo", "report", "sweep"]
+    assert "2 finished" in _zoo(installed, tmp_path, *command).stdout
+
+
+def test_prepare_one_text_file_then_train_on_it_as_printed(installed, tmp_path):
+    """The obvious first call, one file and no flags: its last 10% is validation; then the printed command trains."""
+    text = tmp_path / "input.txt"
+    text.write_text("".join(f"Scene {i}. Enter the players, and speak the speech {i} times.\n" for i in range(400)))
+    out = _zoo(installed, tmp_path, "zoo", "prepare", "input.txt", "--out", "input.tokens", "--quiet").stdout
+    command = _printed(out, "train on it: ")
+    assert command == ["zoo", "train", "data=tokens", "data.path=input.tokens"], out
+    _zoo(installed, tmp_path, *command, "debug=fast", "data.context=32", "hydra.run.dir=on_input")
+    assert json.loads((tmp_path / "on_input" / "summary.json").read_text())["status"] == "completed"
+
+
+def test_a_missing_extra_names_the_wheels_install_command(installed, tmp_path):
+    """logger=mlflow where mlflow cannot be imported (blocked here by a sitecustomize): one line, exit 2, before a
+    run directory exists. (Running the printed pip command would need the network.)"""
+    blocker = tmp_path / "block"
+    blocker.mkdir()
+    (blocker / "sitecustomize.py").write_text("import sys\nsys.modules['mlflow'] = None\n")
+    work = tmp_path / "work"
+    work.mkdir()
+    proc = _zoo(installed, work, "zoo", "train", "logger=mlflow", code=2, PYTHONPATH=str(blocker))
+    assert proc.stderr.splitlines() == ['error: logger=mlflow needs the \'mlflow\' package: pip install "zoo[mlflow]"']
+    assert list(work.iterdir()) == []

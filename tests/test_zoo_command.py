@@ -125,3 +125,96 @@ def test_no_configs_anywhere_is_one_line(monkeypatch):
             cli_common.config_dir()
     finally:
         cli_common.config_dir.cache_clear()
+
+
+# ----------------------------------------------------------------------------------------------
+# Hints that fit the install and the command (zoo.cli.common.command, pip_install)
+
+
+@pytest.mark.parametrize("clone, started, tool, expected", [
+    (True, None, "train", "python train.py"),  # a clone's documented commands
+    (True, None, "sample", "python -m zoo.sample"),
+    (True, "python train.py", "train", "python train.py"),
+    (True, "zoo train", "train", "zoo train"),  # started through `zoo`: `zoo` in every hint
+    (True, "zoo train", "report", "zoo report"),
+    (False, None, "train", "zoo train"),  # a wheel has no train.py
+    (False, None, "prepare", "zoo prepare"),
+])
+def test_every_hint_names_the_command_as_this_user_runs_it(monkeypatch, clone, started, tool, expected):
+    monkeypatch.setattr(cli_common, "clone_config_dir", lambda: ROOT / "conf" if clone else None)
+    if started:
+        cli_common.run_as(started)
+    assert cli_common.command(tool) == expected
+
+
+def test_a_missing_extra_is_installed_as_zoo_was(monkeypatch, tmp_path):
+    monkeypatch.chdir(ROOT)
+    assert cli_common.pip_install("mlflow") == 'pip install -e ".[mlflow]"'
+    monkeypatch.chdir(tmp_path)  # elsewhere, the clone's own path
+    assert cli_common.pip_install("hf") == f'pip install -e "{ROOT}[hf]"'
+    monkeypatch.setattr(cli_common, "clone_config_dir", lambda: None)
+    assert cli_common.pip_install("mlflow") == 'pip install "zoo[mlflow]"'
+
+
+def test_every_flag_of_every_tool_says_what_it_does(monkeypatch):
+    """Each subcommand's parser (zoo train has Hydra's, with its own help): every argument it shows has a help text
+    (the benchmark's internal flags, for its own child processes, are hidden: argparse.SUPPRESS)."""
+    import argparse
+
+    class Parsed(Exception):
+        pass
+
+    def capture(self, *args, **kwargs):
+        raise Parsed(self)
+
+    monkeypatch.setattr(argparse.ArgumentParser, "parse_args", capture)
+    for name, (module, _) in COMMANDS.items():
+        if name == "train":
+            continue
+        with pytest.raises(Parsed) as parsed:
+            importlib.import_module(module).main([])
+        parser = parsed.value.args[0]
+        silent = [a.option_strings[0] if a.option_strings else a.dest for a in parser._actions
+                  if not (a.help or "").strip()]
+        assert not silent, f"zoo {name}: no help for {silent}"
+
+
+# Each mistake, the module that must look missing (None: nothing blocked), and the one line it gets
+PREFLIGHT = {
+    "logger=mlflow without mlflow": (["train", "logger=mlflow", "trainer.max_steps=2"], "mlflow",
+                                     "error: logger=mlflow needs the 'mlflow' package: "
+                                     "pip install -e \"{root}[mlflow]\""),
+    "a sweep's wandb without wandb": (["train", "-m", "logger=csv,wandb"], "wandb",
+                                      "error: logger=wandb needs the 'wandb' package: "
+                                      "pip install -e \"{root}[wandb]\""),
+    "init_from=hf: without transformers": (["train", "init_from=hf:gpt2"], "transformers",
+                                           "error: init_from=hf:gpt2 needs the 'transformers' package: "
+                                           "pip install -e \"{root}[hf]\""),
+    "zoo eval nope.ckpt": (["eval", "nope.ckpt"], None, "error: checkpoint: no such file 'nope.ckpt'"),
+    "zoo sample nope.ckpt": (["sample", "nope.ckpt"], None, "error: checkpoint: no such file 'nope.ckpt'"),
+    "zoo sample <a directory>": (["sample", "."], None, "error: checkpoint: '.' is a directory; give a checkpoint "
+                                                        "file (<run dir>/checkpoints/best.ckpt or last.ckpt)"),
+    "zoo eval hf: without transformers": (["eval", "hf:gpt2"], "transformers",
+                                          "error: hf:<name> needs the 'transformers' package: "
+                                          "pip install -e \"{root}[hf]\""),
+}
+
+
+@pytest.fixture(scope="module")
+def warm_options():
+    """The components' options are read once from the registries (importing torch) and kept in zoo/__pycache__
+    (zoo.schema.option_specs); every later command reads that copy."""
+    assert _run("-c", "from zoo.schema import option_specs; option_specs()").returncode == 0
+
+
+@pytest.mark.parametrize("case", PREFLIGHT)
+def test_a_missing_file_checkpoint_or_extra_is_one_line_before_torch(case, tmp_path, warm_options):
+    """In a fresh process in an empty directory: one line, exit code 2, torch never imported, no run directory."""
+    argv, blocked, expected = PREFLIGHT[case]
+    code = (f"import sys\nif {blocked!r}: sys.modules[{blocked!r}] = None  # as if not installed\n"
+            "from zoo.cli import main\ncode = main(sys.argv[1:])\nprint(code, 'torch' in sys.modules)")
+    proc = subprocess.run([sys.executable, "-c", code, *argv], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=600, env={**__import__("os").environ, "PYTHONPATH": str(ROOT)})
+    assert proc.stdout.split() == ["2", "False"], proc.stdout + proc.stderr[-2000:]
+    assert proc.stderr.splitlines() == [expected.format(root=ROOT)]
+    assert list(tmp_path.iterdir()) == []  # no outputs/, no multirun/

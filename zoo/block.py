@@ -13,18 +13,44 @@ from typing import Any
 import torch
 from torch import nn
 
-from zoo.component import Context, Options, build, declared
+from zoo.component import Context, Options, build, declared, need
 from zoo.layers.attention import KVCache
 from zoo.layers.mix import ScalarMix
 from zoo.layers.position import Position
 from zoo.registry import ATTENTION, FFN
 from zoo.schema import ModelSpec
 
+SUBLAYER_LETTERS = "afh"  # model.sublayers: a self-attention, f FFN, h half-step FFN (macaron)
+
+
+def block_sublayers(cfg: ModelSpec, n_layers: int) -> list[str | None]:
+    """model.sublayers as one pattern per block of a stack of n_layers (None: the standard block)."""
+    value = cfg.sublayers
+    return list(value) if isinstance(value, (list, tuple)) else [value] * n_layers
+
+
+class Half(nn.Module):
+    """f(x) / 2: macaron's half-step FFN (Lu et al. 2019), inside any placement."""
+
+    def __init__(self, f: nn.Module):
+        super().__init__()
+        self.f = f
+
+    def forward(self, x: torch.Tensor, **kw: Any) -> torch.Tensor:
+        return 0.5 * self.f(x, **kw)
+
 
 class TransformerBlock(nn.Module):
-    def __init__(self, ctx: Context, cfg: ModelSpec, residual: Any, cross: bool = False):
-        """residual: the placement's wrapper class (zoo.layers.residual), from the RESIDUAL registry."""
+    def __init__(self, ctx: Context, cfg: ModelSpec, residual: Any, cross: bool = False,
+                 order: str | None = None):
+        """residual: the placement's wrapper class (zoo.layers.residual), from the RESIDUAL registry.
+        order: this block's sequence of sublayers (model.sublayers: macaron's "hah", the sandwich's orders); None: the
+        standard attention, cross-attention where the decoder cross-attends, FFN."""
         super().__init__()
+        self.kinds: str | None = None
+        if order is not None:
+            self._sequence(ctx, cfg, residual, cross, order)
+            return
         sublayers = {"attn": build(ATTENTION, cfg.attention, ctx)}
         if cross:
             sublayers["cross"] = build(ATTENTION, cfg.attention, replace(ctx, cross=True))
@@ -32,6 +58,7 @@ class TransformerBlock(nn.Module):
         self.parallel: nn.Module | None
         self.window = sublayers["attn"].window  # the stack's mask follows its self-attention's window
         self.value_dim = declared(sublayers["attn"], "value_dim")  # the width of a value embedding, if it takes one
+        self.chains_scores = declared(sublayers["attn"], "chains_scores")  # takes the previous layer's scores
         # model.embed_skip: the block's input is a * x + b * x0, x0 the stack's embedding output (a=1, b=0 at init)
         self.embed_skip = ScalarMix("embedding", 1.0, 0.0) if cfg.embed_skip else None
         if residual.parallel:  # one residual step around all of them, on one norm
@@ -41,18 +68,48 @@ class TransformerBlock(nn.Module):
             self.attn, self.cross, self.ffn = (residual(sublayers[k], ctx.norm) if k in sublayers else None
                                                for k in ("attn", "cross", "ffn"))
 
+    def _sequence(self, ctx: Context, cfg: ModelSpec, residual: Any, cross: bool, order: str) -> None:
+        """The block as a sequence of residual steps, one per letter; a cross-attention after each self-attention
+        in a decoder that cross-attends."""
+        need(not residual.parallel, "sublayers", f"placement '{cfg.norm.placement}' steps over all of a block's "
+             "sublayers at once: it has no order; valid: null, or a sequential placement (pre, post, ...)")
+        self.kinds = "".join(k + "c" if cross and k == "a" else k for k in order)
+        make = {"a": lambda: build(ATTENTION, cfg.attention, ctx), "f": lambda: build(FFN, cfg.ffn, ctx),
+                "c": lambda: build(ATTENTION, cfg.attention, replace(ctx, cross=True)),
+                "h": lambda: Half(build(FFN, cfg.ffn, ctx))}
+        self.steps = nn.ModuleList(residual(make[k](), ctx.norm) for k in self.kinds)
+        attns = [step.f for step, k in zip(self.steps, self.kinds, strict=True) if k == "a"]
+        self.window = attns[0].window if attns else None
+        need(not any(declared(a, "chains_scores") for a in attns), "sublayers", f"attention '{cfg.attention.name}' "
+             "hands its scores to the next layer's, which a block of sublayers does not carry; valid: null, or "
+             "another attention")
+        self.value_dim, self.chains_scores = None, False
+        self.embed_skip = ScalarMix("embedding", 1.0, 0.0) if cfg.embed_skip else None
+        self.parallel = self.attn = self.cross = self.ffn = None
+
+    def new_cache(self) -> tuple[KVCache, ...]:
+        """A KV cache per attention: (self, cross) for the standard block, else one per 'a' and 'c' step."""
+        if self.kinds is None:
+            return KVCache(), KVCache()
+        return tuple(KVCache() for k in self.kinds if k in "ac")
+
     def forward(self, x: torch.Tensor, pos: Position, mask: torch.Tensor | None, is_causal: bool,
                 memory: torch.Tensor | None = None, memory_mask: torch.Tensor | None = None,
-                cache: tuple[KVCache, KVCache] | None = None, offset: int = 0, x0: torch.Tensor | None = None,
-                value_embed: torch.Tensor | None = None) -> torch.Tensor:
+                cache: tuple[KVCache, ...] | None = None, offset: int = 0, x0: torch.Tensor | None = None,
+                value_embed: torch.Tensor | None = None, scores: list[torch.Tensor] | None = None) -> torch.Tensor:
         """x0: the stack's embedding output (model.embed_skip); value_embed: this layer's value embedding of the
-        tokens (model.value_embeddings), given only to a layer that has a table."""
+        tokens (model.value_embeddings), given only to a layer that has a table; scores: the previous layer's
+        attention scores, for a self-attention that chains them (AttentionPart.chains_scores)."""
+        if self.kinds is not None:
+            return self._run_sequence(x, pos, mask, is_causal, memory, memory_mask, cache, offset, x0)
         self_cache, cross_cache = cache if cache is not None else (None, None)
         kw: dict[str, dict[str, Any]] = {
             "attn": dict(pos=pos, mask=mask, is_causal=is_causal, cache=self_cache, offset=offset),
             "cross": dict(pos=NO_POSITION, mask=memory_mask, context=memory, cache=cross_cache), "ffn": {}}
         if value_embed is not None:  # an attention without value embeddings keeps the plain signature
             kw["attn"]["value_embed"] = value_embed
+        if scores is not None:
+            kw["attn"]["scores"] = scores
         if self.embed_skip is not None:
             x = self.embed_skip(x, x0)
         if self.parallel is not None:
@@ -60,6 +117,22 @@ class TransformerBlock(nn.Module):
         for name, step in (("attn", self.attn), ("cross", self.cross), ("ffn", self.ffn)):
             if step is not None:  # cross: only in a decoder that cross-attends
                 x = step(x, **kw[name])
+        return x
+
+    def _run_sequence(self, x: torch.Tensor, pos: Position, mask: torch.Tensor | None, is_causal: bool,
+                      memory: torch.Tensor | None, memory_mask: torch.Tensor | None,
+                      cache: tuple[KVCache, ...] | None, offset: int, x0: torch.Tensor | None) -> torch.Tensor:
+        """model.sublayers: the steps in order, each attention with the next of the block's caches."""
+        caches = iter(cache if cache is not None else ())
+        if self.embed_skip is not None:
+            x = self.embed_skip(x, x0)
+        for kind, step in zip(self.kinds or "", self.steps, strict=True):
+            if kind == "a":
+                x = step(x, pos=pos, mask=mask, is_causal=is_causal, cache=next(caches, None), offset=offset)
+            elif kind == "c":
+                x = step(x, pos=NO_POSITION, mask=memory_mask, context=memory, cache=next(caches, None))
+            else:
+                x = step(x)
         return x
 
 

@@ -27,7 +27,7 @@ from torch.overrides import TorchFunctionMode
 
 import zoo.layers  # noqa: F401  (registers the components)
 import zoo.models  # noqa: F401  (registers the lineages)
-from zoo.block import TransformerBlock
+from zoo.block import SUBLAYER_LETTERS, TransformerBlock
 from zoo.component import (
     ConfigError,
     check_options,
@@ -37,6 +37,7 @@ from zoo.component import (
     need,
     option_fields,
 )
+from zoo.models.stack import applications
 from zoo.mup import FIXED, init_scale, roles, width_mult
 from zoo.mup import check as check_parametrization
 from zoo.registry import ATTENTION, FFN, MODEL, NORM, POSITION, RESIDUAL, Registry
@@ -146,15 +147,33 @@ def _validate(cfg: dict) -> None:
          f"must be positive or null, got {cap!r}; valid: a finite number > 0 (the speedrun's 30 or 15), or null")
     need(is_int(cfg["value_embeddings"]) and cfg["value_embeddings"] >= 0, "value_embeddings",
          f"must be an integer >= 0, got {cfg['value_embeddings']!r} (0: none)")
+    need(is_int(cfg["memory_tokens"]) and cfg["memory_tokens"] >= 0, "memory_tokens",
+         f"must be an integer >= 0, got {cfg['memory_tokens']!r} (0: none)")
     need(cfg["residual_init"] in RESIDUAL_INITS, "residual_init",
          f"unknown {cfg['residual_init']!r}; valid: {', '.join(RESIDUAL_INITS)}")
 
+    _check_sublayers(cfg)
     _check_name(RESIDUAL, "norm.placement", cfg["norm"]["placement"])
     # conf/norm/*.yaml set placement and type; the preset's name is only the Hydra option (norm=post_ln).
     _check_name(NORM, "norm.type", cfg["norm"]["type"])
     norm_keys = ", ".join(sorted(["placement", "type", *option_fields(NORM.options(cfg["norm"]["type"]))]))
     need("name" not in cfg["norm"], "norm.name", "unknown key (the presets pre_ln, post_ln, ... are chosen with "
          f"norm=post_ln and set placement and type); valid: {norm_keys}")
+
+
+def _check_sublayers(cfg: dict) -> None:
+    value, n = cfg["sublayers"], cfg["n_layers"]
+    patterns = [value] if isinstance(value, str) else value
+    valid = (f"a string of the letters {', '.join(SUBLAYER_LETTERS)} for every block, a list of one per block, "
+             "or null")
+    need(value is None or (isinstance(patterns, list) and all(isinstance(p, str) and p and set(p) <= set(
+        SUBLAYER_LETTERS) for p in patterns)), "sublayers", f"got {value!r}; valid: {valid}")
+    layers = {n, cfg["n_decoder_layers"] or n} if cfg["name"] == "encoder_decoder" else {n}
+    need(not isinstance(value, list) or layers == {len(value)}, "sublayers",
+         f"a list of {len(value or [])} blocks' sublayers for a stack of {' and '.join(map(str, sorted(layers)))}; "
+         "valid: one string per block of every stack")
+    need(value is None or not cfg["value_embeddings"], "sublayers",
+         "not with model.value_embeddings (the tables are read by the standard block's attention); valid: null")
 
 
 def _parts(cfg: dict) -> dict[str, Any]:
@@ -228,8 +247,10 @@ def init_weights(model: nn.Module, cfg: ModelSpec, seed: int = 0) -> None:
     Each parameter draws from its own generator, seeded by the seed and the parameter's name, so
     swapping one component leaves every other component's initial weights unchanged.
     Under model.parametrization=mup, hidden weights' std is further divided by sqrt(width_mult) (zoo/mup.py).
+    Last, each placement that declares `init_for_depth(blocks)` sets its own start for the model's depth.
     """
-    n_blocks = sum(isinstance(m, TransformerBlock) for m in model.modules())
+    times = applications(model)  # a shared block counts once per layer that applies it
+    n_blocks = sum(times.get(id(m), 1) for m in model.modules() if isinstance(m, TransformerBlock))
     constants: dict[int, float] = {}
     residual_out: set[int] = set()
     for m in model.modules():
@@ -250,6 +271,9 @@ def init_weights(model: nn.Module, cfg: ModelSpec, seed: int = 0) -> None:
                 g = torch.Generator().manual_seed(zlib.crc32(f"{seed}:{name}".encode()))
                 s = std / (2 * n_blocks) ** 0.5 if id(p) in residual_out else std
                 p.copy_(torch.randn(p.shape, generator=g) * (s * init_scale(role.get(name, FIXED), cfg)))
+        for m in model.modules():  # a placement's own start for this depth (Placement.init_for_depth)
+            if callable(getattr(m, "init_for_depth", None)):
+                m.init_for_depth(n_blocks)
 
 
 COUNT_GROUPS = ("embedding", "position", "attention", "ffn", "norm", "head")
@@ -295,11 +319,11 @@ def flops_per_token(model_cfg: ModelInput, seq_len: int | None = None) -> dict[s
     source of the same length."""
     model = meta_model(model_cfg)
     t = seq_len or spec_of(model).max_seq_len
-    forward, inside = 0, set()
+    forward, inside, times = 0, set(), applications(model)
     for m in model.modules():
         if id(m) in inside or not hasattr(m, "count_as"):
             continue
         inside |= {id(sub) for sub in m.modules()}
-        forward += declared(m, "flops")(t)
+        forward += declared(m, "flops")(t) * times.get(id(m), 1)  # a shared block's parts: once per layer
     forward += sum(2 * m.weight.numel() for m in model.modules() if isinstance(m, nn.Linear) and id(m) not in inside)
     return {"forward": forward, "train": 3 * forward}

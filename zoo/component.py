@@ -16,7 +16,8 @@ A part is built by its registered factory: an attention, position or FFN as `fac
   against its kind's protocol on an instance built on the meta device, and the table in docs/components.md
   against `contract_markdown()`.
 - Initialisation: every weight ~ N(0, init_std), biases 0, but for the children a part lists in
-  `residual_outputs` (scaled down with depth) and the parameters it lists in `constants` (norm gains: 1).
+  `residual_outputs` (scaled down with depth) and the parameters it lists in `constants` (norm gains: 1); then
+  each placement's `init_for_depth(blocks)`, for a start that depends on the model's depth.
 - Auxiliary losses (any part): during its forward a module sets `self.aux_losses`, a dict
   name -> scalar tensor, already weighted (ffn=moe: {"moe_balance": ..., "moe_z": ...}). The training
   step calls `clear_aux_losses(model)` before the forward and `aux_losses(model)` right after it: the
@@ -241,6 +242,10 @@ class AttentionPart(Part, Protocol):
                                      "takes no value embeddings (model.value_embeddings)"] = None
     order_aware: Annotated[bool, "it tells positions apart itself (weights per absolute position, a convolution's "
                                  "kernel), so even with position=none it is no set operation"] = False
+    chains_scores: Annotated[bool, "its forward takes `scores`, a list the stack hands its self-attention layers in "
+                                   "turn during one forward, empty at the first: it adds the last entry, the previous "
+                                   "layer's pre-softmax scores (B, H, Tq, Tk), to its own and leaves its own in its "
+                                   "place (residual attention)"] = False
 
     def forward(self, x: Any, pos: Any, mask: Any = None, is_causal: bool = False, context: Any = None,
                 cache: Any = None, offset: int = 0, value_embed: Any = None) -> Any:
@@ -302,6 +307,11 @@ class Placement(Protocol):
     def forward(self, x: Any, **kw: Any) -> Any:
         """x (B, T, d_model) -> x after the residual step; kw: the sublayer's keyword arguments (by name when
         parallel)."""
+
+    @default
+    def init_for_depth(self, blocks: int) -> None:
+        """Its own initialisation, run by init_weights after the zoo's, in a model of `blocks` blocks: a start
+        that depends on depth (LayerScale's); if left out, nothing."""
 
 
 class Lineage(Protocol):

@@ -72,7 +72,6 @@ Mapping notes
 
 from __future__ import annotations
 
-import json
 import math
 import os
 from collections.abc import Callable, Iterable, Iterator
@@ -84,7 +83,11 @@ import torch
 from torch import nn
 
 from zoo.build import resolve_config
-from zoo.io import first_line  # noqa: F401 (zoo.eval and init_from import it from here)
+from zoo.io import (
+    FileFormatError,
+    first_line,  # noqa: F401 (zoo.eval and init_from import it from here)
+    parse_json,
+)
 from zoo.registry import MODEL
 
 __all__ = [
@@ -335,9 +338,11 @@ def _read_json(path: Path, what: str) -> Any:
     if raw is None:
         _fail(path, f"{size} bytes, too large for {what}")
     try:
-        return json.loads(raw)
-    except (ValueError, RecursionError) as e:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        return parse_json(raw.decode("utf-8"), str(path))
+    except UnicodeDecodeError as e:
         _fail(path, f"not valid JSON ({first_line(e)})")
+    except FileFormatError as e:  # not JSON, nested too deep, a number out of range
+        _fail(path, first_line(e).removeprefix(f"'{path}'").lstrip(": "))
 
 
 def _weight_files(directory: Path) -> tuple[list[Path], dict[str, str] | None]:
@@ -893,7 +898,9 @@ def _transformers() -> Any:
     try:
         import transformers
     except ImportError as err:  # the optional `hf` extra
-        raise ImportError("zoo.convert.from_pretrained needs transformers: pip install 'zoo[hf]'") from err
+        from zoo.cli.common import needs
+
+        raise ImportError(needs("transformers", "hf", "zoo.convert.from_pretrained")) from err
     return transformers
 
 

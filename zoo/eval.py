@@ -22,7 +22,16 @@ import math
 import sys
 from pathlib import Path
 
-from zoo.cli.common import EXIT_ERROR, EXIT_OK, OneLineParser, compose
+from zoo.cli.common import (
+    EXIT_ERROR,
+    EXIT_OK,
+    OneLineParser,
+    checkpoint_file_error,
+    command,
+    compose,
+    missing_module,
+    needs,
+)
 from zoo.component import ConfigError
 from zoo.io import collect_once_at_exit
 
@@ -49,7 +58,7 @@ def load_model(source: str):
             from zoo.convert import ConversionError, first_line, from_pretrained
             from zoo.net import bound_network
         except ImportError:
-            raise EvalError("hf:<name> needs the 'transformers' package: pip install -e '.[hf]'") from None
+            raise EvalError(needs("transformers", "hf", "hf:<name>")) from None
         what = "it"
         try:
             bound_network()  # a hub that never answers: ZOO_NET_TIMEOUT_S, not forever
@@ -124,7 +133,7 @@ def split_tokens(data: dict, split: str, encode, tokenizer_state: dict | None):
         if issubclass(cls, TokenData):
             path = data.get("path")
             if not isinstance(path, str) or not path:
-                raise EvalError("data.path: the directory zoo-prepare wrote (data=tokens data.path=<dir>)")
+                raise EvalError(f"data.path: the directory {command('prepare')} wrote (data=tokens data.path=<dir>)")
             manifest = read_manifest(path)
             if tokenizer_state is None or tokenizer_from_state(manifest["tokenizer"]).state_dict() != tokenizer_state:
                 raise EvalError(f"data.path: '{path}' was tokenized with another tokenizer than the model's; "
@@ -228,13 +237,19 @@ def format_result(r: dict) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     collect_once_at_exit()
-    p = OneLineParser(prog="python -m zoo.eval", description=__doc__.split("\n\n")[0])
+    p = OneLineParser("eval", description=__doc__.split("\n\n")[0])
     p.add_argument("model", help="a zoo checkpoint (.ckpt) or hf:<Hugging Face name or local directory>")
     p.add_argument("overrides", nargs="*", help="data overrides, as for train.py (data=text_file data.path=my.txt)")
     p.add_argument("--split", default="val", help=f"which split's windows ({', '.join(SPLITS)}; default val)")
     p.add_argument("--max-windows", type=int, default=None, metavar="N", help="evaluate only the first N windows")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     args = p.parse_args(argv)
+    # a missing file or extra before torch loads: a typo answers at once
+    hf = args.model.startswith(HF_PREFIX)
+    if error := (needs("transformers", "hf", "hf:<name>") if hf and missing_module("transformers") else
+                 None if hf else checkpoint_file_error(args.model)):
+        print(f"error: {error}", file=sys.stderr)
+        return EXIT_ERROR
     try:
         result = evaluate(args.model, args.overrides, args.split, args.max_windows)
     except (EvalError, ConfigError) as e:

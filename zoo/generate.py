@@ -11,32 +11,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from zoo.build import is_int, is_number
+from zoo.build import is_int
 from zoo.layers.position import unlimited_positions
 from zoo.registry import MODEL
-
-
-def sampling_error(max_new_tokens: Any = 0, temperature: Any = 1.0, top_k: Any = None, top_p: Any = None,
-                   num_samples: Any = 1, names: dict[str, str] | None = None) -> str | None:
-    """The first bad sampling setting as one line `<name>: got <value>; valid: <range>`, else None: the one check
-    of these values, made where they are used (sample_next, generate) and, before anything loads, by the CLI
-    (zoo.sample) and the run's config (sample.*). `names` renames the settings (sample.temperature in a config,
-    --temperature on a command line)."""
-    def name(key: str) -> str:
-        return (names or {}).get(key, key)
-
-    checks = [  # (key, value, ok, valid)
-        ("max_new_tokens", max_new_tokens, is_int(max_new_tokens) and max_new_tokens >= 0, "an integer >= 0"),
-        # a negative temperature would invert the distribution: the least likely token first
-        ("temperature", temperature, is_number(temperature) and temperature >= 0, "a finite number >= 0 (0 = greedy)"),
-        ("top_k", top_k, top_k is None or (is_int(top_k) and top_k >= 1), "an integer >= 1, or none"),
-        ("top_p", top_p, top_p is None or (is_number(top_p) and 0 < top_p <= 1), "a number in (0, 1], or none"),
-        ("num_samples", num_samples, is_int(num_samples) and num_samples >= 1, "an integer >= 1"),
-    ]
-    for key, value, ok, valid in checks:
-        if not ok:
-            return f"{name(key)}: got {value!r}; valid: {valid}"
-    return None
+from zoo.schema import sampling_error  # torch-free: the CLI checks its flags before torch loads
 
 
 def sample_next(logits: torch.Tensor, temperature: float = 1.0, top_k: int | None = None,

@@ -221,8 +221,9 @@ def format_vs(a: dict, b: dict, a_over: list[str], b_over: list[str]) -> str:
 # Attention maps
 # ----------------------------------------------------------------------------------------------
 
-# decoder.blocks.3.attn.f (a sequential placement) or decoder.blocks.3.parallel.f.attn (parallel)
-_NAME = re.compile(r"^(encoder|decoder)\.blocks\.(\d+)\.(?:(attn|cross)\.f|parallel\.f\.(attn|cross))$")
+# decoder.blocks.3.attn.f (a sequential placement; .branch under fixup, whose weights start apart) or
+# decoder.blocks.3.parallel.f.attn (parallel)
+_NAME = re.compile(r"^(encoder|decoder)\.blocks\.(\d+)\.(?:(attn|cross)\.(?:f|branch)|parallel\.f\.(attn|cross))$")
 
 
 def _token_label(s: str) -> str:
@@ -373,7 +374,7 @@ def format_loss_by_position(result: dict) -> str:
 # ----------------------------------------------------------------------------------------------
 
 def main(argv: list[str] | None = None) -> int:
-    p = OneLineParser(prog="python -m zoo.inspect", description=__doc__.split("\n\n")[0],
+    p = OneLineParser("inspect", description=__doc__.split("\n\n")[0],
                                 epilog="B (--vs) is A's overrides with the --vs overrides applied on top.")
     p.add_argument("overrides", nargs="*", help="Hydra overrides, as for train.py (ffn=swiglu model.d_model=256)")
     p.add_argument("--vs", nargs="+", default=None, metavar="OVERRIDE", help="a second config to compare with")

@@ -9,6 +9,7 @@ import contextlib
 import errno
 import gc
 import json
+import math
 import os
 import re
 import stat
@@ -149,10 +150,15 @@ def atomic_write_json(path: str | os.PathLike, data: Any) -> None:
 # with zoo's names but no marker are a look-alike (or a run of a zoo from before the marker): left alone.
 RUN_MARKER = ".zoo-run"
 RUN_LOCK = "run.lock"
+CONSOLE_LOG = "console.log"  # the parallel launcher's console of a job (hydra_plugins/zoo_launcher), appended to
 # What a run writes there, each "file" or "dir"; a parent comes before what it holds.
 RUN_ENTRIES = {RUN_MARKER: "file", RUN_LOCK: "file", "config.yaml": "file", "metrics.csv": "file",
                "summary.json": "file", "hparams.yaml": "file", "checkpoints": "dir", "checkpoints/last.ckpt": "file",
-               "checkpoints/best.ckpt": "file", "tb": "dir", "wandb": "dir", "console.log": "file"}
+               "checkpoints/best.ckpt": "file", "tb": "dir", "wandb": "dir", CONSOLE_LOG: "file"}
+# What overwrite=true removes, in this order (docs/reliability.md lists them; a test compares): what a run writes,
+# not the marker and lock (the new run's), nor console.log: the launcher appends the running job's console there
+# (each start marked by a line), and a console.log the user made (a tee) is theirs.
+OVERWRITE_REMOVES = tuple(n for n in RUN_ENTRIES if n not in (RUN_MARKER, RUN_LOCK, CONSOLE_LOG))
 # Finding any of these means the directory holds a run (Hydra's .hydra/ and log do not count).
 RUN_FILES = ("config.yaml", "metrics.csv", "summary.json", "hparams.yaml", "checkpoints")
 
@@ -224,11 +230,10 @@ def read_marker(run_dir: str | os.PathLike) -> dict | None:
     """The run directory's marker, or None when there is none; RunDirError when what is there is not one."""
     path = owned_path(run_dir, RUN_MARKER)
     try:
-        with open(path, "rb", opener=_no_follow(os.O_RDONLY)) as f:
-            marker = json.loads(f.read(4096))
+        marker = read_json(path, limit=4096, follow=False)
     except FileNotFoundError:
         return None
-    except (OSError, ValueError):
+    except (OSError, ValueError):  # too large, too deep, not JSON (FileFormatError): not a marker
         marker = None
     if not (isinstance(marker, dict) and isinstance(marker.get("run_id"), str)):
         raise RunDirError(f"'{path}' is not a zoo run marker (a JSON object with a run_id), so zoo cannot tell "
@@ -279,15 +284,15 @@ def open_append(path: str | os.PathLike, **kwargs) -> IO:
 
 
 def remove_run_files(run_dir: str | os.PathLike) -> None:
-    """overwrite=true: remove what an earlier zoo run wrote (call after check_run_dir found its marker): its files,
-    its checkpoints/ files (and the directory, once empty) and its loggers' directories; .hydra/, the marker,
-    the lock and anything else stay."""
+    """overwrite=true: remove what an earlier zoo run wrote (call after check_run_dir found its marker): the names
+    in OVERWRITE_REMOVES, checkpoints/ only once empty; .hydra/, the marker, the lock, console.log and anything
+    else stay."""
     import shutil
 
     run_dir = Path(run_dir)
-    for name, kind in RUN_ENTRIES.items():
-        path = owned_path(run_dir, name)
-        if name in (RUN_MARKER, RUN_LOCK) or name.startswith("checkpoints") or not os.path.lexists(path):
+    for name in OVERWRITE_REMOVES:
+        path, kind = owned_path(run_dir, name), RUN_ENTRIES[name]
+        if name.startswith("checkpoints") or not os.path.lexists(path):
             continue
         if kind == "dir":
             shutil.rmtree(path)  # rmtree removes links inside, never what they point to
@@ -295,8 +300,9 @@ def remove_run_files(run_dir: str | os.PathLike) -> None:
             path.unlink()
     checkpoints = owned_path(run_dir, "checkpoints")
     if checkpoints.is_dir():
-        for name in ("last.ckpt", "best.ckpt"):
-            owned_path(run_dir, f"checkpoints/{name}").unlink(missing_ok=True)
+        for name in OVERWRITE_REMOVES:
+            if name.startswith("checkpoints/"):
+                owned_path(run_dir, name).unlink(missing_ok=True)
         remove_temp_files(checkpoints)
         with contextlib.suppress(OSError):  # a directory the user added files to stays
             checkpoints.rmdir()
@@ -417,3 +423,214 @@ def resume_gc() -> None:
 def _collect_then_freeze() -> None:
     gc.collect()
     gc.freeze()
+
+
+# --- Reading what a run, a sweep or a cache left: bounded ------------------------------------------------
+#
+# Every JSON, YAML and CSV file zoo parses from a run or sweep directory, a corpus, or its caches goes through
+# these: a regular file only (a FIFO would block the read, /dev/zero would never end), at most a size read
+# (checked before reading), nested at most MAX_DEPTH levels (the parsers recurse), no YAML aliases (a kilobyte
+# of them can stand for a billion items), and numbers a float holds (1e400 and 400-digit integers are refused,
+# not turned into inf or an OverflowError later). What breaks a bound is a FileFormatError: one line naming the
+# file and the bound. Limits are far above anything zoo writes.
+MAX_DEPTH = 100  # zoo's own files nest 5 levels at most
+MAX_INT_DIGITS = 30  # 10^30: above any count zoo records, far below a float's range
+READ_LIMITS = {"json": 64 << 20, "yaml": 16 << 20, "csv": 256 << 20}  # bytes
+SPECIAL_FILES = ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
+                 (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
+
+
+class FileFormatError(ConfigError):
+    """A file zoo will not parse as it stands (too large, too deep, a number out of range, YAML aliases, not a
+    regular file, not the format): one line naming the file. A ValueError, so 'damaged: read it again' callers
+    that catch ValueError treat it as damaged."""
+
+
+def special_file(path: str | os.PathLike) -> str | None:
+    """'a FIFO', 'a character device', 'a block device' or 'a socket' when `path` (links followed) is one, else
+    None (a regular file, a directory, or nothing there). Reading one would block, never end, or fail oddly."""
+    try:
+        mode = os.stat(path).st_mode
+    except (OSError, ValueError):
+        return None
+    return next((name for test, name in SPECIAL_FILES if test(mode)), None)
+
+
+def read_bounded(path: str | os.PathLike, limit: int, follow: bool = True) -> bytes:
+    """The bytes of a regular file of at most `limit` bytes (FileFormatError otherwise, before reading it).
+    follow=False: a symbolic link is refused (ELOOP). FileNotFoundError and other OSErrors propagate."""
+    if kind := special_file(path):
+        raise FileFormatError(f"'{path}' is {kind}, not a regular file; zoo reads no data from one")
+    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | (0 if follow else os.O_NOFOLLOW)
+    fd = os.open(path, flags)  # O_NONBLOCK: a FIFO swapped in after the check cannot block the open
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            what = "a directory" if stat.S_ISDIR(st.st_mode) else "not a regular file"
+            raise FileFormatError(f"'{path}' is {what}; zoo reads a regular file there")
+        if st.st_size > limit:
+            raise FileFormatError(f"'{path}' is {st.st_size} bytes, over the {limit} bytes zoo reads there")
+        data = f.read(limit + 1)
+    if len(data) > limit:  # it grew while read
+        raise FileFormatError(f"'{path}' is over the {limit} bytes zoo reads there")
+    return data
+
+
+def read_text_bounded(path: str | os.PathLike, limit: int, follow: bool = True) -> str:
+    """read_bounded, decoded as UTF-8 (FileFormatError if it is not)."""
+    try:
+        return read_bounded(path, limit, follow).decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise FileFormatError(f"'{path}' is not UTF-8 text (byte {e.start})") from None
+
+
+class _OutOfRange(ValueError):
+    pass
+
+
+def _bounded_int(text: str) -> int:
+    if len(text.lstrip("+-").lstrip("0")) > MAX_INT_DIGITS:
+        raise _OutOfRange(f"the number {text[:12]}... ({len(text)} digits) is out of range")
+    return int(text)
+
+
+def _bounded_float(text: str) -> float:
+    x = float(text)
+    if math.isinf(x):  # a literal too large for a float; inf itself is written Infinity (or .inf)
+        raise _OutOfRange(f"the number {text[:40]} is out of range")
+    return x
+
+
+_JSON_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"')
+_NOT_BRACKET = re.compile(r"[^\[\]{}]+")
+
+
+def _json_depth(text: str) -> int:
+    """How deep the text's arrays and objects nest (brackets inside strings skipped); exact enough for a bound."""
+    if text.count("[") + text.count("{") <= MAX_DEPTH:
+        return MAX_DEPTH
+    depth = deepest = 0
+    for c in _NOT_BRACKET.sub("", _JSON_STRING.sub("", text)):
+        depth += 1 if c in "[{" else -1
+        deepest = max(deepest, depth)
+    return deepest
+
+
+def parse_json(text: str, name: str) -> Any:
+    """json.loads within the bounds above; `name` is what the one-line error calls the text."""
+    if _json_depth(text) > MAX_DEPTH:
+        raise FileFormatError(f"'{name}' nests more than {MAX_DEPTH} levels deep; zoo reads no deeper JSON")
+    try:
+        return json.loads(text, parse_int=_bounded_int, parse_float=_bounded_float)
+    except _OutOfRange as e:
+        raise FileFormatError(f"'{name}': {e}") from None
+    except (ValueError, RecursionError) as e:
+        raise FileFormatError(f"'{name}' is not JSON ({first_line(e)})") from None
+
+
+def read_json(path: str | os.PathLike, limit: int = READ_LIMITS["json"], follow: bool = True) -> Any:
+    """A JSON file, bounded (see above): FileFormatError in one line when it is not one zoo will read."""
+    return parse_json(read_text_bounded(path, limit, follow), str(path))
+
+
+@cache
+def _yaml_loader() -> type:
+    import yaml
+
+    class BoundedLoader(yaml.SafeLoader):
+        """PyYAML's safe loader (plain data only), refusing aliases and nesting deeper than MAX_DEPTH."""
+
+        depth = 0
+
+        def compose_node(self, parent, index):
+            if self.check_event(yaml.AliasEvent):
+                raise _OutOfRange("holds a YAML alias (*name); zoo writes none and reads none (an alias can "
+                                  "stand for a billion items)")
+            self.depth += 1
+            try:
+                if self.depth > MAX_DEPTH:
+                    raise _OutOfRange(f"nests more than {MAX_DEPTH} levels deep")
+                return super().compose_node(parent, index)
+            finally:
+                self.depth -= 1
+
+    base_int = yaml.SafeLoader.yaml_constructors["tag:yaml.org,2002:int"]
+    base_float = yaml.SafeLoader.yaml_constructors["tag:yaml.org,2002:float"]
+
+    def bounded_int(loader, node):
+        _bounded_int(node.value.replace("_", ""))
+        return base_int(loader, node)
+
+    def bounded_float(loader, node):
+        x = base_float(loader, node)
+        if math.isinf(x) and "inf" not in node.value.lower():
+            raise _OutOfRange(f"the number {node.value[:40]} is out of range")
+        return x
+
+    BoundedLoader.add_constructor("tag:yaml.org,2002:int", bounded_int)
+    BoundedLoader.add_constructor("tag:yaml.org,2002:float", bounded_float)
+    return BoundedLoader
+
+
+def parse_yaml(text: str, name: str) -> Any:
+    """yaml.safe_load within the bounds above; `name` is what the one-line error calls the text."""
+    import yaml
+
+    loader = _yaml_loader()(text)
+    try:
+        return loader.get_single_data()
+    except _OutOfRange as e:
+        raise FileFormatError(f"'{name}' {e}" if str(e).startswith(("holds", "nests")) else f"'{name}': {e}") \
+            from None
+    except (yaml.YAMLError, ValueError, TypeError, RecursionError) as e:
+        raise FileFormatError(f"'{name}' is not YAML ({first_line(e)})") from None
+    finally:
+        loader.dispose()
+
+
+def read_yaml(path: str | os.PathLike, limit: int = READ_LIMITS["yaml"], follow: bool = True) -> Any:
+    """A YAML file, bounded (see above): FileFormatError in one line when it is not one zoo will read."""
+    return parse_yaml(read_text_bounded(path, limit, follow), str(path))
+
+
+def read_csv(path: str | os.PathLike, limit: int = READ_LIMITS["csv"], follow: bool = True) \
+        -> tuple[list[str], list[dict]]:
+    """(header, rows as dicts) of a CSV file, bounded; a last line cut by a kill (no newline) is left out."""
+    import csv
+
+    text = read_text_bounded(path, limit, follow)
+    if text and not text.endswith("\n"):
+        text = text[: text.rfind("\n") + 1]
+    lines = text.splitlines()
+    try:
+        header = next(csv.reader(lines[:1]), [])
+        return header, list(csv.DictReader(lines))
+    except csv.Error as e:  # a field over csv's size limit, a NUL byte
+        raise FileFormatError(f"'{path}' is not a CSV file zoo can read ({first_line(e)})") from None
+
+
+# A sweep's plan (Hydra's parsed overrides, from a command line or a multirun.yaml) is counted, never expanded,
+# before anything is launched or listed: x=range(0,100000000000) is 10^11 jobs.
+MAX_SWEEP_JOBS = 1_000_000
+
+
+def sweep_size(overrides: list, cap: int = MAX_SWEEP_JOBS) -> int:
+    """How many jobs Hydra's parsed `overrides` expand to (the product of their sweeps' lengths, the last override
+    of a key counting), cap + 1 when more; no sweep is expanded. A search's intervals count 1 (its trials decide)."""
+    from itertools import islice
+
+    last = {o.key_or_group: o for o in overrides}
+    total = 1
+    for o in last.values():
+        if not o.is_sweep_override():
+            continue
+        v = o.value()
+        if all(hasattr(v, a) for a in ("start", "stop", "step")):  # a range: its length, computed
+            span = (v.stop - v.start) / v.step if v.step else math.inf
+            n = max(0, math.ceil(span)) if math.isfinite(span) else cap + 1
+        elif hasattr(v, "end"):  # an interval: a search samples it
+            n = 1
+        else:
+            n = sum(1 for _ in islice(o.sweep_iterator(), cap + 1))
+        total = min(total * n, cap + 1)
+    return total

@@ -40,6 +40,7 @@ if TYPE_CHECKING:  # zoo.schema's ModelSpec: imported by the models, which this 
     from zoo.schema import ModelSpec
 
 PARAMETRIZATIONS = ("standard", "mup")
+MAX_BASE_D_MODEL = 65536  # above any model's width (5x GPT-3's); the base and twice it are built (on meta) to check
 HIDDEN, VECTOR, FIXED = "hidden", "vector", "fixed"  # a parameter's muP role
 
 
@@ -57,8 +58,8 @@ def check(cfg: ModelSpec) -> None:
     """model.parametrization and model.mup_base_d_model, then (mup) that the base and double-base models build."""
     p, base = cfg.parametrization, cfg.mup_base_d_model
     need(p in PARAMETRIZATIONS, "parametrization", f"unknown {p!r}; valid: {', '.join(PARAMETRIZATIONS)}")
-    need(isinstance(base, int) and not isinstance(base, bool) and base > 0, "mup_base_d_model",
-         f"must be a positive integer, got {base!r}")
+    need(isinstance(base, int) and not isinstance(base, bool) and 0 < base <= MAX_BASE_D_MODEL, "mup_base_d_model",
+         f"must be an integer from 1 to {MAX_BASE_D_MODEL}, got {base!r}")
     if p == "mup":
         _reference_models(cfg)
 

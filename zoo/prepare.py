@@ -1,19 +1,26 @@
-"""`python -m zoo.prepare` (also `zoo-prepare`): tokenize a corpus once into token shards every run reuses.
+"""`zoo prepare` (or `python -m zoo.prepare`): tokenize a corpus once into token shards every run reuses.
 
-    zoo-prepare 'corpus/*.txt' --out corpus.tokens --tokenizer bpe --vocab-size 8192
-    python train.py data=tokens data.path=corpus.tokens
+    zoo prepare 'corpus/*.txt' --out corpus.tokens --tokenizer bpe --vocab-size 8192
+    zoo prepare input.txt --out input.tokens           # one file: its last 10% is validation
+    zoo train data=tokens data.path=corpus.tokens
 
 Documents. Sources give documents in a fixed order: a text file is one document (or one per paragraph or
 line: --sample-by), a JSONL line is one (its --text-field), a row of a Hugging Face dataset is one (--dataset,
 streamed). Each document is followed by the tokenizer's end-of-text id: zoo's <eos> for char, byte and bpe;
 a pretrained tokenizer's own end-of-text token (GPT-2's <|endoftext|>) where it has one, else <eos>.
 
-Split. A document is validation when a hash of its text falls below --val-fraction: deterministic, the
-same whatever the order or number of workers, and exact duplicates always land in the same split.
+Split. A document is validation when a hash of its text falls below --val-fraction (default 0.01):
+deterministic, the same whatever the order or number of workers, and exact duplicates always land in the same
+split. One text file prepared whole (the default --sample-by document) is one document, which no hash can put in
+both splits: it is split as nanoGPT and data=text_file split a text, its last --val-fraction (default 0.1) of
+characters validation, the cut moved back to the start of its line.
 
 Shards. Documents are grouped in order into chunks of about --shard-mb of text; chunk k becomes
 train_<k>.bin and val_<k>.bin (zoo.data.tokens). Chunk boundaries depend on the text alone, so the output
 does not depend on --workers.
+
+Failure. A run that fails on its input (a split left empty) removes what it wrote, so the next try, with other
+flags, starts afresh in the same --out.
 
 Resume. manifest.json is rewritten (atomically, like every shard) after each finished chunk, with the
 sha256 of the chunk's text and of its shards. A rerun of the same command skips the chunks whose text and
@@ -29,7 +36,6 @@ import glob
 import gzip
 import hashlib
 import itertools
-import json
 import multiprocessing
 import os
 import re
@@ -41,14 +47,15 @@ from typing import Any
 
 import numpy as np
 
-from zoo.cli.common import OneLineParser, train_command
+from zoo.cli.common import OneLineParser, command, needs
 from zoo.data.corpus import DataError
 from zoo.data.tokenizers import HF_PREFIX, Tokenizer, build_tokenizer, tokenizer_from_state
 from zoo.data.tokens import FORMAT, MANIFEST, SPLITS, dtype_for, write_shard
-from zoo.io import atomic_write_json, first_line, remove_temp_files
+from zoo.io import FileFormatError, atomic_write_json, first_line, parse_json, read_json, remove_temp_files
 from zoo.net import bound_network
 
 SAMPLE_BY = ("document", "paragraph", "line")
+VAL_FRACTION = {"hash": 0.01, "tail": 0.1}  # --val-fraction's default for each split rule (describe_source)
 LOCK = ".zoo-prepare.lock"
 
 
@@ -117,9 +124,9 @@ def _file_documents(path: Path, sample_by: str, text_field: str) -> Iterator[str
 
 def _json_text(line: str, field: str, path: Path, n: int) -> str:
     try:
-        record = json.loads(line)
-    except json.JSONDecodeError as e:
-        raise DataError(f"sources: '{path}' line {n} is not JSON ({e.msg})") from None
+        record = parse_json(line, f"{path} line {n}")
+    except FileFormatError as e:  # not JSON, nested too deep, a number out of range
+        raise DataError(f"sources: {first_line(e)}") from None
     if not isinstance(record, dict) or field not in record:
         keys = ", ".join(record) if isinstance(record, dict) else type(record).__name__
         raise DataError(f"--text-field: '{field}' not in '{path}' line {n}; it has: {keys}")
@@ -132,7 +139,7 @@ def _dataset_documents(source: dict) -> Iterator[str]:
     try:
         import datasets
     except ImportError:
-        raise DataError("--dataset needs the 'datasets' package: pip install -e '.[hf]'") from None
+        raise DataError(needs("datasets", "hf", "--dataset")) from None
     bound_network()  # the hub and datasets' retries: ZOO_NET_TIMEOUT_S, not forever
     kw = {"data_files": source["data_files"]} if source["data_files"] else {}
     try:  # streaming: rows arrive as they are read, nothing is held whole
@@ -159,18 +166,39 @@ def documents(source: dict) -> Iterator[str]:
     return (d for d in docs if d and not d.isspace())
 
 
+def labelled(source: dict, val_fraction: float) -> Iterator[tuple[str, bool]]:
+    """Every document with its split (True: validation): by its hash, or for the one document of a single text
+    file (source["split"] == "tail") its head training and its last val_fraction validation, cut at a line's start."""
+    if source.get("split") != "tail":
+        yield from ((d, is_validation(d, val_fraction)) for d in documents(source))
+        return
+    text = "".join(documents(source))  # one document, read whole as --sample-by document reads it
+    n = int(len(text) * (1.0 - val_fraction))
+    cut = text.rfind("\n", 0, n) + 1 or n  # the start of the line the cut falls in (none before it: the cut)
+    train, val = text[:cut], text[cut:]
+    if not text.strip():
+        return
+    if not train.strip() or not val.strip():
+        raise DataError(f"--val-fraction: the last {val_fraction} of '{source['files'][0]['path']}' ({len(text)} "
+                        "characters) leaves an empty split; use more text or another fraction")
+    yield train, False
+    yield val, True
+
+
 def is_validation(doc: str, val_fraction: float) -> bool:
     """The document's split: a hash of its text, so it depends on nothing else."""
     h = hashlib.blake2b(doc.encode("utf-8", errors="surrogatepass"), digest_size=8).digest()
     return int.from_bytes(h, "big") < val_fraction * (1 << 64)
 
 
-def chunks(docs: Iterator[str], shard_bytes: int) -> Iterator[tuple[list[str], str]]:
-    """Consecutive documents, about `shard_bytes` of UTF-8 text each (a chunk closes once it reaches it),
-    with the sha256 of their text (which tells a rerun whether a finished shard still matches its source)."""
-    chunk, size, h = [], 0, hashlib.sha256()
-    for doc in docs:
-        chunk.append(doc)
+def chunks(docs: Iterator[tuple[str, bool]], shard_bytes: int) -> Iterator[tuple[list[tuple[str, bool]], str]]:
+    """Consecutive documents with their splits, about `shard_bytes` of UTF-8 text each (a chunk closes once it
+    reaches it), with the sha256 of their text (which tells a rerun whether a finished shard still matches its
+    source)."""
+    chunk: list[tuple[str, bool]] = []
+    size, h = 0, hashlib.sha256()
+    for doc, is_val in docs:
+        chunk.append((doc, is_val))
         raw = doc.encode("utf-8", errors="surrogatepass")
         size += len(raw)
         h.update(raw)
@@ -216,8 +244,8 @@ def fit_tokenizer(spec: str, source: dict, vocab_size: int, sample_mb: float, va
     if spec == "bpe":
         tok = build_tokenizer("bpe", vocab_size=vocab_size)
         sample, size = [], 0
-        for doc in documents(source):
-            if not is_validation(doc, val_fraction):
+        for doc, is_val in labelled(source, val_fraction):
+            if not is_val:
                 sample.append(doc)
                 size += len(doc)
                 if size >= sample_mb * 1e6:
@@ -252,13 +280,12 @@ def _init_worker(tokenizer_state: dict, out: str, dtype: str, val_fraction: floa
     _WORKER.update(tok=tok, out=Path(out), dtype=np.dtype(dtype), val_fraction=val_fraction)
 
 
-def _process_chunk(index: int, chunk: list[str], text_hash: str) -> dict:
+def _process_chunk(index: int, chunk: list[tuple[str, bool]], text_hash: str) -> dict:
     w = _WORKER
     tok: Tokenizer = w["tok"]
     record: dict[str, Any] = {"index": index, "text_sha256": text_hash}
-    split_of = [is_validation(d, w["val_fraction"]) for d in chunk]
     for split, is_val in zip(SPLITS, (False, True), strict=True):
-        docs = [d for d, v in zip(chunk, split_of, strict=True) if v == is_val]
+        docs = [d for d, v in chunk if v == is_val]
         ids = tok.encode_batch(docs)
         n = sum(len(x) for x in ids) + len(ids)  # each document, then the end-of-text id
         eot = [tok.eot_id]
@@ -310,7 +337,8 @@ def describe_source(sources: list[str], dataset: str | None, dataset_config: str
     if not sources:
         raise DataError("sources: name text or JSONL files (globs work), or a Hugging Face --dataset")
     files = [{"path": str(p), "bytes": p.stat().st_size} for p in expand_sources(sources)]
-    return {"files": files, "text_field": text_field, "sample_by": sample_by}
+    whole = len(files) == 1 and sample_by == "document" and not _is_jsonl(Path(files[0]["path"]))
+    return {"files": files, "text_field": text_field, "sample_by": sample_by, "split": "tail" if whole else "hash"}
 
 
 def _claim(out: Path) -> int:
@@ -318,20 +346,23 @@ def _claim(out: Path) -> int:
     import fcntl
 
     if out.exists() and not out.is_dir():
-        raise DataError(f"--out: '{out}' is a file; give a directory (new, empty, or an earlier zoo-prepare's --out)")
+        raise DataError(f"--out: '{out}' is a file; give a directory (new, empty, or an earlier "
+                        f"{command('prepare')}'s --out)")
     out.mkdir(parents=True, exist_ok=True)
     path = out / LOCK
     try:  # O_NOFOLLOW: a link named like the lock is refused, never written through
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK, 0o666)
     except OSError as e:
         what = "is a link" if path.is_symlink() else f"cannot be created ({e.strerror})"
-        raise DataError(f"--out: '{path}' {what}; zoo-prepare locks '{out}' with a regular file of its own "
+        raise DataError(f"--out: '{path}' {what}; {command('prepare')} locks '{out}' with a regular file "
+                        "of its own "
                         "there") from None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         os.close(fd)
-        raise DataError(f"--out: '{out}' is being prepared by another running zoo-prepare") from None
+        raise DataError(f"--out: '{out}' is being prepared by another running "
+                        f"{command('prepare')}") from None
     if not _same_file(fd, path):  # the previous holder removed it between our open and our lock: take it anew
         os.close(fd)
         return _claim(out)
@@ -380,8 +411,8 @@ def _read_previous(out: Path, plan: dict) -> dict | None:
                             "choose an empty or new directory")
         return None
     try:
-        manifest = json.loads(file.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        manifest = read_json(file)
+    except (OSError, ValueError):  # FileFormatError: too large, too deep, not JSON
         raise DataError(f"--out: '{file}' is damaged; delete '{out}' and prepare again") from None
     if manifest.get("format") != FORMAT or manifest.get("plan") != plan:
         old = manifest.get("plan", {})
@@ -391,12 +422,13 @@ def _read_previous(out: Path, plan: dict) -> dict | None:
 
 
 def prepare(sources: list[str], out: str | os.PathLike, tokenizer: str = "byte", *, vocab_size: int = 8192,
-            bpe_sample_mb: float = 100.0, val_fraction: float = 0.01, shard_mb: float = 64.0,
+            bpe_sample_mb: float = 100.0, val_fraction: float | None = None, shard_mb: float = 64.0,
             workers: int | None = None, text_field: str = "text", sample_by: str = "document",
             dataset: str | None = None, dataset_config: str | None = None, split: str = "train",
             data_files: list[str] = (), progress: bool = True) -> dict:
-    """Prepare (or finish preparing) a corpus in `out`; returns the manifest and the run's throughput."""
-    if not 0.0 < val_fraction < 1.0:
+    """Prepare (or finish preparing) a corpus in `out`; returns the manifest and the run's throughput.
+    val_fraction None: the split rule's default (VAL_FRACTION)."""
+    if val_fraction is not None and not 0.0 < val_fraction < 1.0:
         raise DataError(f"--val-fraction: must be between 0 and 1 (exclusive), got {val_fraction}")
     if not shard_mb > 0:
         raise DataError(f"--shard-mb: must be positive, got {shard_mb}")
@@ -410,10 +442,13 @@ def prepare(sources: list[str], out: str | os.PathLike, tokenizer: str = "byte",
     if tokenizer.startswith(HF_PREFIX) and Path(tokenizer.removeprefix(HF_PREFIX)).expanduser().is_dir():
         tokenizer = HF_PREFIX + str(Path(tokenizer.removeprefix(HF_PREFIX)).expanduser().resolve())  # a local dir
     source = describe_source(list(sources), dataset, dataset_config, split, list(data_files), text_field, sample_by)
+    if val_fraction is None:
+        val_fraction = VAL_FRACTION[source.get("split", "hash")]
     plan = {"source": source, "tokenizer": tokenizer, "val_fraction": val_fraction, "shard_mb": shard_mb}
     if tokenizer == "bpe":
         plan.update(vocab_size=vocab_size, bpe_sample_mb=bpe_sample_mb)
     out = Path(out).expanduser().resolve()
+    created = not out.exists()
     try:
         lock = _claim(out)
         try:
@@ -421,6 +456,8 @@ def prepare(sources: list[str], out: str | os.PathLike, tokenizer: str = "byte",
         finally:
             _release(lock, out)
     except DataError:
+        if created and out.is_dir() and not any(out.iterdir()):  # a failed first try leaves no directory either
+            out.rmdir()
         raise
     except OSError as e:  # a full disk, a read-only file system, no permission: one line, finished shards kept
         where = f"'{e.filename}'" if e.filename else f"in '{out}'"
@@ -430,6 +467,26 @@ def prepare(sources: list[str], out: str | os.PathLike, tokenizer: str = "byte",
 
 def _run(out: Path, plan: dict, source: dict, workers: int, progress: bool) -> dict:
     previous = _previous(out, plan)
+    try:
+        return _write(out, plan, source, workers, progress, previous)
+    except DataError:  # the input, not the machine: a retry with other flags must not find this corpus in its way
+        if previous is None:
+            _discard(out)
+        raise
+
+
+_OWN_FILE = re.compile(rf"^({re.escape(MANIFEST)}|(train|val)_\d{{6}}\.bin)$")
+
+
+def _discard(out: Path) -> None:
+    """Remove the manifest and shards a failed run wrote (a link among them goes, never what it points to)."""
+    for path in out.iterdir():
+        if _OWN_FILE.match(path.name) and (path.is_symlink() or path.is_file()):
+            path.unlink()
+    remove_temp_files(out)
+
+
+def _write(out: Path, plan: dict, source: dict, workers: int, progress: bool, previous: dict | None) -> dict:
     t0 = time.perf_counter()
     if previous is not None:  # the tokenizer is fixed by the first run: reuse it, never refit
         tok = tokenizer_from_state(previous["tokenizer"])
@@ -473,7 +530,8 @@ def _run(out: Path, plan: dict, source: dict, workers: int, progress: bool) -> d
         _WORKER.update(tok=tok, out=out, dtype=np.dtype(dtype), val_fraction=plan["val_fraction"])
     pending: collections.deque = collections.deque()
     try:
-        for index, (chunk, text_hash) in enumerate(chunks(documents(source), int(plan["shard_mb"] * 1e6))):
+        for index, (chunk, text_hash) in enumerate(chunks(labelled(source, plan["val_fraction"]),
+                                                          int(plan["shard_mb"] * 1e6))):
             old = done.get(index)
             if old is not None and old["text_sha256"] == text_hash and _shards_intact(out, old):
                 records[index] = old  # finished by an earlier run
@@ -516,8 +574,8 @@ def _run(out: Path, plan: dict, source: dict, workers: int, progress: bool) -> d
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = OneLineParser(prog="zoo-prepare", description=__doc__.split("\n\n")[0].split(": ", 1)[1],
-                      epilog=f"Then train on it: {train_command()} data=tokens data.path=OUT")
+    p = OneLineParser("prepare", description=__doc__.split("\n\n")[0].split(": ", 1)[1],
+                      epilog=f"Then train on it: {command('train')} data=tokens data.path=OUT")
     p.add_argument("sources", nargs="*", help="text or JSONL files (.jsonl/.json, one document a line), or globs; "
                    ".gz files are read compressed")
     p.add_argument("--out", required=True, help="the directory to write (empty, new, or an earlier run to resume)")
@@ -527,15 +585,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--bpe-sample-mb", type=float, default=100.0,
                    help="bpe: train on the first this many MB of training documents (default 100)")
     p.add_argument("--text-field", default="text", help="JSONL / dataset field holding the text (default text)")
-    p.add_argument("--sample-by", default="document", help="text files: one document per document (the file), "
-                   "paragraph (blank-line separated) or line (default document)")
+    p.add_argument("--sample-by", default="document", metavar="{document,paragraph,line}",
+                   help="what one document is in a text file: the whole file (default), a paragraph (blank-line "
+                   "separated) or a line; documents are split into training and validation by a hash of their text, "
+                   "except one file taken whole, whose last --val-fraction is validation")
     p.add_argument("--dataset", default=None, help="a Hugging Face dataset by name, streamed (offline: 'text' or "
                    "'json' with --data-files)")
     p.add_argument("--dataset-config", default=None, help="the dataset's configuration name")
     p.add_argument("--split", default="train", help="the dataset's split to read (default train)")
     p.add_argument("--data-files", action="append", default=[], help="files for --dataset text/json (repeatable)")
-    p.add_argument("--val-fraction", type=float, default=0.01, help="fraction of documents for validation "
-                   "(default 0.01)")
+    p.add_argument("--val-fraction", type=float, default=None,
+                   help="fraction of documents for validation (default 0.01); for one text file taken whole, the "
+                   "fraction of its text at the end (default 0.1, as data=text_file)")
     p.add_argument("--shard-mb", type=float, default=64.0, help="MB of text per shard (default 64)")
     p.add_argument("--workers", type=int, default=None, help="processes (default: one per core)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -566,7 +627,7 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(a.out)
     print(f"prepared {out}: {tr['tokens']:,} training tokens ({tr['documents']:,} documents), {va['tokens']:,} "
           f"validation tokens ({va['documents']:,}); vocab {m['vocab_size']:,}, {m['dtype']}{rate}{kept}\n"
-          f"train on it: {train_command()} data=tokens data.path={out}")
+          f"train on it: {command('train')} data=tokens data.path={out}")
     return 0
 
 

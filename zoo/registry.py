@@ -11,6 +11,7 @@ registers its parts: `ZOO_PLUGINS=relu_squared.py python train.py ffn=relu_squar
 
 from __future__ import annotations
 
+import hashlib
 import importlib
 import importlib.util
 import os
@@ -110,7 +111,9 @@ def load_plugins() -> None:
 
     for plugin in plugins():
         is_file = plugin.endswith(".py")
-        name = f"zoo_plugin_{Path(plugin).stem}" if is_file else plugin
+        # a file's module is named for its full path: two files of one name (a/parts.py, b/parts.py) are two modules
+        where = hashlib.sha256(str(Path(plugin).resolve()).encode()).hexdigest()[:12]
+        name = f"zoo_plugin_{Path(plugin).stem}_{where}" if is_file else plugin
         if name in sys.modules:
             continue
         try:

@@ -12,36 +12,40 @@ from __future__ import annotations
 
 import sys
 
-import torch
-
-from zoo.build import ConfigError
-from zoo.cli.common import OneLineParser
-from zoo.generate import generate, position_limit, sampling_error
+from zoo.cli.common import EXIT_ERROR, OneLineParser, checkpoint_file_error
 from zoo.io import collect_once_at_exit
-from zoo.kernels import apply_kernels
-from zoo.training.checkpoint import CheckpointError, load_checkpoint
+from zoo.schema import sampling_error
 
 
 def main(argv: list[str] | None = None) -> int:
     collect_once_at_exit()
-    p = OneLineParser(prog="python -m zoo.sample", description=__doc__.split("\n")[0])
-    p.add_argument("checkpoint")
-    p.add_argument("--prompt", default="\n")
-    p.add_argument("--max-new-tokens", type=int, default=200)
-    p.add_argument("--temperature", type=float, default=0.8, help="0 = greedy")
-    p.add_argument("--top-k", type=int, default=None)
-    p.add_argument("--top-p", type=float, default=None)
-    p.add_argument("--num-samples", type=int, default=1)
-    p.add_argument("--seed", type=int, default=0)
+    p = OneLineParser("sample", description=__doc__.split("\n")[0])
+    p.add_argument("checkpoint", help="a run's checkpoints/best.ckpt or last.ckpt")
+    p.add_argument("--prompt", default="\n", help="the text the samples continue (default: a newline)")
+    p.add_argument("--max-new-tokens", type=int, default=200, help="tokens generated per sample (default 200)")
+    p.add_argument("--temperature", type=float, default=0.8,
+                   help="divides the logits: below 1 surer, above 1 more varied; 0 = greedy (default 0.8)")
+    p.add_argument("--top-k", type=int, default=None, help="draw only among the K likeliest tokens (default: all)")
+    p.add_argument("--top-p", type=float, default=None,
+                   help="draw only among the likeliest tokens whose probabilities sum to P (nucleus; default: all)")
+    p.add_argument("--num-samples", type=int, default=1, help="how many samples, each from the same prompt")
+    p.add_argument("--seed", type=int, default=0, help="the random draws' seed: the same seed, the same text")
     p.add_argument("--unknown", choices=["error", "skip"], default="error",
                    help="what to do with prompt characters the tokenizer never saw")
     args = p.parse_args(argv)
     flags = {k: f"--{k.replace('_', '-')}" for k in ("max_new_tokens", "temperature", "top_k", "top_p", "num_samples")}
-    # Checked before the checkpoint is read: a bad flag costs nothing and says which flag.
+    # Checked before the checkpoint is read and before torch loads: a bad flag or a missing file answers at once
     if error := sampling_error(args.max_new_tokens, args.temperature, args.top_k, args.top_p, args.num_samples,
-                               flags):
+                               flags) or checkpoint_file_error(args.checkpoint):
         print(f"error: {error}", file=sys.stderr)
-        return 2
+        return EXIT_ERROR
+    import torch
+
+    from zoo.build import ConfigError
+    from zoo.generate import generate
+    from zoo.kernels import apply_kernels
+    from zoo.training.checkpoint import CheckpointError, load_checkpoint
+
     try:
         model, tok, cfg = load_checkpoint(args.checkpoint)
         apply_kernels(model, cfg.get("kernels", "auto"))  # the run's kernel policy: its speed, its numerics
@@ -69,6 +73,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def print_window_note(model, total: int) -> None:
     """Say once (on stderr, so the text on stdout stays clean) when sampling slides past the position limit."""
+    from zoo.generate import position_limit
+
     limit = position_limit(model)
     if limit is not None and total > limit:
         print(f"note: learned positions end at max_seq_len={limit}; past that each token is predicted from the "

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
-from zoo.component import Options, freeze
+from zoo.component import Options, freeze, is_int, is_number
 
 if TYPE_CHECKING:  # the components import torch; the schema must not (train.py composes without it)
     from zoo.layers.attention import AttentionOptions
@@ -70,6 +70,35 @@ class ModelConfig:
     # where the weights parts list in residual_outputs start: scaled (init_std / sqrt(2 * blocks)) or zero
     residual_init: str = "scaled"
     embed_skip: bool = False  # each block's input is a * x + b * x0 (x0: the stack's embedding output; a=1, b=0)
+    # learned tokens placed before each stack's sequence, dropped from its output (Burtsev et al. 2020; registers,
+    # Darcet et al. 2023); 0: none
+    memory_tokens: int = 0
+    # The embedding and the output head (zoo/models/vocab.py; docs/options.md): a mixture of this many softmaxes
+    softmaxes: int = 1
+    embed_dim: int | None = None  # factorized embeddings (ALBERT): a table this wide, then to d_model; null: none
+    tie_encoder_decoder: bool = True  # encoder_decoder: the encoder and the decoder read one token embedding
+    # adaptive input embeddings (Baevski and Auli 2019) and adaptive softmax (Grave et al. 2017): the vocabulary cut
+    # into clusters at adaptive_cutoffs (ids in order of frequency), cluster i of width d_model / adaptive_div^i
+    adaptive_input: bool = False
+    adaptive_softmax: bool = False
+    adaptive_cutoffs: list[int] | None = None
+    adaptive_div: float = 4.0
+    # each block's sequence of sublayers, a letter each: a self-attention (in a decoder that cross-attends, a
+    # cross-attention follows each), f FFN, h half-step FFN (x + f(x) / 2: macaron); one string for every block
+    # ("hah": macaron) or a list of one per block (["aa", "af", "af", "ff"]: the sandwich); null: "af"
+    sublayers: Any = None
+    # How each stack applies its blocks (zoo/models/depth.py; docs/options.md): one block for every layer of
+    # none, all, the encoder or the decoder stacks (ALBERT; Narang et al.'s block sharing)
+    share_blocks: str = "none"
+    # the Universal Transformer (Dehghani et al. 2019): the positions and a sinusoid of the step added before
+    # each layer; adaptive computation time (Graves 2016) over the layers, its halting threshold and ponder cost
+    step_signal: bool = False
+    act: bool = False
+    act_threshold: float = 0.99
+    ponder_cost: float = 0.01
+    # encoder_decoder: each decoder layer cross-attends to its own learned softmax mix of the encoder's embedding
+    # and every encoder layer's output (Bapna et al. 2018)
+    transparent_attention: bool = False
     # The components: in a composed config, the node of the chosen preset (conf/<kind>/) replaces these.
     attention: Any = field(default_factory=lambda: {"name": "mha"})
     position: Any = field(default_factory=lambda: {"name": "learned"})
@@ -134,6 +163,21 @@ class ModelSpec:
     value_embeddings: int
     residual_init: str
     embed_skip: bool
+    memory_tokens: int
+    softmaxes: int
+    embed_dim: int | None
+    tie_encoder_decoder: bool
+    adaptive_input: bool
+    adaptive_softmax: bool
+    adaptive_cutoffs: list[int] | None
+    adaptive_div: float
+    sublayers: Any
+    share_blocks: str
+    step_signal: bool
+    act: bool
+    act_threshold: float
+    ponder_cost: float
+    transparent_attention: bool
     attention: Part[AttentionOptions]
     position: Part[Options]
     norm: NormPart[NormOptions]
@@ -154,6 +198,29 @@ class SampleConfig:
     temperature: float = 0.8  # 0: greedy
     top_k: int | None = 40
     top_p: float | None = None
+
+
+def sampling_error(max_new_tokens: Any = 0, temperature: Any = 1.0, top_k: Any = None, top_p: Any = None,
+                   num_samples: Any = 1, names: dict[str, str] | None = None) -> str | None:
+    """The first bad sampling setting as one line `<name>: got <value>; valid: <range>`, else None: the one check
+    of these values, made where they are used (zoo.generate's sample_next, generate) and, before anything
+    loads, by the CLI (zoo.sample) and the run's config (sample.*). `names` renames the settings
+    (sample.temperature in a config, --temperature on a command line)."""
+    def name(key: str) -> str:
+        return (names or {}).get(key, key)
+
+    checks = [  # (key, value, ok, valid)
+        ("max_new_tokens", max_new_tokens, is_int(max_new_tokens) and max_new_tokens >= 0, "an integer >= 0"),
+        # a negative temperature would invert the distribution: the least likely token first
+        ("temperature", temperature, is_number(temperature) and temperature >= 0, "a finite number >= 0 (0 = greedy)"),
+        ("top_k", top_k, top_k is None or (is_int(top_k) and top_k >= 1), "an integer >= 1, or none"),
+        ("top_p", top_p, top_p is None or (is_number(top_p) and 0 < top_p <= 1), "a number in (0, 1], or none"),
+        ("num_samples", num_samples, is_int(num_samples) and num_samples >= 1, "an integer >= 1"),
+    ]
+    for key, value, ok, valid in checks:
+        if not ok:
+            return f"{name(key)}: got {value!r}; valid: {valid}"
+    return None
 
 
 @dataclass
@@ -186,9 +253,9 @@ class ZooConfig:
     # (active ones for ffn=moe); null: trainer.max_steps as set.
     tokens_per_param: float | None = None
     # What a finished run keeps of its checkpoints (a run cut short always keeps checkpoints/last.ckpt, to resume):
-    # all: best.ckpt and last.ckpt, with the optimizer's state; last: last.ckpt as weights only (sample, eval,
-    # init; about a third of the size), and no best.ckpt; none: no checkpoint.
-    checkpoints: str = "all"
+    # best_weights: best.ckpt as weights only (sample, eval, init_from: a third of the size), last.ckpt whole (to
+    # resume); all: both with the optimizer's state; last: last.ckpt as weights only, no best.ckpt; none: neither.
+    checkpoints: str = "best_weights"
     evals_per_run: int | None = None  # with tokens_per_param: trainer.val_check_interval = max_steps / evals_per_run
 
     @classmethod
@@ -338,6 +405,7 @@ def option_specs() -> dict:
     import json
     import sys
 
+    from zoo.io import read_json
     from zoo.registry import plugins
 
     # Not loaded yet, the registries will hold today's sources; parts from ZOO_PLUGINS are outside zoo/, which
@@ -349,8 +417,8 @@ def option_specs() -> dict:
         path = None
     if fresh and path is not None and path.is_file():
         try:
-            return json.loads(path.read_text())
-        except (OSError, ValueError):
+            return read_json(path)
+        except (OSError, ValueError):  # damaged (FileFormatError too): read the sources live
             pass
     specs = _live_specs()
     # Kept only when this call loaded the sources the name stands for: a process that imported zoo earlier (a

@@ -33,6 +33,9 @@ from hydra.core.singleton import Singleton
 from hydra.core.utils import JobReturn, JobStatus, configure_log, filter_overrides, run_job, setup_globals
 from omegaconf import DictConfig, OmegaConf, open_dict
 
+from zoo.cli.common import JOB_CODES
+from zoo.io import CONSOLE_LOG
+
 log = logging.getLogger(__name__)
 
 
@@ -160,6 +163,8 @@ def _receive(job: _Job) -> None:
         return
     if kind == "dir":
         job.output_dir = value
+    elif kind == "codes":  # the job's exit code: a sweep whose every job was refused exits 2 (zoo.cli.train)
+        JOB_CODES.extend(value)
     elif kind == "return":
         try:
             job.result = pickle.loads(value)
@@ -194,7 +199,8 @@ def _lost(job: _Job) -> JobReturn:
     return ret
 
 
-CONSOLE = "console.log"  # a job's stdout and stderr, in its directory, when jobs run side by side
+CONSOLE = CONSOLE_LOG  # a job's stdout and stderr, in its directory, when jobs run side by side
+OWN_CONSOLE_ENV = "ZOO_JOB_CONSOLE"  # set in a job whose output goes to its own CONSOLE
 PROGRESS_EVERY_S = 60.0  # how often the sweep's console says where each running job is
 
 
@@ -205,19 +211,24 @@ def _console_to(output_dir: str) -> None:
 
     Path(output_dir).mkdir(parents=True, exist_ok=True)
     console = open_append(owned_path(output_dir, CONSOLE), encoding="utf-8")
+    console.write(f"--- zoo job started {time.strftime('%Y-%m-%d %H:%M:%S')} (pid {os.getpid()}) ---\n")  # a rerun
+    console.flush()  # appends: each start is marked
     sys.stdout.flush()
     sys.stderr.flush()
     for fd in (1, 2):
         os.dup2(console.fileno(), fd)
     console.close()
+    os.environ[OWN_CONSOLE_ENV] = str(Path(output_dir) / CONSOLE)  # the job's sample goes there (zoo.training.console)
 
 
 def outcome(output_dir: str | None) -> str:
     """A finished job in words, from its summary.json: 'completed in 93 s: val_loss 2.0812', or why not."""
-    import json
+    from zoo.io import read_json
 
     try:
-        summary = json.loads((Path(output_dir) / "summary.json").read_text())
+        summary = read_json(Path(output_dir) / "summary.json")  # bounded: one zoo.io.FileFormatError at most
+        if not isinstance(summary, dict):
+            raise TypeError("not a JSON object")
     except (OSError, TypeError, ValueError):
         return "ended without a summary.json" + (f" (see {Path(output_dir) / CONSOLE})" if output_dir else "")
     status = summary.get("status", "failed")
@@ -231,25 +242,28 @@ def outcome(output_dir: str | None) -> str:
 
 def progress(output_dir: str) -> str | None:
     """Where a running job is, from its metrics.csv and config.yaml: 'step 400/2100, val_loss 2.3100'."""
-    import csv
+    from zoo.io import read_csv, read_yaml
 
-    try:
-        with open(Path(output_dir) / "metrics.csv", newline="") as f:
-            rows = list(csv.DictReader(f))
-        total = OmegaConf.load(Path(output_dir) / "config.yaml").trainer.max_steps
+    try:  # bounded reads (zoo.io): a damaged file is no progress line, never a stuck or crashed launcher
+        rows = read_csv(Path(output_dir) / "metrics.csv")[1]
+        total = read_yaml(Path(output_dir) / "config.yaml")["trainer"]["max_steps"]
     except Exception:  # not started yet, or no history logged
         return None
     steps = [int(r["step"]) for r in rows if (r.get("step") or "").isdigit()]
     val = [r["val_loss"] for r in rows if r.get("val_loss")]
     if not steps:
         return None
-    return f"step {max(steps) + 1}/{total}" + (f", val_loss {float(val[-1]):.4f}" if val else "")
+    try:
+        last = f", val_loss {float(val[-1]):.4f}" if val else ""
+    except ValueError:  # not a number: said without it
+        last = ""
+    return f"step {max(steps) + 1}/{total}{last}"
 
 
 def disk_estimate(launcher, job_overrides) -> str | None:
     """What the sweep's runs will leave on disk, from each job's parameter count (float32, 4 bytes each) and what
-    it keeps (`checkpoints`): a checkpoint with AdamW's state is 3x the weights; all keeps two, last one of the
-    weights alone. None when a job's config is not a zoo run's."""
+    it keeps (`checkpoints`): a checkpoint with AdamW's state is 3x the weights; all keeps two, best_weights one
+    and the weights, last the weights alone. None when a job's config is not a zoo run's."""
     from zoo.build import count_params, resolve_config
 
     kept = running = 0.0
@@ -257,16 +271,17 @@ def disk_estimate(launcher, job_overrides) -> str | None:
         for overrides in job_overrides:
             cfg = launcher.hydra_context.config_loader.load_sweep_config(launcher.config, list(overrides))
             plain = OmegaConf.to_container(cfg, resolve=False)
-            model, keep = plain["model"], plain.get("checkpoints", "all")
+            model, keep = plain["model"], plain.get("checkpoints", "best_weights")
             context = (plain.get("data") or {}).get("context") or 256
             size = 4 * count_params(resolve_config({**model, "vocab_size": model.get("vocab_size") or 256,
                                                     "max_seq_len": model.get("max_seq_len") or context}))["total"]
-            kept += {"all": 6 * size, "last": size, "none": 0}.get(keep, 6 * size)
-            running = max(running, 6 * size if keep == "all" else 3 * size)
+            kept += {"all": 6 * size, "best_weights": 4 * size, "last": size, "none": 0}.get(keep, 6 * size)
+            running = max(running, 6 * size if keep in ("all", "best_weights") else 3 * size)  # both whole, running
     except Exception:  # a config this estimate cannot read: the sweep still runs, without it
         return None
     mb = lambda b: f"{b / 1e6:.0f} MB" if b >= 1e6 else f"{b / 1e3:.0f} kB"  # noqa: E731
     what = {"all": "best and last, with the optimizer's state", "last": "each finished run's weights",
+            "best_weights": "last with the optimizer's state, best as weights",
             "none": "none once a run finishes"}.get(keep, keep)
     return (f"disk: the {len(job_overrides)} runs will keep about {mb(kept)} of checkpoints (checkpoints={keep}: "
             f"{what}), and a running one up to {mb(running)}")
@@ -280,6 +295,7 @@ def _output_dir(config: DictConfig) -> str:
 
 def _child(payload: bytes, num: int, overrides: list[str], conn: Connection, own_console: bool) -> None:
     """One job, in its own process: the joblib launcher's execute_job, then the JobReturn down the pipe."""
+    JOB_CODES.clear()  # a forked child starts with the launcher's list: send back its own code alone
     try:
         hydra_context, config, task_function, singleton_state = pickle.loads(payload)
         setup_globals()
@@ -307,6 +323,7 @@ def _child(payload: bytes, num: int, overrides: list[str], conn: Connection, own
         failed.return_value = RuntimeError(f"job #{num}'s result could not be sent back: {type(e).__name__}: {e}")
         data = cloudpickle.dumps(failed)
     try:
+        conn.send(("codes", list(JOB_CODES)))
         conn.send(("return", data))
         conn.close()
     except OSError:  # the launcher is gone (killed itself): the job's directory has its outcome

@@ -146,9 +146,9 @@ EXPECTED = {  # (file, attack) -> the one line, after "data.path: "
                              r"|shard '.*/train_000000.bin' does not match its sha256 in manifest.json)",
     **{(s, "link out"): rf"shard '.*/{s}_000000.bin' links to '.*/marker.bin', outside the corpus directory"
        for s in ("train", "val")},
-    **{(s, attack): rf"shard '.*/{s}_000000.bin' is not a regular file; rerun zoo-prepare"
+    **{(s, attack): rf"shard '.*/{s}_000000.bin' is not a regular file; rerun python -m zoo.prepare"
        for s in ("train", "val") for attack in ("directory", "fifo")},
-    **{(s, "truncated"): rf"shard '.*/{s}_000000.bin' is \d+ bytes, not \d+; rerun zoo-prepare"
+    **{(s, "truncated"): rf"shard '.*/{s}_000000.bin' is \d+ bytes, not \d+; rerun python -m zoo.prepare"
        for s in ("train", "val")},
     **{(s, "flipped"): rf"shard '.*/{s}_000000.bin' does not match its sha256 in manifest.json \(changed or damaged"
        for s in ("train", "val")},
@@ -314,8 +314,8 @@ def test_prepare_refuses_links_where_it_writes_and_replaces_a_linked_shard(sourc
     out.mkdir()
     (out / LOCK).symlink_to(marker)
     assert main([*sources, "--out", str(out), "--quiet", "--workers", "1"]) == 2
-    assert capsys.readouterr().err == (f"error: --out: '{out / LOCK}' is a link; zoo-prepare locks '{out}' with a "
-                                       "regular file of its own there\n")
+    assert capsys.readouterr().err == (f"error: --out: '{out / LOCK}' is a link; python -m zoo.prepare locks '{out}' "
+                                       "with a regular file of its own there\n")
     (out / LOCK).unlink()
     (out / MANIFEST).symlink_to(marker)
     assert main([*sources, "--out", str(out), "--quiet", "--workers", "1"]) == 2
@@ -339,7 +339,7 @@ def _prepare_cli(*args: str, **kw) -> subprocess.CompletedProcess:
 def test_prepare_cli_on_a_file_a_read_only_and_a_full_file_system(sources, tmp_path, marker):
     proc = _prepare_cli(*sources, "--out", str(marker))
     assert (proc.returncode, proc.stderr) == (2, f"error: --out: '{marker}' is a file; give a directory (new, "
-                                                 "empty, or an earlier zoo-prepare's --out)\n")
+                                                 "empty, or an earlier python -m zoo.prepare's --out)\n")
     with tmpfs(tmp_path / "fs", "16k") as fs:  # the corpus needs about 90 kB
         (fs / "out").mkdir()
         proc = _prepare_cli(*sources, "--out", str(fs / "out"), "--sample-by", "paragraph", "--shard-mb", "0.01")

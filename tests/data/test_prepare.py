@@ -216,9 +216,9 @@ def test_jsonl_and_a_streamed_dataset_give_the_same_shards(tmp_path):
      "error: --sample-by: unknown 'sentence'; valid: document, paragraph, line"),
     (["{corpus}/part0.txt", "--val-fraction", "1.5"],
      "error: --val-fraction: must be between 0 and 1 (exclusive), got 1.5"),
-    (["{corpus}/part0.txt"],  # one file, one document: no --val-fraction puts it in both splits
-     "error: sources: a single document, which cannot be both training and validation; split it into more with "
-     "--sample-by paragraph (or line)"),
+    (["{one_paragraph}", "--val-fraction", "0.99"],  # one file taken whole: 1% of 55 characters is no training text
+     "error: --val-fraction: the last 0.99 of '{one_paragraph}' (54 characters) leaves an empty split; use more text "
+     "or another fraction"),
     (["{one_paragraph}", "--sample-by", "paragraph"],
      "error: sources: a single document, which cannot be both training and validation; split it into more with "
      "--sample-by line"),
@@ -235,6 +235,36 @@ def test_bad_input_is_one_line(corpus, tmp_path, capsys, args, error):
     assert main([a.format(**names) for a in args] + ["--out", str(tmp_path / "out"), "--quiet"]) == 2
     err = capsys.readouterr().err
     assert err == error.format(**names) + "\n"
+
+
+def test_one_text_file_is_split_at_the_line_where_its_last_tenth_starts(tmp_path, capsys):
+    """The obvious first call, `zoo prepare input.txt --out dir`: the file is one document, split as data=text_file
+    splits a text (its last 10%), the cut moved back to the start of its line."""
+    text = "".join(f"line {i}: {'x' * (i % 17)}\n" for i in range(300))
+    (tmp_path / "input.txt").write_text(text)
+    assert main([str(tmp_path / "input.txt"), "--out", str(tmp_path / "out"), "--quiet", "--workers", "1"]) == 0
+    cut = text.rfind("\n", 0, int(len(text) * 0.9)) + 1
+    tok = tokenizer_from_state(read_manifest(tmp_path / "out")["tokenizer"])
+    decoded = {split: [tok.decode(doc) for doc in shard_documents(tmp_path / "out", split)]
+               for split in ("train", "val")}
+    assert decoded == {"train": [text[:cut]], "val": [text[cut:]]}
+    assert decoded["val"][0].startswith("line ") and 0.09 < len(text[cut:]) / len(text) < 0.11
+    assert "2 documents" not in capsys.readouterr().out
+
+
+def test_a_failed_prepare_leaves_nothing_in_the_way_of_the_next(tmp_path, capsys):
+    """A split left empty fails after shards were written: they go (and the directory it made), so the retry that
+    the error suggests, other flags into the same --out, runs."""
+    (tmp_path / "p.txt").write_text("a whole file\nof lines\nwith no blank line between them\n" * 3)
+    out = tmp_path / "out"
+    args = [str(tmp_path / "p.txt"), "--out", str(out), "--quiet", "--workers", "1"]
+    assert main(args + ["--sample-by", "paragraph"]) == 2
+    assert "a single document" in capsys.readouterr().err and not out.exists()
+    out.mkdir()  # a directory the user made first is kept, empty
+    assert main(args + ["--sample-by", "paragraph"]) == 2
+    assert out.is_dir() and list(out.iterdir()) == []
+    assert main(args + ["--sample-by", "line", "--val-fraction", "0.3"]) == 0
+    assert json.loads((out / "manifest.json").read_text())["complete"]
 
 
 def test_an_output_directory_holding_something_else_is_refused(corpus, tmp_path, capsys):

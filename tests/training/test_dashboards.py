@@ -224,7 +224,7 @@ def test_mlflow_server_gets_a_sweep_with_factors_seeds_and_metric_histories(mlfl
         tags = {t["key"]: t["value"] for t in r["data"]["tags"]}
         ffn = params["ffn"]
         seen.add((ffn, tags["seed"]))
-        assert f"ffn={ffn}" in tags["mlflow.runName"].split(",") and "seed" not in tags["mlflow.runName"]
+        assert tags["mlflow.runName"] == f"ffn={ffn},seed={tags['seed']}"  # no two jobs share a name
         assert tags["mlflow.parentRunId"] == parent["info"]["run_id"] and params["seed"] == tags["seed"]
         # the sweep's one varying factor and the seed: not what every job shares (model.d_model, threads,
         # the tracking URI) nor the config's keys (model.ffn.name would be a second axis of the same choice)

@@ -101,16 +101,18 @@ def test_interrupted_run_resumes_exactly(train, corpora, monkeypatch):
 
 
 def test_a_missing_or_unfinished_corpus_is_one_line(tmp_path, corpora):
-    with pytest.raises(DataError, match=r"^data.path: '.*' has no manifest.json; make a prepared corpus with zoo-pr"):
+    with pytest.raises(DataError, match=r"^data.path: '.*' has no manifest.json; make a prepared corpus with "
+                                        r"python -m zoo.prepare"):
         data(str(tmp_path))
     part = tmp_path / "part"
     part.mkdir()
     m = json.loads((Path(corpora["char"]) / "manifest.json").read_text())
     (part / "manifest.json").write_text(json.dumps({**m, "complete": False}))
-    with pytest.raises(DataError, match=r"only partly prepared; rerun the zoo-prepare command to finish it$"):
+    with pytest.raises(DataError, match=r"only partly prepared; rerun the python -m zoo.prepare command to finish it$"):
         data(str(part))
     (part / "manifest.json").write_text(json.dumps(m))  # complete, but its shards are elsewhere
-    with pytest.raises(DataError, match=r"^data.path: shard '.*train_000000.bin' is missing; rerun zoo-prepare"):
+    with pytest.raises(DataError, match=r"^data.path: shard '.*train_000000.bin' is missing; rerun "
+                                        r"python -m zoo.prepare"):
         data(str(part))
 
 
@@ -121,10 +123,12 @@ def test_text_file_and_hf_past_the_threshold_say_to_prepare(tmp_path, monkeypatc
     path.write_text("to be or not to be\n" * 200)
     monkeypatch.setattr(corpus, "MAX_TEXT_BYTES", 1000)
     with pytest.raises(DataError, match=r"^data.path: '.*big.txt' is 0 MB, more than the 0 MB a run reads into "
-                                        r"memory; prepare it once with `zoo-prepare .*big.txt --out corpus.tokens` "
+                                        r"memory; prepare it once with `python -m zoo.prepare .*big.txt --out "
+                                        r"corpus.tokens` "
                                         r"and train with data=tokens data.path=corpus.tokens$"):
         build_data({"kind": "text", "path": str(path), "context": 16, "batch_size": 4}, 0, 4)
     pytest.importorskip("datasets")
-    with pytest.raises(DataError, match=r"^data.dataset: 'text' is .* `zoo-prepare --dataset text --data-files "):
+    with pytest.raises(DataError, match=r"^data.dataset: 'text' is .* `python -m zoo.prepare --dataset text "
+                                        r"--data-files "):
         build_data({"kind": "hf", "dataset": "text", "load_kwargs": {"data_files": str(path)}, "context": 16,
                     "batch_size": 4}, 0, 4)

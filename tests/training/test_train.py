@@ -226,6 +226,26 @@ def test_history_holds_every_metric_of_each_evaluation(train):
     assert all({"val_loss", "exact_match", "exact_match_long"} <= set(h) for h in s["history"])
 
 
+def test_a_finished_run_keeps_its_best_weights_alone_and_a_whole_last_checkpoint(train, capsys):
+    """checkpoints=best_weights, the default: best.ckpt without the optimizer's state (two thirds of it), which
+    sampling needs not; last.ckpt whole, the checkpoint a resume reads."""
+    from tests.helpers import TINY
+    from zoo.sample import main as sample
+    from zoo.training import main
+    from zoo.training.checkpoint import read_checkpoint
+
+    code, run_dir = train([])
+    best, last = run_dir / "checkpoints" / "best.ckpt", run_dir / "checkpoints" / "last.ckpt"
+    assert code == 0 and sorted(p.name for p in best.parent.iterdir()) == ["best.ckpt", "last.ckpt"]
+    ckpt = read_checkpoint(best)
+    assert "optimizer_states" not in ckpt and ckpt["state_dict"] and ckpt["tokenizer"]
+    assert read_checkpoint(last)["optimizer_states"] and best.stat().st_size < last.stat().st_size / 2
+    assert sample([str(best), "--prompt", "RO", "--max-new-tokens", "4"]) == 0
+    capsys.readouterr()
+    assert main(compose_cfg(TINY + [f"ckpt_path={best}"]), run_dir) == 2
+    assert "holds a finished run's weights alone (checkpoints=last), nothing to resume" in capsys.readouterr().err
+
+
 def test_checkpoints_last_keeps_the_weights_alone_and_none_keeps_nothing(train, capsys):
     from zoo.sample import main as sample
     from zoo.training import main

@@ -26,13 +26,14 @@ from zoo.bench.sections.ttt import TTT_RUNS
 from zoo.bench.session import Session
 from zoo.bench.settings import SHAPES, Settings
 from zoo.build import ConfigError
+from zoo.cli.common import OneLineParser
 from zoo.io import atomic_write_text
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     import zoo.bench  # its docstring, the help's description (this module is imported by the package's)
 
-    p = argparse.ArgumentParser(prog="python -m zoo.bench", description=zoo.bench.__doc__.split("\n\n")[0],
+    p = OneLineParser("bench", description=zoo.bench.__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     names = ",".join(SECTIONS.names())
     p.add_argument("--only", default=names, help=f"comma-separated sections: {names}")

@@ -5,6 +5,7 @@ answer at once."""
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from functools import cache
 from pathlib import Path
@@ -13,25 +14,35 @@ from zoo.component import ConfigError  # no torch
 from zoo.io import first_line
 
 EXIT_OK, EXIT_ERROR = 0, 2
+# Each job's exit code, of the sweep this process launched: train.py's task adds its own; zoo's parallel launcher
+# adds those its job processes send back. main reads them to exit 2 when every job was refused.
+JOB_CODES: list[int] = []
 CONFIG_PACKAGE = "zoo.conf"  # conf/ inside an installed wheel (setup.py maps it)
 
-_command: str | None = None  # what the user typed to start the tool (`zoo sample`), when zoo.cli.main started it
+_command: str | None = None  # what the user typed to start the tool (`zoo sample`, `python train.py`): run_as
+# ... also in the environment, for the processes a run starts (a parallel sweep's jobs print resume lines too)
+COMMAND_ENV = "ZOO_COMMAND"
 
 
 def run_as(command: str) -> None:
-    """Name the running tool after the command that started it (`zoo sample`): its usage and error lines say so."""
+    """Name the running tool after the command that started it (`zoo sample`): its usage and error lines say so,
+    and so does every hint it prints (command())."""
     global _command
     _command = command
+    os.environ[COMMAND_ENV] = command
 
 
 class OneLineParser(argparse.ArgumentParser):
-    """argparse whose usage errors are one line (`error: <what>; see --help`) and exit code 2. Its name is the
-    command that started the tool: `python -m zoo.sample`, or `zoo sample` when run through `zoo`."""
+    """argparse whose usage errors are one line (`error: <what>; see --help`) and exit code 2. Its name is how
+    the user runs the tool (command(tool)): `python -m zoo.sample` in a clone, `zoo sample` through `zoo`."""
 
     REQUIRED = "the following arguments are required: "
 
-    def __init__(self, prog: str, **kwargs):
-        super().__init__(prog=_command or prog, **kwargs)
+    def __init__(self, tool: str | None = None, **kwargs):
+        # prog given: a subcommand's parser (argparse makes those), or a tool `zoo` has no subcommand for
+        if tool is not None:
+            kwargs.setdefault("prog", command(tool))
+        super().__init__(**kwargs)
 
     def error(self, message: str):
         if message.startswith(self.REQUIRED):  # argparse also names positionals that may be left out (nargs *)
@@ -71,10 +82,63 @@ def config_dir() -> Path:
     return packaged
 
 
+def command(tool: str, *, as_installed: bool = False) -> str:
+    """How the user in front of this install runs `tool` (train, sample, eval, prepare, report, ...): the one
+    source of every command zoo prints in a hint or a usage line. Started through `zoo` (`zoo train`), it is `zoo
+    <tool>`; started with Python (`python train.py`, `python -m zoo.sample`) in a clone, the clone's documented
+    commands, `python train.py` and `python -m zoo.<tool>`; from a wheel, which has no train.py, `zoo <tool>`.
+    as_installed: the install's documented way whatever started this process (what the benchmark's tables name)."""
+    started = None if as_installed else _command or os.environ.get(COMMAND_ENV)
+    if clone_config_dir() is None or (started is not None and started.startswith("zoo ")):
+        return f"zoo {tool}"
+    return "python train.py" if tool == "train" else f"python -m zoo.{tool}"
+
+
 def train_command() -> str:
-    """How the user in front of this install starts training, for hints: `python train.py` in a clone (the
-    documented command), `zoo train` where zoo was installed from a wheel."""
-    return "python train.py" if clone_config_dir() is not None else "zoo train"
+    """The install's training command, as the benchmark's tables name it: `python train.py` in a clone, `zoo
+    train` from a wheel."""
+    return command("train", as_installed=True)
+
+
+def pip_install(extra: str) -> str:
+    """The command that adds one of zoo's extras (mlflow, hf, ...) to this install: `pip install -e ".[mlflow]"`
+    in a clone (its root named unless it is the working directory), `pip install "zoo[mlflow]"` for a wheel."""
+    if (conf := clone_config_dir()) is None:
+        return f'pip install "zoo[{extra}]"'
+    root = conf.parent
+    where = "." if Path.cwd().resolve() == root else str(root)
+    return f'pip install -e "{where}[{extra}]"'
+
+
+def missing_module(name: str) -> bool:
+    """Whether the package `name` cannot be imported, found without importing it (no torch, no seconds): an
+    extra checked before a run starts."""
+    from importlib.util import find_spec
+
+    if name in sys.modules:  # None there: an import that is blocked
+        return sys.modules[name] is None
+    try:
+        return find_spec(name) is None
+    except (ImportError, ValueError):
+        return True
+
+
+def checkpoint_file_error(path: str) -> str | None:
+    """A checkpoint argument that names no file, in one line, before torch loads (zoo.training.checkpoint reads
+    the file itself, and says the same of these two cases after its imports)."""
+    given = Path(path)
+    if given.is_dir():
+        found = [p for p in (given / "checkpoints" / "best.ckpt", given / "checkpoints" / "last.ckpt") if p.is_file()]
+        hint = f"e.g. '{found[0]}'" if found else "<run dir>/checkpoints/best.ckpt or last.ckpt"
+        return f"checkpoint: '{path}' is a directory; give a checkpoint file ({hint})"
+    if not given.is_file():
+        return f"checkpoint: no such file '{path}'"
+    return None
+
+
+def needs(package: str, extra: str, what: str) -> str:
+    """The one line for a missing extra: `<what> needs the 'mlflow' package: pip install ...`."""
+    return f"{what} needs the '{package}' package: {pip_install(extra)}"
 
 
 def config_search_path() -> str:

@@ -11,9 +11,12 @@ Component options can be written short: `norm.type=rmsnorm` means `model.norm.ty
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 from typing import TYPE_CHECKING
 
-from zoo.cli.common import EXIT_ERROR, EXIT_OK, config_dir, config_search_path
+from hydra.experimental.callback import Callback
+
+from zoo.cli.common import EXIT_ERROR, EXIT_OK, JOB_CODES, command, config_dir, config_search_path, run_as
 from zoo.component import ConfigError
 from zoo.io import collect_once_at_exit, pause_gc_while_loading, resume_gc
 from zoo.training.cli import (  # no torch: fast answers
@@ -43,11 +46,32 @@ def task(cfg: DictConfig) -> float | None:
 
     resume_gc()  # everything is loaded: collect once, freeze it, collector back on for the run
     code = train(cfg)
+    JOB_CODES.append(code)
     if code and HydraConfig.get().mode == RunMode.RUN:  # in a sweep, one failed run must not stop the others
         sys.exit(code)
     if cfg.get("optimized_metric"):  # what a search sweeper (Optuna) minimises or maximises
         return final_metric(HydraConfig.get().runtime.output_dir, cfg.optimized_metric)
     return None
+
+
+class SweepEnd(Callback):
+    """A Hydra callback (conf/config.yaml's hydra.callbacks.sweep_end): every multirun, whichever launcher ran its
+    jobs one after another or side by side, ends with where its runs are and the command that compares them."""
+
+    def on_multirun_end(self, config, **kwargs) -> None:
+        import json
+        import shlex
+
+        root = Path(str(config.hydra.sweep.dir))
+        statuses = []
+        for summary in sorted(root.glob("*/summary.json")) if root.is_dir() else []:
+            try:
+                statuses.append(json.loads(summary.read_text()).get("status", "?"))
+            except (OSError, ValueError):
+                statuses.append("unreadable")
+        counts = ", ".join(f"{statuses.count(s)} {s}" for s in dict.fromkeys(statuses)) or "no run finished"
+        print(f"sweep: {len(statuses)} runs in {root} ({counts})\ncompare them: {command('report')} "
+              f"{shlex.quote(str(root))}", flush=True)
 
 
 def check_arguments(args: list[str]) -> str | None:
@@ -78,6 +102,7 @@ def main(argv: list[str] | None = None, command: str = "zoo train", doc: str = _
     """The whole command: checks that answer in a fraction of a second, then Hydra. `command` is what the user
     typed before the arguments and `doc` the help's introduction (train.py passes its own)."""
     collect_once_at_exit()  # first, so it runs after every exit handler registered later
+    run_as(command)  # its hints (a resume line, a sweep's report command) name what the user typed
     pause_gc_while_loading()  # until task() has imported torch and Lightning
     args = [expand(a) for a in (sys.argv[1:] if argv is None else argv)]
     try:
@@ -95,5 +120,9 @@ def main(argv: list[str] | None = None, command: str = "zoo train", doc: str = _
         return EXIT_ERROR
     if asks_for_sweep(args):
         resume_gc()  # a launcher may run every job elsewhere: this process never reaches task()'s own call
+    JOB_CODES.clear()
     run_hydra(args)
+    if JOB_CODES and all(c == EXIT_ERROR for c in JOB_CODES):  # a sweep refused whole: say so in the code
+        print(f"error: all {len(JOB_CODES)} jobs of the sweep were refused (each said why above)", file=sys.stderr)
+        return EXIT_ERROR
     return EXIT_OK

@@ -22,8 +22,10 @@ MAX_TEXT_BYTES = 200 * 10**6
 
 def too_big(what: str, size: int, prepare_args: str) -> str:
     """The one-line refusal for a corpus past MAX_TEXT_BYTES, with the command that prepares it."""
+    from zoo.cli.common import command  # zoo.cli imports this module's DataError
+
     return (f"{what} is {size / 1e6:,.0f} MB, more than the {MAX_TEXT_BYTES / 1e6:.0f} MB a run reads into memory; "
-            f"prepare it once with `zoo-prepare {prepare_args} --out corpus.tokens` and train with "
+            f"prepare it once with `{command('prepare')} {prepare_args} --out corpus.tokens` and train with "
             "data=tokens data.path=corpus.tokens")
 
 
@@ -50,8 +52,13 @@ def load_default_corpus() -> str:
 
 
 def check_text_file(path: str | os.PathLike[str]) -> Path:
-    """The path of an existing file (not a directory) for data.path, else a one-line DataError."""
+    """The path of an existing regular file for data.path (not a directory, FIFO, device or socket: reading one
+    would block or never end), else a one-line DataError."""
+    from zoo.io import special_file
+
     p = Path(path).expanduser()
+    if kind := special_file(p):
+        raise DataError(f"data.path: '{p}' is {kind}, not a regular file; point it at a text file")
     if not p.exists():
         raise DataFileNotFoundError(f"data.path: no such file '{p}'")
     if p.is_dir():

@@ -23,8 +23,9 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
+from zoo.cli.common import needs
 from zoo.data.corpus import DataError
-from zoo.io import atomic_write_text, first_line
+from zoo.io import atomic_write_text, first_line, read_json
 
 SPECIALS: list[str] = ["<pad>", "<bos>", "<eos>", "<mask>"] + [f"<extra_{i}>" for i in range(16)]
 N_SPECIAL = len(SPECIALS)
@@ -392,7 +393,7 @@ class HFTokenizer(Tokenizer):
         try:
             from transformers import AutoTokenizer
         except ImportError:
-            raise DataError("tokenizer: hf:<name> needs the 'transformers' package: pip install -e '.[hf]'") from None
+            raise DataError(needs("transformers", "hf", "tokenizer: hf:<name>")) from None
         from zoo.net import bound_network
 
         bound_network()  # a hub that never answers: ZOO_NET_TIMEOUT_S, not forever
@@ -486,10 +487,10 @@ def text_fingerprint(text: str) -> str:
 
 def _read_saved(path: Path) -> dict[str, Any]:
     try:
-        payload = json.loads(path.read_text(encoding="utf-8"))
+        payload = read_json(path)
     except FileNotFoundError:
         raise DataError(f"tokenizer: no saved tokenizer at '{path}'") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+    except (OSError, ValueError) as e:  # FileFormatError: too large, too deep, not JSON
         raise DataError(f"tokenizer: cannot read '{path}': {e}") from None
     if not isinstance(payload, dict) or payload.get("format") != _FILE_FORMAT:
         raise DataError(f"tokenizer: '{path}' is not a saved tokenizer ({_FILE_FORMAT})")

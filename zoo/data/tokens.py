@@ -18,7 +18,6 @@ corpus is read whole once, not at every run.
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import re
 import stat
@@ -28,8 +27,9 @@ from typing import Any
 
 import numpy as np
 
+from zoo.cli.common import command
 from zoo.data.corpus import DataError, cache_dir
-from zoo.io import atomic_write, atomic_write_json
+from zoo.io import atomic_write, atomic_write_json, read_json
 
 FORMAT = "zoo-tokens/1"
 MANIFEST = "manifest.json"
@@ -70,23 +70,23 @@ def read_manifest(path: str | Path, key: str = "data.path") -> dict[str, Any]:
     file = root / MANIFEST
     if not root.is_dir():
         raise DataError(f"{key}: no prepared corpus at '{root}' (not a directory); make one with "
-                        f"zoo-prepare <text files> --out {root}")
+                        f"{command('prepare')} <text files> --out {root}")
     if file.is_symlink() and not _inside(file.resolve(), root):
         raise DataError(f"{key}: '{file}' is a link to '{file.resolve()}', outside the corpus directory; "
                         "a corpus's files must be inside it")
     if file.exists() and not file.is_file() and not file.is_dir():  # a FIFO would block the read
         raise DataError(f"{key}: '{file}' is not a regular file; prepare the corpus again")
     try:
-        manifest = json.loads(file.read_text(encoding="utf-8"))
+        manifest = read_json(file)
     except FileNotFoundError:
         raise DataError(f"{key}: '{root}' has no {MANIFEST}; make a prepared corpus with "
-                        f"zoo-prepare <text files> --out {root}") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+                        f"{command('prepare')} <text files> --out {root}") from None
+    except (OSError, ValueError) as e:  # FileFormatError: too large, too deep, not JSON
         raise DataError(f"{key}: cannot read '{file}': {getattr(e, 'strerror', None) or e}") from None
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
-        raise DataError(f"{key}: '{file}' is not a zoo-prepare manifest ({FORMAT})")
+        raise DataError(f"{key}: '{file}' is not a zoo prepare manifest ({FORMAT})")
     if not manifest.get("complete"):
-        raise DataError(f"{key}: '{root}' is only partly prepared; rerun the zoo-prepare command to finish it")
+        raise DataError(f"{key}: '{root}' is only partly prepared; rerun the {command('prepare')} command to finish it")
     if problem := manifest_problem(manifest):
         raise DataError(f"{key}: '{file}' is damaged ({problem}); prepare the corpus again")
     return manifest
@@ -185,12 +185,12 @@ def _open_shard(root: Path, entry: dict, dtype: np.dtype, vocab: int, key: str, 
         fd = os.open(file, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     except OSError as e:
         what = "is missing" if isinstance(e, FileNotFoundError) else f"cannot be opened ({e.strerror})"
-        raise DataError(f"{key}: shard '{named}' {what}; rerun zoo-prepare to repair the corpus") from None
+        raise DataError(f"{key}: shard '{named}' {what}; rerun {command('prepare')} to repair the corpus") from None
     st = os.fstat(fd)
     if not stat.S_ISREG(st.st_mode) or st.st_size != expected:
         os.close(fd)
         what = "not a regular file" if not stat.S_ISREG(st.st_mode) else f"{st.st_size} bytes, not {expected}"
-        raise DataError(f"{key}: shard '{named}' is {what}; rerun zoo-prepare to repair the corpus")
+        raise DataError(f"{key}: shard '{named}' is {what}; rerun {command('prepare')} to repair the corpus")
     with os.fdopen(fd, "rb") as f:
         stamp = [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev]
         if verify != "never":
@@ -215,7 +215,7 @@ def _verify(f, named: Path, sha256: str, dtype: np.dtype, key: str) -> int:
             top = max(top, int(np.frombuffer(buf, dtype, count=n // dtype.itemsize).max()))
     if h.hexdigest() != sha256:
         raise DataError(f"{key}: shard '{named}' does not match its sha256 in {MANIFEST} (changed or damaged "
-                        "since it was prepared); rerun zoo-prepare to repair the corpus")
+                        f"since it was prepared); rerun {command('prepare')} to repair the corpus")
     return top
 
 
@@ -232,8 +232,8 @@ class _VerifiedRecord:
         self.file = cache_dir() / "verified" / f"{hashlib.sha256(str(root).encode()).hexdigest()[:32]}.json"
         self.shards: dict[str, Any] = {}
         self.changed = False
-        try:  # a regular file only: a FIFO put there would block the read
-            saved = json.loads(self.file.read_text(encoding="utf-8")) if self.file.is_file() else {}
+        try:  # bounded, a regular file only (FileFormatError, a ValueError, otherwise): damaged means verify again
+            saved = read_json(self.file) if self.file.is_file() else {}
             if saved.get("format") == VERIFIED_FORMAT and saved.get("corpus") == str(root):
                 self.shards = dict(saved["shards"])
         except (OSError, ValueError, TypeError, AttributeError, KeyError):

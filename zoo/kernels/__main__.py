@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import argparse
 import sys
 
+from zoo.cli.common import OneLineParser
 from zoo.component import ConfigError
 
 
@@ -42,7 +42,7 @@ def _build(names: list[str]) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m zoo.kernels", description=__doc__)
+    p = OneLineParser("kernels", prog="python -m zoo.kernels", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
     sub.add_parser("list", help="each kernel, what it speeds up, when it runs, whether it is built here")
     b = sub.add_parser("build", help="build the C++ kernels now (all, or the named ones), not in a run")

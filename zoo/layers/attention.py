@@ -36,6 +36,15 @@ class AttentionOptions(Options):
     # Queries and keys normalised with the model's norm, before RoPE: true (or head) each head on its own (Qwen3,
     # Gemma 3); projection the whole query and key projections, all heads at once (OLMo 2); false: neither.
     qk_norm: bool | Literal["head", "projection"] = False
+    # Sigmoid attention (Ramapuram et al. 2024): weights sigmoid(score + b), b = -log(max_seq_len), each on its own,
+    # in place of the softmax over keys.
+    sigmoid: bool = False
+    # Explicit sparse attention (Zhao et al. 2019): each query keeps its sparse_topk highest scores (ties kept), the
+    # rest masked before the softmax; null: all.
+    sparse_topk: int | None = None
+    # NormFormer's head scaling (Shleifer et al. 2021; x-transformers' attn_head_scale): each head's output times a
+    # learned scalar, from 1, before the output projection
+    head_scale: bool = False
 
 
 def qk_norms(ctx: Context, opts: AttentionOptions, dim: int, k_dim: int | None = None) -> tuple[nn.Module, nn.Module]:
@@ -94,7 +103,11 @@ class KVCache:
 
 class AttentionBase(nn.Module):
     """What every attention shares: the backends, attention-weight dropout, and `record` (keep the weights
-    for `attention_maps`). A variant makes its own queries, keys and values and calls `_attend`."""
+    for `attention_maps`). A variant makes its own queries, keys and values and calls `_attend`.
+
+    `plain`: the weights are softmax(q k^T / sqrt(d_k)) as the fused kernel computes them, so backend=sdpa takes
+    it; a variant that changes the scores (talking heads) or an option that does (sigmoid, sparse_topk) computes
+    them written out (`_weights`), whatever the backend."""
 
     count_as = "attention"
     residual_outputs = ("out",)  # writes into the residual stream: depth-scaled init
@@ -106,11 +119,26 @@ class AttentionBase(nn.Module):
         self.backend, self.dropout = opts.backend, ctx.dropout
         self.record = False  # when True, use the math backend and keep `weights` (B, H, Tq, Tk)
         self.weights: torch.Tensor | None = None
+        # sigmoid's b = -log(n), n the training length (Ramapuram et al.): fixed, so a cached step gets the same b
+        need(not opts.sigmoid or ctx.max_seq_len > 0, "attention.sigmoid", "needs model.max_seq_len > 0 for its "
+             f"bias -log(max_seq_len), got {ctx.max_seq_len}; valid: false, or a positive max_seq_len")
+        self.sigmoid_bias = -math.log(ctx.max_seq_len) if opts.sigmoid else None
+        need(opts.sparse_topk is None or opts.sparse_topk > 0, "attention.sparse_topk",
+             f"must be a positive integer or null, got {opts.sparse_topk}")
+        self.sparse_topk = opts.sparse_topk
+        self.plain = not opts.sigmoid and opts.sparse_topk is None
+        self.head_scale = nn.Parameter(torch.ones(ctx.n_heads, 1, 1)) if opts.head_scale else None
+        if opts.head_scale:
+            self.constants = {"head_scale": 1.0}  # init_weights starts it at 1
+
+    def _scale_heads(self, y: torch.Tensor) -> torch.Tensor:
+        """Each head's output (B, H, T, hd) times its learned scalar (attention.head_scale), else unchanged."""
+        return y if self.head_scale is None else y * self.head_scale
 
     def _attend(self, q, k, v, mask, is_causal, qk_dim: int | None = None) -> torch.Tensor:
         """softmax(q k^T / sqrt(qk_dim)) v. q (B, H, Tq, E); k (B, H_kv, Tk, E) and v (B, H_kv, Tk, Ev), each
         key/value head shared by H // H_kv query heads; qk_dim defaults to E."""
-        if self.backend == "sdpa" and not self.record:
+        if self.backend == "sdpa" and not self.record and self.plain:
             scale = None if qk_dim is None else 1 / math.sqrt(qk_dim)
             return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=self.dropout if self.training
                                                   else 0.0, is_causal=is_causal, scale=scale,
@@ -118,13 +146,34 @@ class AttentionBase(nn.Module):
         return self._written_out(q, k, v, mask, is_causal, qk_dim)
 
     def _written_out(self, q, k, v, mask, is_causal, qk_dim: int | None = None) -> torch.Tensor:
-        """The math backend: softmax(q k^T / sqrt(d_k)) v, written out so the weights can be kept."""
+        """The math backend: weights(q k^T) v, written out so the weights can be kept."""
         groups = q.shape[1] // k.shape[1]
         k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
-        weights = self._softmax(q @ k.transpose(-2, -1), mask, is_causal, qk_dim or q.shape[-1]).to(q.dtype)
+        weights = self._weights(q @ k.transpose(-2, -1), mask, is_causal, qk_dim or q.shape[-1]).to(q.dtype)
         if self.record:
             self.weights = weights.detach()
         return F.dropout(weights, self.dropout if self.training else 0.0) @ v
+
+    def _weights(self, scores, mask, is_causal, qk_dim: int) -> torch.Tensor:
+        """Raw scores q k^T (B, H, Tq, Tk) -> the attention weights; a variant that changes the scores (talking
+        heads) overrides this, and composes `masked_scores` and `_normalise`."""
+        if self.plain:
+            return self._softmax(scores, mask, is_causal, qk_dim)
+        return self._normalise(masked_scores(scores / math.sqrt(qk_dim), mask, is_causal))
+
+    def _normalise(self, scores: torch.Tensor) -> torch.Tensor:
+        """Scaled, masked scores (masked: -inf) -> weights: softmax over the keys, or with attention.sigmoid each
+        sigmoid(score + b), masked keys 0; with attention.sparse_topk k only each query's k highest scores count
+        (masked keys are the lowest). Low-precision scores are normalised in float32."""
+        if self.sparse_topk is not None and self.sparse_topk < scores.shape[-1]:
+            kth = scores.topk(self.sparse_topk, dim=-1).values[..., -1:]  # (..., Tq, 1)
+            # Scores within rounding of the k-th are ties, kept: equal keys (a repeated token) score the same in
+            # exact arithmetic, but a cached step's product rounds differently from the full forward's.
+            size = scores.masked_fill(scores.isinf(), 0).abs().amax(dim=-1, keepdim=True)
+            scores = scores.masked_fill(scores < kth - 64 * torch.finfo(scores.dtype).eps * size, float("-inf"))
+        if self.sigmoid_bias is not None:
+            return torch.sigmoid(scores.to(torch.promote_types(scores.dtype, torch.float32)) + self.sigmoid_bias)
+        return scores.softmax(dim=-1, dtype=torch.promote_types(scores.dtype, torch.float32))
 
     def _softmax(self, scores, mask, is_causal, qk_dim: int) -> torch.Tensor:
         return scores_softmax(scores, mask, is_causal, qk_dim)
@@ -141,13 +190,19 @@ def scores_softmax(scores: torch.Tensor, mask: torch.Tensor | None, is_causal: b
     """softmax(scores / sqrt(qk_dim)) over keys (..., Tq, Tk) with the mask (causal: queries are the last of the
     keys). Low-precision scores are normalised in float32 for accuracy (the caller rounds the result back);
     float32 and float64 stay as they are."""
-    scores = scores / math.sqrt(qk_dim)
+    scores = masked_scores(scores / math.sqrt(qk_dim), mask, is_causal)
+    return scores.softmax(dim=-1, dtype=torch.promote_types(scores.dtype, torch.float32))
+
+
+def masked_scores(scores: torch.Tensor, mask: torch.Tensor | None, is_causal: bool) -> torch.Tensor:
+    """Scores (..., Tq, Tk) with the mask applied: a bool mask's hidden keys -inf, a float mask (a position bias,
+    -inf where hidden) added; causal: queries are the last of the keys."""
     if is_causal:  # eager reuses the cached mask; under torch.compile dynamo traces the builder itself
         build = attention_mask.__wrapped__ if torch.compiler.is_compiling() else attention_mask
         mask = build(scores.shape[-2], scores.shape[-1], True, None, scores.device)
     if mask is not None:
         scores = scores.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else scores + mask
-    return scores.softmax(dim=-1, dtype=torch.promote_types(scores.dtype, torch.float32))
+    return scores
 
 
 class Attention(AttentionBase):
@@ -170,12 +225,18 @@ class Attention(AttentionBase):
         self.value_mix = ScalarMix("attention", 0.5, 0.5) if ctx.value_embed and not ctx.cross else None
         self.norm_projection = opts.qk_norm == "projection"  # else per head, when on
         self.q_norm, self.k_norm = qk_norms(ctx, opts, *((q_dim, kv_dim) if self.norm_projection else (self.head_dim,)))
+        self.qk_dim: int | None = None  # scores are scaled by 1 / sqrt(qk_dim); None: the head size
 
     def forward(self, x: torch.Tensor, pos: Position, mask: torch.Tensor | None = None,
                 is_causal: bool = False, context: torch.Tensor | None = None,
                 cache: KVCache | None = None, offset: int = 0,
                 value_embed: torch.Tensor | None = None) -> torch.Tensor:
-        B, T, _ = x.shape
+        q, k, v = self._project(x, pos, context, cache, offset, value_embed)
+        return self._output(self._attend(q, k, v, mask, is_causal, self.qk_dim), x)
+
+    def _project(self, x: torch.Tensor, pos: Position, context: torch.Tensor | None, cache: KVCache | None,
+                 offset: int, value_embed: torch.Tensor | None) -> tuple[torch.Tensor, ...]:
+        """Queries (B, H, T, hd) of x; keys and values (B, H_kv, S, hd) of x and the cache, or of the context."""
         if context is None:
             q, k, v = self.qkv(x).split(self.split, dim=-1)
             if self.value_mix is not None:  # the new tokens' value embeddings join their values, then the cache
@@ -193,8 +254,11 @@ class Attention(AttentionBase):
                 k, v = self._normed(k, self.k_norm), self._heads(v)
                 if cache is not None:
                     cache.append(k, v)
-        y = self._attend(q, k, v, mask, is_causal)
-        return self.out_dropout(self.out(y.transpose(1, 2).reshape(B, T, -1)))
+        return q, k, v
+
+    def _output(self, y: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """The heads' outputs y (B, H, T, hd) -> (B, T, d_model); x is the layer's input (a gate reads it)."""
+        return self.out_dropout(self.out(self._scale_heads(y).transpose(1, 2).flatten(2)))
 
     def cache_bytes_per_token(self, element_size: int) -> int:
         """KV-cache bytes one token adds to this layer: its keys and values."""
@@ -213,7 +277,9 @@ class Attention(AttentionBase):
         return self._heads(norm(t)) if self.norm_projection else norm(self._heads(t))
 
 
-@ATTENTION.register("mha", options=AttentionOptions, examples=[{}, {"window": 3}, {"qk_norm": True}])
+@ATTENTION.register("mha", options=AttentionOptions, examples=[{}, {"window": 3}, {"qk_norm": True}, {"sigmoid": True},
+                                                                  {"sparse_topk": 3},
+                                                                  {"head_scale": True}])
 def mha(ctx: Context, opts: AttentionOptions) -> Attention:
     """Multi-head attention: a key/value head per query head (Vaswani et al. 2017)."""
     return Attention(ctx, opts, ctx.n_heads)
@@ -230,13 +296,26 @@ class GQAOptions(AttentionOptions):
     n_kv_heads: int  # key/value heads, each shared by n_heads // n_kv_heads query heads
 
 
-@ATTENTION.register("gqa", options=GQAOptions, examples=[{"n_kv_heads": 2}, {"n_kv_heads": 2, "qk_norm": "projection"}])
-def gqa(ctx: Context, opts: GQAOptions) -> Attention:
-    """Grouped-query attention: groups of query heads share a key/value head (Ainslie et al. 2023)."""
-    kv = opts.n_kv_heads
+@dataclass(kw_only=True)
+class HeadsOptions(AttentionOptions):
+    """The options of a variant built on `Attention` that may share key/value heads as GQA does."""
+
+    n_kv_heads: int | None = None  # key/value heads, each shared by n_heads // n_kv_heads query heads; null: n_heads
+
+
+def kv_heads(ctx: Context, opts: GQAOptions | HeadsOptions) -> int:
+    """The key/value heads opts.n_kv_heads asks for (null: one per query head), checked against ctx.n_heads."""
+    kv = ctx.n_heads if opts.n_kv_heads is None else opts.n_kv_heads
     need(kv > 0, "attention.n_kv_heads", f"must be a positive integer, got {kv}")
     need(ctx.n_heads % kv == 0, "attention.n_kv_heads", f"n_heads={ctx.n_heads} is not divisible by n_kv_heads={kv}")
-    return Attention(ctx, opts, kv)
+    return kv
+
+
+@ATTENTION.register("gqa", options=GQAOptions, examples=[{"n_kv_heads": 2}, {"n_kv_heads": 2, "qk_norm": "projection"},
+                                                         {"n_kv_heads": 2, "sigmoid": True}])
+def gqa(ctx: Context, opts: GQAOptions) -> Attention:
+    """Grouped-query attention: groups of query heads share a key/value head (Ainslie et al. 2023)."""
+    return Attention(ctx, opts, kv_heads(ctx, opts))
 
 
 @lru_cache(maxsize=32)

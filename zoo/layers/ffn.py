@@ -22,7 +22,12 @@ ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "relu": F.relu,
     "gelu": F.gelu,
     "gelu_tanh": partial(F.gelu, approximate="tanh"),  # GPT-2's "gelu_new"
-    "silu": F.silu,
+    "silu": F.silu,  # Swish with beta = 1 (Ramachandran et al. 2017)
+    "elu": F.elu,
+    "selu": F.selu,
+    "sigmoid": torch.sigmoid,  # the gate of the original GLU (Dauphin et al. 2017)
+    "softplus": F.softplus,
+    "identity": lambda x: x,  # no activation: the bilinear GLU (LiGLU)
 }
 
 
@@ -35,6 +40,7 @@ def default_d_ff(d_model: int, gated: bool) -> int:
 @dataclass(kw_only=True)
 class FFNOptions(Options):
     d_ff: int | None = None  # hidden size; null: 4 * d_model, or 8/3 * d_model (to a multiple of 8) if gated
+    post_act_norm: bool = False  # NormFormer (Shleifer et al. 2021): the model's norm over d_ff after the activation
     widths: ClassVar[tuple[str, ...]] = ("d_ff",)  # options that grow with d_model (zoo.mup scales them along)
 
 
@@ -49,6 +55,7 @@ class _FFN(nn.Module):
         need(opts.d_ff is None or opts.d_ff > 0, "ffn.d_ff", f"must be a positive integer or null, got {opts.d_ff!r}")
         self.d_ff = opts.d_ff or default_d_ff(ctx.d_model, self.gated)
         self.act = ACTIVATIONS[self.activation]
+        self.post_act_norm = ctx.norm(self.d_ff) if opts.post_act_norm else nn.Identity()
         self.dropout = nn.Dropout(ctx.dropout)
 
     @classmethod
@@ -66,7 +73,7 @@ class MLP(_FFN):
         self.down = nn.Linear(self.d_ff, ctx.d_model, bias=ctx.bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.dropout(self.down(self.act(self.up(x))))
+        return self.dropout(self.down(self.post_act_norm(self.act(self.up(x)))))
 
 
 class GatedMLP(_FFN):
@@ -82,13 +89,16 @@ class GatedMLP(_FFN):
         self.down = nn.Linear(self.d_ff, ctx.d_model, bias=ctx.bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.dropout(self.down(self.act(self.gate(x)) * self.up(x)))
+        return self.dropout(self.down(self.post_act_norm(self.act(self.gate(x)) * self.up(x))))
 
 
-# One registered subclass per variant: the class says which activation, nothing else changes.
+# One registered subclass per variant: the class says which activation, nothing else changes. Narang et al.
+# 2021's rows: silu is their Swish, glu the sigmoid-gated GLU, liglu the bilinear one (no activation).
 for _name, _base, _act in [
-    ("relu", MLP, "relu"), ("gelu", MLP, "gelu"), ("gelu_tanh", MLP, "gelu_tanh"),
+    ("relu", MLP, "relu"), ("gelu", MLP, "gelu"), ("gelu_tanh", MLP, "gelu_tanh"), ("silu", MLP, "silu"),
+    ("elu", MLP, "elu"), ("selu", MLP, "selu"), ("sigmoid", MLP, "sigmoid"), ("softplus", MLP, "softplus"),
     ("reglu", GatedMLP, "relu"), ("geglu", GatedMLP, "gelu"), ("geglu_tanh", GatedMLP, "gelu_tanh"),
-    ("swiglu", GatedMLP, "silu"),
+    ("swiglu", GatedMLP, "silu"), ("glu", GatedMLP, "sigmoid"), ("liglu", GatedMLP, "identity"),
 ]:
-    FFN.register(_name, type(_name.upper(), (_base,), {"activation": _act}), options=FFNOptions)
+    FFN.register(_name, type(_name.upper(), (_base,), {"activation": _act}), options=FFNOptions,
+                 examples=[{}, {"post_act_norm": True}] if _name in ("gelu", "swiglu") else None)

@@ -102,7 +102,7 @@ class MLA(AttentionBase):
         # absorbing costs H * r more than expanding per key's score and sum, expanding 2 * H * hd * r per key.
         absorb = cache is not None and T * (self.kv_rank - self.head_dim) < self.kv_rank * self.head_dim
         attend = self._absorbed if absorb else self._expanded
-        y = attend(q, q_r, ck, mask, is_causal)  # (B, H, T, hd)
+        y = self._scale_heads(attend(q, q_r, ck, mask, is_causal))  # (B, H, T, hd)
         return self.out_dropout(self.out(y.transpose(1, 2).reshape(B, T, -1)))
 
     def _latent(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

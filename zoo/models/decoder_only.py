@@ -5,7 +5,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from zoo.models.stack import Cache, Readout, Stack, context
+from zoo.models.stack import Cache, Stack, context
+from zoo.models.vocab import output_head, token_embedding
 from zoo.registry import MODEL
 from zoo.schema import ModelSpec
 
@@ -19,11 +20,9 @@ class DecoderOnly(nn.Module):
     def __init__(self, cfg: ModelSpec):
         super().__init__()
         self.cfg = cfg
-        self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        self.embed = token_embedding(cfg)
         self.decoder = Stack(cfg, context(cfg, cfg.n_layers, causal=True), self.embed, cfg.n_layers)
-        self.head = Readout(cfg, cfg.d_model, cfg.vocab_size, bias=False)
-        if cfg.tie_embeddings:
-            self.head.weight = self.embed.weight
+        self.head = output_head(cfg, cfg.d_model, False, self.embed)
 
     def forward(self, tokens: torch.Tensor, cache: Cache | None = None) -> torch.Tensor:
         """tokens (B, T) -> next-token logits (B, T, vocab)."""

@@ -1,5 +1,5 @@
 """Encoder-decoder (original Transformer, T5, BART): a bidirectional encoder, a causal decoder that
-cross-attends to it, one shared token embedding and a tied output head."""
+cross-attends to it, one shared token embedding and a tied output head (zoo/models/vocab.py: other ties)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ from dataclasses import replace
 import torch
 from torch import nn
 
-from zoo.models.stack import Cache, Readout, Stack, context
+from zoo.models.stack import Cache, Stack, context
+from zoo.models.vocab import output_head, token_embedding
 from zoo.registry import MODEL
 from zoo.schema import ModelSpec
 
@@ -22,17 +23,17 @@ class EncoderDecoder(nn.Module):
     def __init__(self, cfg: ModelSpec):
         super().__init__()
         self.cfg = cfg
-        self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        self.embed = token_embedding(cfg)
         n_enc, n_dec = cfg.n_layers, cfg.n_decoder_layers or cfg.n_layers
         ctx = context(cfg, n_enc + n_dec)
-        self.encoder = Stack(cfg, ctx, self.embed, n_enc)
+        # model.tie_encoder_decoder=false: the encoder reads a token embedding of its own
+        self.encoder = Stack(cfg, ctx, self.embed if cfg.tie_encoder_decoder else token_embedding(cfg), n_enc)
         self.decoder = Stack(cfg, replace(ctx, causal=True, layer=n_enc), self.embed, n_dec, cross=True)
-        self.head = Readout(cfg, cfg.d_model, cfg.vocab_size, bias=False)
-        if cfg.tie_embeddings:
-            self.head.weight = self.embed.weight
+        self.head = output_head(cfg, cfg.d_model, False, self.embed)
 
     def encode(self, src: torch.Tensor, src_padding: torch.Tensor | None = None) -> torch.Tensor:
-        return self.encoder(src, padding=src_padding)
+        # model.transparent_attention: every encoder state, (n_layers + 1, B, S, d), mixed per decoder layer
+        return self.encoder(src, padding=src_padding, states=self.cfg.transparent_attention)
 
     def decode(self, tgt: torch.Tensor, memory: torch.Tensor, src_padding: torch.Tensor | None = None,
                cache: Cache | None = None) -> torch.Tensor:

@@ -6,7 +6,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from zoo.models.stack import Readout, Stack, context
+from zoo.models.stack import Stack, context
+from zoo.models.vocab import output_head, token_embedding
 from zoo.registry import MODEL
 from zoo.schema import ModelSpec
 
@@ -20,15 +21,13 @@ class EncoderOnly(nn.Module):
     def __init__(self, cfg: ModelSpec):
         super().__init__()
         self.cfg = cfg
-        d, vocab, bias = cfg.d_model, cfg.vocab_size, cfg.bias
-        self.embed = nn.Embedding(vocab, d)
+        d, bias = cfg.d_model, cfg.bias
+        self.embed = token_embedding(cfg)
         ctx = context(cfg, cfg.n_layers)
         self.encoder = Stack(cfg, ctx, self.embed, cfg.n_layers)
         # BERT's MLM head: a dense + GELU + norm transform, then the output projection with a bias.
         self.head_dense, self.head_norm = nn.Linear(d, d, bias=bias), ctx.norm()
-        self.head = Readout(cfg, d, vocab, bias=bias)
-        if cfg.tie_embeddings:
-            self.head.weight = self.embed.weight
+        self.head = output_head(cfg, d, bias, self.embed)
 
     def forward(self, tokens: torch.Tensor, padding: torch.Tensor | None = None) -> torch.Tensor:
         """tokens (B, T), padding (B, T) True for real tokens -> logits for every position (B, T, vocab)."""

@@ -9,14 +9,15 @@ from functools import partial
 import torch
 from torch import nn
 
-from zoo.block import TransformerBlock
+from zoo.block import TransformerBlock, block_sublayers
 from zoo.component import Context, build, need
 from zoo.layers.attention import KVCache, attention_bias, cross_attention_mask
+from zoo.models import depth
 from zoo.mup import output_scale
 from zoo.registry import NORM, POSITION, RESIDUAL
 from zoo.schema import ModelSpec
 
-Cache = list[tuple[KVCache, KVCache]]  # per layer: (self-attention, cross-attention)
+Cache = list[tuple[KVCache, ...]]  # per layer: (self-attention, cross-attention), or one per attention step
 
 
 def context(cfg: ModelSpec, n_layers: int, causal: bool = False) -> Context:
@@ -32,8 +33,9 @@ class Stack(nn.Module):
     causal=True makes it a decoder (each token sees only earlier ones); cross=True adds
     cross-attention to an encoder's output. ctx.layer is the index of its first block in the model."""
 
-    def __init__(self, cfg: ModelSpec, ctx: Context, embed: nn.Embedding, n_layers: int, cross: bool = False):
+    def __init__(self, cfg: ModelSpec, ctx: Context, embed: nn.Module, n_layers: int, cross: bool = False):
         super().__init__()
+        depth.check(cfg)
         self.embed, self.causal = embed, ctx.causal
         self.embed_scale = math.sqrt(ctx.d_model) if cfg.scale_embeddings else 1.0
         self.position = build(POSITION, cfg.position, ctx)
@@ -42,40 +44,87 @@ class Stack(nn.Module):
         self.dropout = nn.Dropout(ctx.dropout)
         residual = RESIDUAL.get(cfg.norm.placement)
         self.value_tables = value_tables(cfg.value_embeddings, n_layers)
+        orders = block_sublayers(cfg, n_layers)  # model.sublayers: each block's sequence (None: standard)
+        # model.share_blocks: the block each layer applies (zoo/models/depth.py); a block built once runs for each
+        # of its layers, with a KV-cache slot per layer
+        self.layer_blocks = depth.layer_blocks(cfg, n_layers, ctx.causal)
         self.blocks = nn.ModuleList(
             TransformerBlock(replace(ctx, layer=ctx.layer + i, value_embed=self.value_tables[i] is not None), cfg,
-                             residual, cross) for i in range(n_layers)
+                             residual, cross, orders[i]) for i in range(max(self.layer_blocks) + 1)
         )
-        self.window = self.blocks[0].window  # one mask for every layer: their attention's (AttentionPart)
+        self.depth = depth.Depth(cfg, ctx, n_layers)  # the loop over the layers (step signal, ACT)
+        # model.transparent_attention: a decoder's layers read their own mix of the encoder's states
+        self.memory_mix = depth.TransparentMix(cfg, n_layers) if cross and cfg.transparent_attention else None
+        # one mask for every layer: their attention's (AttentionPart), from the first block that attends
+        self.window = next((b.window for b in self.blocks if b.kinds is None or "a" in b.kinds), None)
         # model.value_embeddings: tables of the tokens' vectors, each as wide as the attention's values
         value_dim = self.blocks[0].value_dim
         need(not cfg.value_embeddings or value_dim is not None, "value_embeddings",
              f"attention '{cfg.attention.name}' takes no value embeddings (its value_dim is null: the values are not "
              "what it caches or projects directly); valid: 0 with this attention, or an attention with a value_dim")
-        self.value_embeds = nn.ModuleList(nn.Embedding(embed.num_embeddings, value_dim or 0)
+        self.value_embeds = nn.ModuleList(nn.Embedding(cfg.vocab_size, value_dim or 0)
                                           for _ in range(cfg.value_embeddings))
+        # model.memory_tokens: learned tokens before the sequence (with the first tokens; then in the cache)
+        self.memory = nn.Embedding(cfg.memory_tokens, ctx.d_model) if cfg.memory_tokens else None
         final = cfg.final_norm  # None: the placement decides (Post-LN has none; nn.Transformer adds one)
         self.final_norm = ctx.norm() if (residual.final_norm if final is None else final) else nn.Identity()
 
     def forward(self, tokens: torch.Tensor, padding: torch.Tensor | None = None,
                 memory: torch.Tensor | None = None, memory_padding: torch.Tensor | None = None,
-                cache: Cache | None = None) -> torch.Tensor:
-        """tokens (B, T) -> hidden states (B, T, d). padding: (B, T) True for real tokens."""
-        offset = cache[0][0].len if cache else 0
+                cache: Cache | None = None, states: bool = False) -> torch.Tensor:
+        """tokens (B, T) -> hidden states (B, T, d). padding: (B, T) True for real tokens. states: every layer's
+        input and the last output instead, each through the final norm (L + 1, B, T, d), what a decoder with a
+        memory_mix reads as `memory`."""
+        # positions the layers have seen (the memory's included): a self-attention's cache, the first block's that
+        # attends (model.sublayers may start a block with no attention)
+        offset = next((layer[0].len for layer in cache if layer), 0) if cache else 0
+        n_mem = self.memory.num_embeddings if self.memory is not None else 0
         x = self.embed(tokens) * self.embed_scale
-        x = x0 = self.dropout(self.embed_norm(self.position.embed(x, offset)))
-        t = tokens.shape[1]
+        x = x0 = self.dropout(self.embed_norm(self.position.embed(x, offset - n_mem if offset else 0)))
+        values = [table(tokens) for table in self.value_embeds]  # (B, T, value_dim) each: the new tokens' only
+        prepend = n_mem if offset == 0 else 0  # the memory sits before the first token: the layers' positions 0..
+        if prepend and self.memory is not None:
+            x = x0 = torch.cat([self.memory.weight.to(x.dtype).expand(x.shape[0], -1, -1), x], dim=1)
+            padding = None if padding is None else torch.nn.functional.pad(padding, (prepend, 0), value=True)
+            values = [torch.nn.functional.pad(v, (0, 0, prepend, 0)) for v in values]
+        t = x.shape[1]
         mask, is_causal = attention_bias(t, offset + t, self.causal, self.window, self.position,
                                          padding, x.device, x.dtype)
         memory_mask = cross_attention_mask(memory_padding)
-        values = [table(tokens) for table in self.value_embeds]  # (B, T, value_dim) each: the new tokens' only
-        for i, (block, table) in enumerate(zip(self.blocks, self.value_tables, strict=True)):
-            x = block(x, self.position, mask, is_causal, memory, memory_mask, cache[i] if cache else None, offset,
-                      x0=x0, value_embed=None if table is None else values[table])
+
+        inputs = []  # each layer's input (states=True)
+        # each layer's attention scores, handed to the next (AttentionPart.chains_scores)
+        scores: list[torch.Tensor] | None = [] if self.blocks[0].chains_scores else None
+        memories = self.memory_mix(memory) if self.memory_mix is not None else None  # one per layer
+
+        def layer(i: int, x: torch.Tensor) -> torch.Tensor:  # the i-th layer: its block, its cache slot
+            table = self.value_tables[i]
+            if states:
+                inputs.append(x)
+            return self.blocks[self.layer_blocks[i]](x, self.position, mask, is_causal,
+                                                     memory if memories is None else memories[i], memory_mask,
+                                                     cache[i] if cache else None, offset, x0=x0,
+                                                     value_embed=None if table is None else values[table],
+                                                     scores=scores)
+
+        x = self.depth(x, layer, self.position, offset, padding)
+        if states:
+            return self.final_norm(torch.stack([*inputs, x])[:, :, prepend:])
+        x = x[:, prepend:]  # the memory tokens' outputs are dropped
         return self.final_norm(x)
 
     def new_cache(self) -> Cache:
-        return [(KVCache(), KVCache()) for _ in self.blocks]
+        return [self.blocks[b].new_cache() for b in self.layer_blocks]
+
+
+def applications(model: nn.Module) -> dict[int, int]:
+    """id of every module inside a stack's blocks -> how many layers apply its block (more than 1: shared), for
+    the counts that go by applications (FLOPs, the residual init's depth)."""
+    out: dict[int, int] = {}
+    for stack in (m for m in model.modules() if isinstance(m, Stack)):
+        for b, block in enumerate(stack.blocks):
+            out |= dict.fromkeys(map(id, block.modules()), stack.layer_blocks.count(b))
+    return out
 
 
 def value_tables(n_tables: int, n_layers: int) -> list[int | None]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -26,8 +27,12 @@ class ReportAfterSweep(Callback):
 
     def __init__(self, metrics: Sequence[str] = ("val_loss",), baseline: str | None = None,
                  also: Mapping[str, str | Mapping] | None = None, target: float | None = None):
-        self.metrics, self.baseline, self.target = list(metrics), baseline, _target("target", target)
-        self.also = {name: _also(name, v) for name, v in (also or {}).items()}
+        self.metrics, self.baseline, self.target = _metrics(metrics), _baseline("baseline", baseline), \
+            _target("target", target)
+        if also is not None and not isinstance(also, Mapping):
+            raise ReportError(f"hydra.callbacks.report.also: expected a mapping of report names to baselines, got "
+                              f"{also!r}")
+        self.also = {_name(name): _also(name, v) for name, v in (also or {}).items()}
 
     def on_multirun_end(self, config, **kwargs) -> None:
         root = Path(config.hydra.sweep.dir)
@@ -61,7 +66,35 @@ class ReportAfterSweep(Callback):
             return build_report(root, metric, target)
 
 
-# Checked when Hydra creates the callback, before the first run: a typo would otherwise surface after the sweep
+# Checked when Hydra creates the callback, before the first run: a typo would otherwise surface after the sweep.
+# A metric and an `also` name each name a directory inside the sweep's (report_<metric>/, <name>/): a plain name.
+PLAIN_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,99}")
+
+
+def _plain(where: str, value, what: str) -> str:
+    if not isinstance(value, str) or not PLAIN_NAME.fullmatch(value) or set(value) == {"."}:
+        raise ReportError(f"hydra.callbacks.report.{where}: expected {what} (letters, digits, _ . -; no '/' or "
+                          f"'..'), got {value!r}")
+    return value
+
+
+def _metrics(value) -> list[str]:
+    if isinstance(value, str) or not isinstance(value, Sequence) or not value:
+        raise ReportError(f"hydra.callbacks.report.metrics: expected a non-empty list of metric names "
+                          f"([val_loss]), got {value!r}")
+    return [_plain(f"metrics[{i}]", m, "a metric's name (val_loss)") for i, m in enumerate(value)]
+
+
+def _name(value) -> str:
+    return _plain(f"also.{value}", value, "a report's name, a directory inside the sweep's")
+
+
+def _baseline(where: str, value) -> str | None:
+    if value is None or (isinstance(value, str) and value.strip()):
+        return value
+    raise ReportError(f"hydra.callbacks.report.{where}: expected a variant ('ffn=gelu') or null, got {value!r}")
+
+
 def _target(where: str, value) -> float | None:
     if value is None or (isinstance(value, int | float) and not isinstance(value, bool)):
         return value
@@ -72,13 +105,14 @@ def _also(name: str, value) -> dict:
     """An `also` entry as {baseline, target}: a baseline alone, or a mapping of those two keys."""
     where = f"also.{name}"
     if isinstance(value, str):
-        return {"baseline": value, "target": None}
+        return {"baseline": _baseline(where, value), "target": None}
     if not isinstance(value, Mapping) or not isinstance(value.get("baseline"), str) \
             or set(value) - {"baseline", "target"}:
         got = dict(value) if isinstance(value, Mapping) else value
         raise ReportError(f"hydra.callbacks.report.{where}: expected a baseline ('ffn=gelu') or a mapping with "
                           f"baseline and, optionally, target; got {got!r}")
-    return {"baseline": value["baseline"], "target": _target(f"{where}.target", value.get("target"))}
+    return {"baseline": _baseline(f"{where}.baseline", value["baseline"]),
+            "target": _target(f"{where}.target", value.get("target"))}
 
 
 _NAMES = ("zoo.report.ReportAfterSweep", f"{__name__}.ReportAfterSweep")  # as the configs name it, and in full

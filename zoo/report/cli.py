@@ -35,6 +35,9 @@ def build_report(root: Path, metric: str = "val_loss", target: float | None = No
     factors, variants = group_variants(runs)
     have = sorted({k for r in runs for k in ((r.summary or {}).get("final") or {})})
     if not any(r.final(metric) is not None for r in runs) and any(r.summary for r in runs):
+        if metric in have:  # recorded, but as nan or inf by every run: say that, not that it is missing
+            raise ReportError(f"--metric: every run's final '{metric}' is NaN or infinite ({_non_finite(runs, metric)}"
+                              "): no run to compare; see each run's status in its summary.json")
         raise ReportError(f"--metric: no run has '{metric}'; available: {', '.join(have) or 'none'}")
     higher = metric_direction(runs, metric)
     ladder = build_ladder(runs, factors, metric, higher, parse_baseline(baseline) if baseline else None)
@@ -54,6 +57,15 @@ def build_report(root: Path, metric: str = "val_loss", target: float | None = No
         intro, sentences = f"each variant against {ladder.baseline} across sizes", ladder.sentences()
     return Report(root, metric, higher, target, note, factors, rows, table(rows, factors, metric, target, higher),
                   intro, sentences, len(runs), match_jobs(root, runs), ladder=ladder, ref=ref)
+
+
+def _non_finite(runs: list, metric: str) -> str:
+    """How the runs' final values of `metric` read, counted: '3 nan, 1 inf'."""
+    from collections import Counter
+
+    values = [((r.summary or {}).get("final") or {}).get(metric) for r in runs]
+    counts = Counter(str(v).lower() for v in values if isinstance(v, float) and not math.isfinite(v))
+    return ", ".join(f"{n} {v}" for v, n in sorted(counts.items()))
 
 
 def write_report(report: Report, out_dir: Path) -> list[Path]:
@@ -85,8 +97,7 @@ def console_summary(report: Report) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = OneLineParser(prog="python -m zoo.report",
-                                description="Compare the runs of a sweep: one table row per variant.")
+    p = OneLineParser("report", description="Compare the runs of a sweep: one table row per variant.")
     p.add_argument("dir", type=Path, help="a multirun directory (or any directory holding runs)")
     p.add_argument("--metric", default="val_loss", help="validation metric to compare (default: val_loss)")
     p.add_argument("--target", type=float, default=None,

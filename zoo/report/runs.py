@@ -2,15 +2,24 @@
 
 from __future__ import annotations
 
-import csv
-import json
 import math
 import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from zoo.io import is_running
+from zoo.io import (
+    MAX_SWEEP_JOBS,
+    READ_LIMITS,
+    FileFormatError,
+    first_line,
+    is_running,
+    read_csv,
+    read_json,
+    read_text_bounded,
+    read_yaml,
+    sweep_size,
+)
 from zoo.report.stats import higher_is_better
 
 # Run statuses: completed | diverged | interrupted | failed (the summary says so) | killed (no summary.json,
@@ -146,14 +155,12 @@ def parse_overrides(items) -> dict[str, str]:
 def _optimizer(summary: dict | None, path: Path) -> str | None:
     """The optimizer's name a run records: summary.json's `optim`, else the config Hydra saved when it started
     (a run that died before its summary); None for a run from before the optim group, or unreadable."""
-    import yaml
-
     recorded = (summary or {}).get(OPTIM)
     config = path / ".hydra" / "config.yaml"
     if recorded is None and config.is_file() and not not_a_file(config):
         try:
-            recorded = (yaml.safe_load(config.read_text()) or {}).get(OPTIM)
-        except (OSError, ValueError, AttributeError, yaml.YAMLError):
+            recorded = (read_yaml(config) or {}).get(OPTIM)
+        except (OSError, ValueError, AttributeError):
             return None
     name = recorded.get("name") if isinstance(recorded, dict) else None
     return name if isinstance(name, str) else None
@@ -162,42 +169,63 @@ def _optimizer(summary: dict | None, path: Path) -> str | None:
 def _read_overrides_yaml(path: Path) -> list[str]:
     """Hydra's .hydra/overrides.yaml: a YAML list of strings."""
     try:
-        import yaml
-
-        data = yaml.safe_load(path.read_text())
+        data = read_yaml(path)
         return [str(x) for x in data] if isinstance(data, list) else []
-    except Exception:  # a truncated file: read the '- item' lines by hand
-        return [line[2:].strip() for line in path.read_text(errors="replace").splitlines() if line.startswith("- ")]
+    except FileFormatError:  # a truncated file: read the '- item' lines by hand (if it is a small, plain file)
+        try:
+            text = read_text_bounded(path, READ_LIMITS["yaml"])
+        except (OSError, ValueError):
+            return []
+        return [line[2:].strip() for line in text.splitlines() if line.startswith("- ")]
+    except OSError:
+        return []
 
 
-def _read_metrics_csv(path: Path) -> tuple[list[dict], list[tuple[float, float]]]:
-    """(evaluation rows as {metric: value, step}, (step, train_loss) pairs) of metrics.csv. Lightning logs
+def _read_metrics_csv(path: Path) -> tuple[list[dict], list[tuple[float, float]], str | None]:
+    """(evaluation rows as {metric: value, step}, (step, train_loss) pairs, what is wrong or None) of metrics.csv,
+    read as far as it goes: up to a row whose step is out of range, nothing if it is not a CSV zoo reads. Lightning logs
     an evaluation during fit at the 0-based index of the last batch, one less than summary.json's global
     step: add 1 (training rows likewise)."""
-    rows, train = [], []
+    rows: list[dict] = []
+    train: list[tuple[float, float]] = []
     try:
-        with path.open(newline="") as f:
-            for row in csv.DictReader(f):
-                if not row.get("step"):
+        for row in read_csv(path)[1]:
+            if not row.get("step"):
+                continue
+            step = _step(row["step"], path)
+            values = {}
+            for k, v in row.items():
+                if k in (None, "epoch", "step") or not v:
                     continue
-                step = int(float(row["step"])) + 1
-                values = {}
-                for k, v in row.items():
-                    if k in (None, "epoch", "step") or not v:
-                        continue
-                    try:
-                        x = float(v)
-                    except ValueError:
-                        continue
-                    if k.startswith(("val_", "exact_match")):
-                        values[k] = x
-                    elif k == "train_loss" and math.isfinite(x):
-                        train.append((step, x))
-                if values:
-                    rows.append({**values, "step": step})
-    except (OSError, csv.Error, ValueError):
-        return [], []
-    return rows, train
+                try:
+                    x = float(v)
+                except ValueError:
+                    continue
+                if k.startswith(("val_", "exact_match")):
+                    values[k] = x
+                elif k == "train_loss" and math.isfinite(x):
+                    train.append((step, x))
+            if values:
+                rows.append({**values, "step": step})
+    except FileFormatError as e:
+        return rows, train, first_line(e)
+    except (OSError, ValueError):
+        return [], [], None
+    return rows, train, None
+
+
+MAX_STEP = 10**15  # far beyond any run; a step past it (1e400, 400 digits) is a damaged file, not a run
+
+
+def _step(text: str, path: Path) -> int:
+    """metrics.csv's 0-based step as summary.json's 1-based one; FileFormatError for one out of range."""
+    try:
+        x = float(text)
+    except ValueError:
+        raise FileFormatError(f"'{path}': step {text[:40]!r} is not a number") from None
+    if not 0 <= x < MAX_STEP:
+        raise FileFormatError(f"'{path}': step {text[:40]} is out of range (0 to {MAX_STEP})")
+    return int(x) + 1
 
 
 def _number(x) -> bool:
@@ -248,14 +276,24 @@ def not_a_file(path: Path) -> str | None:
     return None
 
 
+def _said(e: FileFormatError | str, run_dir: Path) -> str:
+    """A file's one-line error as the job list says it: the file by its name in the run directory."""
+    text = e if isinstance(e, str) else first_line(e)
+    for name in ("summary.json", "metrics.csv"):
+        text = text.replace(f"'{run_dir / name}'", name)
+    return text
+
+
 def load_run(path: Path) -> Run:
     summary = None
     problem = not_a_file(path / "summary.json") or not_a_file(path / "metrics.csv")
     if problem is None and (path / "summary.json").is_file():
         try:
-            summary = json.loads((path / "summary.json").read_text())
-        except (OSError, ValueError) as e:
-            problem = f"summary.json is not JSON ({str(e).splitlines()[0]})"
+            summary = read_json(path / "summary.json")
+        except FileFormatError as e:
+            problem = _said(e, path)
+        except OSError as e:
+            problem = f"summary.json: cannot read it ({e.strerror or e})"
         else:
             problem = check_summary(summary)
         if problem:
@@ -285,7 +323,11 @@ def load_run(path: Path) -> Run:
     if isinstance(resumes, int) and not isinstance(resumes, bool) and resumes > 0:
         detail = "; ".join(filter(None, [detail, f"resumed {resumes}x from a checkpoint"]))
     csv_path = path / "metrics.csv"
-    evals, train = _read_metrics_csv(csv_path) if csv_path.is_file() and not problem else ([], [])
+    evals, train = [], []
+    if csv_path.is_file() and not problem:
+        evals, train, damage = _read_metrics_csv(csv_path)
+        if damage:  # the summary holds the history: the run stands, said in its detail
+            detail = "; ".join(filter(None, [detail, _said(damage, path)]))
     return Run(path, status, overrides, summary, evals, train, detail, _optimizer(summary, path))
 
 
@@ -351,7 +393,7 @@ def planned_jobs(root: Path) -> tuple[list[list[str]] | None, str]:
         from hydra.core.override_parser.overrides_parser import OverridesParser
         from omegaconf import OmegaConf
 
-        cfg = OmegaConf.load(path)
+        cfg = OmegaConf.create(read_yaml(path))
         sweeper = OmegaConf.select(cfg, "hydra.sweeper._target_", default=None)
         if sweeper != BASIC_SWEEPER:  # Optuna and other searches decide their jobs as they go
             return None, f"sweeper {sweeper}: the jobs found on disk"
@@ -360,6 +402,8 @@ def planned_jobs(root: Path) -> tuple[list[list[str]] | None, str]:
         # as BasicSweeper.sweep: the config's sweeper params first, then the command line's overrides
         arguments = [f"{k}={v}" for k, v in params.items()] + task
         overrides = OverridesParser.create().parse_overrides(arguments)
+        if sweep_size(overrides) > MAX_SWEEP_JOBS:
+            return None, f"'{path}' plans more than {MAX_SWEEP_JOBS} jobs, not expanded: the jobs found on disk"
         batches = BasicSweeper.split_arguments(overrides, None)
     except Exception as e:  # an unreadable plan is no reason to withhold the report
         return None, f"multirun.yaml unreadable ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})"

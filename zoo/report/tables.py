@@ -122,11 +122,10 @@ def _params_from_config(run: Run) -> tuple[float | None, float | None]:
     if not path.is_file():
         return None, None
     try:
-        import yaml
-
         from zoo.build import count_params, flops_per_token
+        from zoo.io import read_yaml
 
-        cfg = yaml.safe_load(path.read_text())
+        cfg = read_yaml(path)
         model = cfg["model"]
         context = (cfg.get("data") or {}).get("context")
         return count_params(model)["total"], flops_per_token(model, context)["train"]

@@ -19,7 +19,7 @@ from lightning.pytorch.callbacks import TQDMProgressBar
 from lightning.pytorch.callbacks.progress.tqdm_progress import Tqdm
 from lightning.pytorch.loggers.csv_logs import ExperimentWriter
 
-from zoo.io import WriteError, atomic_write, open_append, owned_path
+from zoo.io import WriteError, atomic_write, open_append, owned_path, read_csv
 from zoo.training.objectives import metric_directions
 
 
@@ -244,20 +244,13 @@ class HistoryWriter(ExperimentWriter):
 
 
 def read_header(path: Path) -> list[str]:
-    if not path.is_file():
-        return []
-    with path.open(newline="") as f:
-        return next(csv.reader(f), [])
+    """metrics.csv's columns ([] for no file); read bounded (zoo.io.read_csv): FileFormatError in one line."""
+    return read_csv(path)[0] if path.is_file() else []
 
 
 def read_rows(path: Path) -> list[dict]:
     """metrics.csv's complete rows: a last line cut by a kill (no newline at the end) is left out."""
-    if not path.is_file():
-        return []
-    text = path.read_text()
-    if text and not text.endswith("\n"):
-        text = text[: text.rfind("\n") + 1]
-    return list(csv.DictReader(text.splitlines()))
+    return read_csv(path)[1] if path.is_file() else []
 
 
 class KeepHistory(L.Callback):

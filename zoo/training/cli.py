@@ -167,11 +167,14 @@ def check_keys(args: list[str], conf_dir: Path) -> str | None:
             words = [k.rpartition(".")[2] for k in siblings]
             close = difflib.get_close_matches(parts[bad], words, n=1, cutoff=0.6)
             hint = f" (did you mean {'.'.join(parts[:bad] + close + parts[bad + 1:])}?)" if close else ""
-            where = ", ".join(siblings) if siblings else "see python train.py --cfg job"
+            from zoo.cli.common import command
+
+            where = ", ".join(siblings) if siblings else f"see {command('train')} --cfg job"
             extra = "; a Lightning Trainer argument not in conf/trainer is added with +trainer.<name>=..." \
                 if parent == "trainer" else ""
             return f"{key}: unknown key{hint}; valid: {where}{extra}"
-    if error := _check_types(args, configs, conf_dir) or _check_data_path(args, configs):
+    if error := _check_types(args, configs, conf_dir) or _check_data_path(args, configs) \
+            or _check_extras(args, configs):
         return error
     from omegaconf import OmegaConf
 
@@ -194,11 +197,14 @@ def _check_types(args: list[str], configs: list, conf_dir: Path) -> str | None:
     from omegaconf.errors import OmegaConfBaseException
 
     from zoo.schema import one_line
+    from zoo.training.safety import too_many_jobs
 
     try:
         parsed = OverridesParser.create().parse_overrides(overrides(args))
     except HydraException:
         return None  # Hydra reports an override it cannot parse
+    if error := too_many_jobs(parsed, "the command line"):  # before any sweep is expanded below
+        return error
     probes = [copy.deepcopy(c) for c in configs]  # each value is tried on a copy
     for o in parsed:
         key = o.key_or_group
@@ -231,6 +237,38 @@ def _check_types(args: list[str], configs: list, conf_dir: Path) -> str | None:
 
 
 _ABSENT = object()
+
+# What a config may ask for that an extra installs: (key, when it asks, the package, the extra). Found without
+# importing anything, so a missing one costs a fraction of a second and leaves no run directory behind.
+EXTRAS = (
+    ("logger.mlflow", lambda v: v is not None, "mlflow", "mlflow"),
+    ("logger.wandb", lambda v: v is not None, "wandb", "wandb"),
+    ("logger.tensorboard", lambda v: v is not None, "tensorboard", "tensorboard"),
+    ("init_from", lambda v: str(v).startswith("hf:"), "transformers", "hf"),
+    ("data.tokenizer", lambda v: str(v).startswith("hf:"), "transformers", "hf"),
+    ("data.kind", lambda v: v == "hf", "datasets", "hf"),
+)
+
+
+def _check_extras(args: list[str], configs: list) -> str | None:
+    """`logger=mlflow` without mlflow (and every other extra in EXTRAS) as one line naming the command that
+    installs it here (zoo.cli.common.pip_install), before torch loads and before Hydra makes a run directory. The
+    configs hold the group choices; a key given on the command line (each value of a sweep) replaces theirs."""
+    from omegaconf import OmegaConf
+
+    from zoo.cli.common import missing_module, needs
+
+    given: dict[str, list[str]] = {}
+    for arg in overrides(args):
+        key, _, value = arg.lstrip("+").partition("=")
+        given[key] = value.split(",")
+    for key, asks, package, extra in EXTRAS:
+        values = given.get(key) or [OmegaConf.select(c, key, default=None, throw_on_missing=False) for c in configs]
+        for value in values:
+            if value is not None and asks(value) and missing_module(package):
+                what = f"logger={key.split('.')[-1]}" if key.startswith("logger.") else f"{key}={value}"
+                return needs(package, extra, what)
+    return None
 
 
 def _check_data_path(args: list[str], configs: list) -> str | None:

@@ -102,9 +102,26 @@ def banner(cfg: ZooConfig, spec: ModelSpec, data: Any, trainer: Any, run_dir: Pa
             f"{device}{threads}; run directory: {run_dir}{resumed}")
 
 
+def shares_sweep_console() -> bool:
+    """Whether this is a multirun's job printing on the sweep's own console (not on a console.log of its own)."""
+    import os
+
+    try:
+        from hydra.core.hydra_config import HydraConfig
+
+        multirun = str(HydraConfig.get().mode) == "RunMode.MULTIRUN"
+    except (ImportError, ValueError):  # not under Hydra
+        return False
+    return multirun and "ZOO_JOB_CONSOLE" not in os.environ  # hydra_plugins/zoo_launcher sets it
+
+
 @torch.no_grad()
 def say_sample(model: Any, objective: Any, data: Any, s: SampleConfig) -> None:
-    """What the trained model makes of the prompt (a task: its first validation examples), as sample.* asks."""
+    """What the trained model makes of the prompt (a task: its first validation examples), as sample.* asks. Not
+    in a sweep's job that shares the sweep's console (jobs run one after another): a sample per job would bury the
+    sweep's lines, as the parallel launcher's jobs keep theirs in their own console.log."""
+    if shares_sweep_console():
+        return
     from zoo.generate import generate, position_limit
     from zoo.registry import MODEL
 

@@ -18,6 +18,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
+from zoo.cli.common import command, needs
 from zoo.data import corpus
 from zoo.data.corpus import DataError, cache_dir, load_default_corpus, read_text_file, split_text
 from zoo.data.tasks import TASK_ALPHABET, get_task, sequence_len, task_splits
@@ -208,7 +209,7 @@ class HFTextData(TextData):
         try:
             import datasets
         except ImportError:
-            raise DataError("data=hf needs the 'datasets' package: pip install -e '.[hf]'") from None
+            raise DataError(needs("datasets", "hf", "data=hf")) from None
         bound_network()  # the hub and datasets' retries: ZOO_NET_TIMEOUT_S, not forever
         kw = {k: v for k, v in (self.cfg.get("load_kwargs") or {}).items()}
         name, split = self.cfg["dataset"], self.cfg.get("split", "train")
@@ -236,14 +237,14 @@ class HFTextData(TextData):
 
 @DATA.register("tokens")
 class TokenData(WindowData):
-    """A corpus prepared once by `zoo-prepare`: windows read from memory-mapped shards, so memory does not grow
+    """A corpus prepared once by `zoo prepare`: windows read from memory-mapped shards, so memory does not grow
     with the corpus; the tokenizer is rebuilt from the manifest (for the sample and bits per character)."""
 
     def __init__(self, cfg: dict, seed: int, steps: int):
         super().__init__(cfg, seed, steps)
         path = cfg.get("path")
         if not isinstance(path, str) or not path:
-            raise DataError("data.path: the directory zoo-prepare wrote (data=tokens data.path=<dir>)")
+            raise DataError(f"data.path: the directory {command('prepare')} wrote (data=tokens data.path=<dir>)")
         verify = cfg.get("verify", "once")
         check_verify(verify)
         manifest = read_manifest(path)

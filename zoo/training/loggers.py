@@ -4,7 +4,7 @@ overrides, and finished with the run's summary, so dashboards can compare the ru
 Every dashboard gets what a comparison needs and nothing else: the factors the sweep varies (each once, under its
 override's name: `ffn`) and the seed as params, the metrics' histories, the final and best (`best/val_loss`)
 values; the resolved config is a file (config.yaml), never params.
-- wandb: one group per sweep (its directory), a run per variant named by its overrides.
+- wandb: one group per sweep (its directory), a run per job named by its factors and seed (run_label).
 - MLflow: one experiment per sweep (its directory; `zoo` for single runs, a model-training experiment that opens on
   its runs) holding a parent run for the sweep and one nested run per job; the factors are also the run name, the
   seed a tag; summary.json and config.yaml are artifacts, and `MLflowSweep` logs the sweep's report to the parent.
@@ -28,6 +28,7 @@ from typing import Any
 from hydra.experimental.callback import Callback
 
 from zoo.build import ConfigError, flatten_config
+from zoo.cli.common import pip_install
 from zoo.net import RETRIES, bound_network, timeout_s
 from zoo.training.console import say, warn
 from zoo.training.safety import instantiate_allowed
@@ -48,7 +49,7 @@ def build_loggers(plain: dict, run_dir: Path) -> list:
         if target.endswith(REMOTE):
             bound_network()
         if target.endswith("WandbLogger"):
-            extra = _wandb_naming(cfg)
+            extra = _wandb_naming(cfg, plain["seed"])
         elif target.endswith("MLFlowLogger"):
             extra = _mlflow_run(cfg, f"logger.{key}", plain["seed"])
         logger = instantiate_allowed(cfg, f"logger.{key}", save_dir=str(run_dir), **extra)
@@ -248,17 +249,23 @@ def _sweep_dir() -> str | None:
     return str(hc.sweep.dir) if str(hc.mode) == "RunMode.MULTIRUN" else None
 
 
-def _wandb_naming(logger_cfg: dict) -> dict:
-    """Runs of one sweep share a wandb group (the sweep directory); a run is named by its overrides."""
+def run_label(seed: Any) -> str:
+    """A dashboard's name for this job: every factor it varies and its seed (`ffn=gelu,seed=1`), so no two jobs of
+    a sweep share a name."""
+    return ",".join([*(f"{k}={v}" for k, v in job_factors().items()), f"seed={seed}"])
+
+
+def _wandb_naming(logger_cfg: dict, seed: Any) -> dict:
+    """Runs of one sweep share a wandb group (the sweep directory); a run is named by its factors and seed."""
     try:
         from hydra.core.hydra_config import HydraConfig
 
-        hc = HydraConfig.get()
+        HydraConfig.get()
     except ValueError:  # not under Hydra
         return {}
     sweep = _sweep_dir()
     return {"group": logger_cfg.get("group") or sweep or "single-runs",
-            "name": logger_cfg.get("name") or hc.job.override_dirname or "defaults"}
+            "name": logger_cfg.get("name") or run_label(seed)}
 
 
 # --- MLflow -------------------------------------------------------------------------------------------
@@ -302,7 +309,7 @@ def _checked_uri(cfg: dict, key: str) -> str:
     try:
         import mlflow  # noqa: F401
     except ImportError:
-        raise ConfigError(f'{key}: the mlflow package is not installed; valid: pip install -e ".[mlflow]", '
+        raise ConfigError(f"{key}: the mlflow package is not installed; valid: {pip_install('mlflow')}, "
                           "or another logger (csv, tensorboard, wandb, none)") from None
     bound_network()  # MLflow's own wait: 120 s per request, 7 retries
     uri = tracking_uri(cfg.get("tracking_uri"))
@@ -367,8 +374,7 @@ def _mlflow_run(cfg: dict, key: str, seed: int) -> dict:
 
     sweep = _sweep_dir()
     name = cfg.get("experiment_name") or sweep or DEFAULT_EXPERIMENT
-    factors = job_factors()
-    run_name = cfg.get("run_name") or ",".join(f"{k}={v}" for k, v in factors.items()) or "defaults"
+    run_name = cfg.get("run_name") or run_label(seed)
     tags = {**(cfg.get("tags") or {}), ROLE_TAG: "job", "seed": str(seed), "mlflow.runName": run_name}
     with _store_lock(uri), _store_errors(key, uri):  # a SQLite store's tables are created on first use
         client = MlflowClient(uri)

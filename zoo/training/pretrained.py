@@ -42,6 +42,7 @@ import torch
 from torch import nn
 
 from zoo.build import COMPONENTS, ConfigError, resolve_config
+from zoo.cli.common import needs
 from zoo.component import option_fields
 from zoo.data.corpus import DataError
 from zoo.data.tokenizers import N_SPECIAL, SENTINEL_IDS, SPECIALS
@@ -110,7 +111,7 @@ def _base_config(source: str) -> dict:
     try:
         import transformers
     except ImportError:
-        raise ConfigError("init_from: needs the 'transformers' package: pip install -e '.[hf]'") from None
+        raise ConfigError(needs("transformers", "hf", "init_from")) from None
     from zoo.convert import ConversionError, check_pretrained, config_from_hf
     from zoo.net import bound_network
 

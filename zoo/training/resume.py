@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from zoo.build import ConfigError, flatten_config, resolve_config
+from zoo.cli.common import command
 from zoo.schema import default_of
 from zoo.training.checkpoint import check_weights, read_checkpoint
 from zoo.training.validate import check_trainer
@@ -32,8 +33,8 @@ def checkpoint_path(plain: dict, run_dir: Path, data) -> tuple[str | None, int, 
     saved_ckpt = read_checkpoint(path)
     if "optimizer_states" not in saved_ckpt:
         raise ConfigError(f"ckpt_path: '{path}' holds a finished run's weights alone (checkpoints=last), nothing "
-                          "to resume; valid: the last.ckpt of a run that was cut short, or sample and evaluate "
-                          "from this one (python -m zoo.sample, python -m zoo.eval)")
+                          "to resume; valid: a run's last.ckpt (best.ckpt keeps its weights alone), or sample and "
+                          f"evaluate from this one ({command('sample')}, {command('eval')})")
     saved_cfg = (saved_ckpt.get("hyper_parameters") or {}).get("cfg") or {}
     # what it trained in: recorded by ZooModule since precision auto, else the config's (then always explicit)
     used = saved_ckpt.get("precision") or _result_settings(saved_cfg).get("trainer.precision", "32-true")

@@ -9,14 +9,13 @@ summary.json, whatever happened: a diverged or failed run still writes its summa
 from __future__ import annotations
 
 import csv
-import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-from omegaconf import OmegaConf
 
+from zoo.cli.common import command
 from zoo.component import ConfigError
 from zoo.io import (
     RunDirError,
@@ -27,6 +26,8 @@ from zoo.io import (
     is_secondary_rank,
     lock_run_dir,
     owned_path,
+    read_json,
+    read_yaml,
     remove_run_files,
     remove_temp_files,
     write_marker,
@@ -118,15 +119,15 @@ def finished_earlier(plain: dict, run_dir: Path) -> str | None:
     """A sweep job's earlier run that finished (its summary's status: completed or diverged) with this job's
     settings; None if it did not finish. Other settings are refused: a sweep directory holds one sweep."""
     try:
-        summary = json.loads((run_dir / "summary.json").read_text())
+        summary = read_json(run_dir / "summary.json")
         status = summary["status"] if summary.get("status") in ("completed", "diverged") else None
-    except (OSError, ValueError, AttributeError, KeyError):
+    except (OSError, ValueError, AttributeError, KeyError):  # damaged or too large (FileFormatError): not finished
         return None
     if status is None:
         return None
     try:
-        saved = OmegaConf.to_container(OmegaConf.load(run_dir / "config.yaml"), resolve=False)
-    except Exception:  # a missing or broken config.yaml cannot show the run's settings
+        saved = read_yaml(run_dir / "config.yaml")
+    except (OSError, ValueError):  # a missing or broken config.yaml cannot show the run's settings
         saved = None
     difference = settings_difference(plain, saved, saved.get("trainer", {}).get("precision"), "earlier run") \
         if isinstance(saved, dict) else "config.yaml: unreadable"
@@ -142,19 +143,30 @@ WEIGHTS_KEYS = ("state_dict", "hyper_parameters", "tokenizer", "precision", "glo
 
 
 def finish_checkpoints(run_dir: Path, keep: str) -> None:
-    """checkpoints=last: the finished run's best.ckpt goes and its last.ckpt becomes its weights alone (the
-    optimizer's state, two thirds of it, only serves a resume); checkpoints=none: both go. Done once
-    summary.json says the run finished, so no run is ever left needing a resume without its checkpoint."""
-    owned_path(run_dir, "checkpoints/best.ckpt").unlink(missing_ok=True)
+    """What a finished run keeps. The optimizer's state, two thirds of a checkpoint with AdamW, only serves a
+    resume. checkpoints=best_weights, the default: best.ckpt becomes its weights alone (sampling, evaluating and
+    init_from need no more) and last.ckpt stays whole, the one checkpoint a resume reads (`ckpt_path=last`); last:
+    best.ckpt goes and last.ckpt becomes its weights alone; none: both go. Done once summary.json says the run
+    finished, so no run is ever left needing a resume without its checkpoint."""
+    best = owned_path(run_dir, "checkpoints/best.ckpt")
+    if keep == "best_weights":
+        if best.is_file():
+            _weights_alone(best)
+        return
+    best.unlink(missing_ok=True)
     last = owned_path(run_dir, "checkpoints/last.ckpt")
     if not last.is_file():
         return
     if keep != "last":  # none
         last.unlink()
         return
-    ckpt = read_checkpoint(last)
+    _weights_alone(last)
+
+
+def _weights_alone(path: Path) -> None:
+    ckpt = read_checkpoint(path)
     weights = {k: v for k, v in ckpt.items() if k in WEIGHTS_KEYS}
-    atomic_write(last, lambda f: torch.save(weights, f), mode="wb")
+    atomic_write(path, lambda f: torch.save(weights, f), mode="wb")
 
 
 def trim_history(path: Path, step: int) -> None:
@@ -164,7 +176,7 @@ def trim_history(path: Path, step: int) -> None:
         return
     try:
         rows, header = read_rows(path), read_header(path)
-    except (UnicodeDecodeError, csv.Error) as e:  # not what zoo writes: the history is the user's to keep
+    except (ValueError, csv.Error) as e:  # not what zoo writes (FileFormatError): the history is the user's to keep
         raise RunDirError(f"'{path}' is not a CSV history zoo can read ({e}); move it aside to resume without "
                           "it") from e
     if not header:  # an empty file: nothing to keep
@@ -204,4 +216,4 @@ def resume_command(run_dir: Path) -> str:
 
     keep = [o for o in overrides() if not o.lstrip("+~").startswith(("ckpt_path=", "hydra.run.dir="))]
     args = keep + ["ckpt_path=last", f"hydra.run.dir={run_dir}"]
-    return "python train.py " + " ".join(shlex.quote(a) for a in args)
+    return f"{command('train')} " + " ".join(shlex.quote(a) for a in args)

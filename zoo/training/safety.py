@@ -7,6 +7,7 @@ the config train.py is about to run, Hydra's section included, and checks it bef
 
 from __future__ import annotations
 
+import math
 import sys
 from pathlib import Path
 from typing import Any
@@ -33,6 +34,7 @@ ALLOWED_TARGETS: tuple[str, ...] = (
     "lightning.pytorch.callbacks.RichModelSummary",
     # zoo's own classes named by conf/
     "zoo.report.ReportAfterSweep",
+    "zoo.cli.train.SweepEnd",  # every multirun: its directory and the report command, at the end
     "zoo.training.loggers.MLflowSweep",  # logger=mlflow: logs the sweep's report to its parent run
     # Hydra launchers and sweepers (conf/ uses joblib, submitit and optuna; basic is Hydra's default)
     "hydra._internal.core_plugins.basic_launcher.BasicLauncher",
@@ -96,7 +98,11 @@ def instantiate_allowed(cfg: dict, key: str, **kwargs: Any) -> Any:
 
 
 def _sweep_values(override: Any) -> list[Any]:
-    return list(override.sweep_iterator()) if override.is_sweep_override() else [override.value()]
+    """A value override's values (a sweep's, after too_many_jobs bounded their number); an interval, which a search
+    samples, by its start."""
+    if not override.is_sweep_override():
+        return [override.value()]
+    return [override.value().start] if hasattr(override.value(), "end") else list(override.sweep_iterator())
 
 
 def check_argv(argv: list[str], app_file: str, config_path: str = "conf", config_name: str = "config") -> str | None:
@@ -132,6 +138,8 @@ def check_argv(argv: list[str], app_file: str, config_path: str = "conf", config
     overrides = list(args.overrides)
     try:
         parsed = OverridesParser.create().parse_overrides(overrides)
+        if too_many := too_many_jobs(parsed, "the command line"):  # before any sweep is expanded
+            return too_many
         for o in parsed:  # a value override can carry a target itself: +x._target_=a,b or +x={_target_: a}
             key = o.key_or_group
             for v in _sweep_values(o):
@@ -165,6 +173,10 @@ def check_argv(argv: list[str], app_file: str, config_path: str = "conf", config
                      for o in parsed]
             params = OmegaConf.to_container(cfg.hydra.sweeper, resolve=False).get("params") or {}
             in_config = OverridesParser.create().parse_overrides([f"{k}={v}" for k, v in params.items()])
+            if too_many := too_many_jobs(in_config + parsed, "hydra.sweeper.params and the command line"):
+                return too_many
+            if search := check_search(OmegaConf.to_container(cfg.hydra.sweeper, resolve=True), in_config + parsed):
+                return search
             for o in parsed + in_config:
                 if not (o.is_sweep_override() and hydra.config_loader.repository.group_exists(o.key_or_group)):
                     continue
@@ -183,6 +195,41 @@ def check_argv(argv: list[str], app_file: str, config_path: str = "conf", config
         return None  # Hydra reports a config it cannot compose itself, before running anything
     finally:
         GlobalHydra.instance().clear()
+    return None
+
+
+def too_many_jobs(parsed: list, where: str) -> str | None:
+    from zoo.io import MAX_SWEEP_JOBS, sweep_size
+
+    if sweep_size(parsed) > MAX_SWEEP_JOBS:
+        return f"{where}: the sweep plans more than {MAX_SWEEP_JOBS} jobs; valid: fewer values (a sweep's jobs " \
+               "are its sweeps' lengths multiplied)"
+    return None
+
+
+OPTUNA = "hydra_plugins.hydra_optuna_sweeper.optuna_sweeper.OptunaSweeper"
+
+
+def check_search(sweeper: dict, parsed: list) -> str | None:
+    """A search sweeper's (Optuna's) settings, before its first trial: n_trials and n_jobs at least 1, and each
+    interval it samples (hydra.sweeper.params, then the command line) low < high, and low > 0 for a log one."""
+    if sweeper.get("_target_") != OPTUNA:
+        return None
+    for key in ("n_trials", "n_jobs"):
+        v = sweeper.get(key)
+        if not (isinstance(v, int) and not isinstance(v, bool) and v >= 1):
+            return f"hydra.sweeper.{key}: expected an integer >= 1, got {v!r}"
+    for o in {o.key_or_group: o for o in parsed}.values():
+        v = o.value()
+        if not (o.is_sweep_override() and hasattr(v, "end")):
+            continue
+        log = "log" in getattr(v, "tags", ())
+        shown = f"{'tag(log, ' if log else ''}interval({v.start}, {v.end}){')' if log else ''}"
+        if not (math.isfinite(v.start) and math.isfinite(v.end) and v.start < v.end):
+            return f"{o.key_or_group}: {shown} is empty or reversed; valid: interval(low, high) with low < high"
+        if log and v.start <= 0:
+            return f"{o.key_or_group}: {shown} starts at {v.start}, where a log interval cannot; valid: " \
+                   "tag(log, interval(low, high)) with 0 < low < high"
     return None
 
 

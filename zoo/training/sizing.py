@@ -24,7 +24,8 @@ def prepare_run(plain: dict) -> tuple[Any, dict | None]:
     check_run(plain)
     init = pretrained.apply(plain, overrides())  # init_from: the checkpoint's architecture and tokenizer
     model_cfg = plain["model"]
-    early = resolve_config({**model_cfg, "vocab_size": model_cfg.get("vocab_size") or 1,
+    vocab = model_cfg.get("vocab_size") or 1 + max(model_cfg.get("adaptive_cutoffs") or [0])  # the cutoffs fit
+    early = resolve_config({**model_cfg, "vocab_size": vocab,
                             "max_seq_len": model_cfg.get("max_seq_len") or 1})  # names and shapes, before any data
     # a lower bound (the vocabulary is not known yet), before any data
     check_memory(early, plain["trainer"], optim=plain["optim"])

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import math
 import os
 from dataclasses import dataclass
@@ -16,7 +15,7 @@ from typing import Any
 import torch
 
 from zoo.build import count_params, flops_per_token
-from zoo.io import RunDirError, atomic_write_json, owned_path
+from zoo.io import RunDirError, atomic_write_json, owned_path, read_json
 from zoo.registry import MODEL
 from zoo.schema import ModelSpec, ZooConfig
 from zoo.training.data import bits_per_char
@@ -131,8 +130,8 @@ def final_metric(run_dir: str | Path, metric: str) -> float:
     accuracies): a finished trial that the search ranks last, where nan would stop the Optuna sweeper.
     The direction is the one the summary records, else the one the objectives declare."""
     try:
-        summary = json.loads((Path(run_dir) / "summary.json").read_text())
-    except (OSError, ValueError):
+        summary = read_json(Path(run_dir) / "summary.json")
+    except (OSError, ValueError):  # damaged or too large (zoo.io.FileFormatError): the trial scores worst
         summary = {}
     summary = summary if isinstance(summary, dict) else {}
     direction = (summary.get("directions") or {}).get(metric)

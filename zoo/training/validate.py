@@ -251,7 +251,8 @@ def check_memory(model_cfg: ModelInput, trainer: dict | None = None, training: b
                           "data.vocab_size)")
 
 
-KEEP_CHECKPOINTS = ("all", "last", "none")  # what a finished run keeps (zoo.schema.ZooConfig.checkpoints)
+# what a finished run keeps (zoo.schema.ZooConfig.checkpoints)
+KEEP_CHECKPOINTS = ("best_weights", "all", "last", "none")
 
 
 def check_token_rule(tokens_per_param: Any, evals_per_run: Any) -> None:
@@ -278,7 +279,7 @@ def check_run(plain: dict) -> None:
             _fail(key, plain.get(key), "true or false")
     check_token_rule(plain.get("tokens_per_param"), plain.get("evals_per_run"))
     check_kernels(plain.get("kernels", "auto"))
-    if plain.get("checkpoints", "all") not in KEEP_CHECKPOINTS:
+    if plain.get("checkpoints", "best_weights") not in KEEP_CHECKPOINTS:
         _fail("checkpoints", plain.get("checkpoints"), ", ".join(KEEP_CHECKPOINTS))
     ckpt = plain.get("ckpt_path")
     if ckpt is not None and not isinstance(ckpt, str):

@@ -28,7 +28,8 @@ def kv_bytes(s: Settings, attention: str, context: int, batch_size: int = 1) -> 
         model(prompt, cache=cache)
     measured = sum(c.nbytes() for layer in cache for c in layer)
     elem = next(model.parameters()).element_size()
-    layers = [block.attn.f for block in model.decoder.blocks]  # each attention reports its own cache size
+    # each attention reports its own cache size; a shared block once per layer that applies it
+    layers = [model.decoder.blocks[b].attn.f for b in model.decoder.layer_blocks]
     per_token = sum(a.cache_bytes_per_token(elem) for a in layers)
     return dict(attention=attention, n_kv=layers[0].n_kv_heads, layers=len(layers), head_dim=layers[0].head_dim,
                 kv_rank=getattr(layers[0], "kv_rank", None), rope_dim=getattr(layers[0], "rope_dim", None),
