@@ -138,3 +138,15 @@ def test_a_bias_scheme_adds_its_bias_for_each_taps_distance_to_the_kernel(causal
         shifted.weight -= alibi.slopes.double()[:, None] * (p - torch.arange(5)).abs()
     x = torch.randn(2, T, D, dtype=torch.float64)
     torch.testing.assert_close(m(x, alibi, None, causal), shifted(x, NO_POSITION, None, causal), rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("name", ["lightweight_conv", "dynamic_conv"])
+@pytest.mark.parametrize("option", [{"sigmoid": True}, {"sparse_topk": 2}, {"head_scale": True}, {"qk_norm": True},
+                                    {"backend": "math"}, {"window": 3}], ids=lambda o: next(iter(o)))
+def test_every_attentions_options_are_refused_in_one_line(name, option):
+    """A convolution has no scores (sigmoid, sparse_topk), queries or keys (qk_norm), attention kernel (backend) or
+    mask of its own (window); head_scale is left out: its groups of channels are no attention heads. Each is refused
+    by name, never silently ignored."""
+    key = next(iter(option))
+    with pytest.raises(ConfigError, match=rf"^model\.attention\.{key}: not an option of '{name}'; valid: kernel$"):
+        build_model(tiny_cfg(attention={"name": name, **option}))

@@ -10,19 +10,28 @@ import torch
 from tests.helpers import make, tiny_cfg
 from zoo import ConfigError, build_model
 from zoo.block import NO_POSITION
+from zoo.component import Context, build
 from zoo.generate import generate, position_limit
 from zoo.layers.attention import Attention, KVCache, attention_bias
 from zoo.registry import ATTENTION
+from zoo.schema import Part
 
 D, H, T, L = 12, 3, 13, 16  # d_model, heads (head size 4), tokens, max_seq_len
 ROWS = [("dense", "none"), ("dense", "plus"), ("dense", "alpha"), ("factorized", "none"), ("random", "none"),
         ("random", "plus"), ("random", "alpha")]  # Narang et al. 2021's Table 1 rows
 
 
-def paper(m, x: torch.Tensor, causal: bool, padding: torch.Tensor | None) -> torch.Tensor:
-    """y_i = W_o [sum_j w_ij^h W_v^h x_j]_h + b_o with w_i^h = softmax_j(B_i^h[j]) (+ S_i^h[j] for plus; alpha_h
+def softmax_of_seen(s: torch.Tensor, seen: torch.Tensor) -> torch.Tensor:
+    return torch.softmax(s.masked_fill(~seen, -math.inf), dim=-1)
+
+
+def paper(m, x: torch.Tensor, causal: bool, padding: torch.Tensor | None, weights=softmax_of_seen,
+          qk_norm: bool = False) -> torch.Tensor:
+    """y_i = W_o [g_h sum_j w_ij^h W_v^h x_j]_h + b_o with w_i^h = softmax_j(B_i^h[j]) (+ S_i^h[j] for plus; alpha_h
     softmax(B) + (1 - alpha_h) softmax(S) for alpha), B from the paper's formula for each kind, one token at a time.
-    Key j is hidden from query i when causal and j > i, or when padded (a padded query keeps its own key)."""
+    Key j is hidden from query i when causal and j > i, or when padded (a padded query keeps its own key).
+    weights(s, seen): the softmax, or an option's map from scores to weights; g_h: head_scale's (else 1); qk_norm:
+    each head's query and key layer-normalised with the part's gains and biases."""
     hd = D // H
     out = torch.zeros_like(x)
     for b in range(x.shape[0]):
@@ -40,11 +49,17 @@ def paper(m, x: torch.Tensor, causal: bool, padding: torch.Tensor | None) -> tor
                 logits = logits[: x.shape[1]]
                 seen = torch.tensor([not (causal and j > i) and (padding is None or bool(padding[b, j]) or j == i)
                                      for j in range(x.shape[1])])
-                softmax = lambda s, seen=seen: torch.softmax(s.masked_fill(~seen, -math.inf), dim=-1)
+                softmax = lambda s, seen=seen: weights(s, seen)
                 if m.mix != "none":
                     wq, wk = m.qk.weight[:D][rows], m.qk.weight[D:][rows]
                     bq, bk = m.qk.bias[:D][rows], m.qk.bias[D:][rows]
-                    scores = torch.stack([(wq @ x[b, i] + bq) @ (wk @ x[b, j] + bk) for j in range(x.shape[1])])
+                    query, keys = wq @ x[b, i] + bq, [wk @ x[b, j] + bk for j in range(x.shape[1])]
+                    if qk_norm:  # torch's layer norm over the head, with the part's gains and biases
+                        n = m.q_norm
+                        query = torch.nn.functional.layer_norm(query, (hd,), n.weight, n.bias, n.eps)
+                        n = m.k_norm
+                        keys = [torch.nn.functional.layer_norm(k, (hd,), n.weight, n.bias, n.eps) for k in keys]
+                    scores = torch.stack([query @ k for k in keys])
                     scores = scores / math.sqrt(hd)
                 if m.mix == "none":
                     w = softmax(logits)
@@ -53,14 +68,16 @@ def paper(m, x: torch.Tensor, causal: bool, padding: torch.Tensor | None) -> tor
                 else:
                     w = m.alpha[h] * softmax(logits) + (1 - m.alpha[h]) * softmax(scores)
                 values = torch.stack([m.v.weight[rows] @ x[b, j] + m.v.bias[rows] for j in range(x.shape[1])])
-                heads.append(w @ values)
+                heads.append((1 if m.head_scale is None else m.head_scale[h, 0, 0]) * (w @ values))
             out[b, i] = m.out.weight @ torch.cat(heads) + m.out.bias
     return out
 
 
-def _synthesizer(kind: str, mix: str):
+def _synthesizer(kind: str, mix: str, **options):
     torch.manual_seed(0)
-    m = make(ATTENTION, "synthesizer", d_model=D, n_heads=H, max_seq_len=L, synthetic=kind, mix=mix, rank=3)
+    m = build(ATTENTION, Part("synthesizer", ATTENTION.options("synthesizer")(synthetic=kind, mix=mix, rank=3,
+                                                                              **options)),
+              Context(d_model=D, n_heads=H, max_seq_len=L, bias=True, norm=lambda dim: torch.nn.LayerNorm(dim)))
     with torch.no_grad():  # away from init's small values, so every term shows
         for p in m.parameters():
             p.normal_(0, 0.5)
@@ -136,3 +153,56 @@ def test_cross_attention_is_dot_product_attention():
 ])
 def test_parameter_counts_are_the_papers(kind, mix, params):
     assert sum(p.numel() for p in _synthesizer(kind, mix).parameters()) == params
+
+
+def sigmoid_of_seen(s: torch.Tensor, seen: torch.Tensor) -> torch.Tensor:
+    """attention.sigmoid (Ramapuram et al. 2024): each weight sigmoid(s - log(max_seq_len)), hidden keys 0."""
+    return torch.sigmoid(s - math.log(L)) * seen
+
+
+def top3_softmax(s: torch.Tensor, seen: torch.Tensor) -> torch.Tensor:
+    """attention.sparse_topk=3 (Zhao et al. 2019): the softmax over the 3 highest seen scores only."""
+    s = s.masked_fill(~seen, -math.inf)
+    return torch.softmax(s.masked_fill(s < s.topk(min(3, s.numel())).values[-1], -math.inf), dim=-1)
+
+
+@pytest.mark.parametrize(("option", "kind", "mix"), [
+    (option, kind, mix) for option in ("sigmoid", "sparse_topk", "head_scale", "qk_norm")
+    for kind, mix in [("dense", "none"), ("random", "plus"), ("factorized", "alpha")]
+    if option != "qk_norm" or mix != "none"])  # qk_norm without queries and keys: refused (below)
+def test_every_attentions_options_apply_to_the_synthetic_weights(option, kind, mix):
+    """sigmoid and sparse_topk turn the synthetic (or mixed) logits into weights through AttentionBase's shared
+    _weights (each softmax of alpha on its own); head_scale scales each head's output; qk_norm normalises the
+    dot-product half's queries and keys. Against the equations, decoder and padded encoder, and cached decoding."""
+    m = _synthesizer(kind, mix, **{option: 3 if option == "sparse_topk" else True})
+    with torch.no_grad():
+        for p in m.parameters():
+            p.normal_(0, 0.5)
+    m = m.double()
+    weights = {"sigmoid": sigmoid_of_seen, "sparse_topk": top3_softmax}.get(option, softmax_of_seen)
+    x = torch.randn(2, T, D, dtype=torch.float64, requires_grad=True)
+    padding = torch.ones(2, T, dtype=torch.bool)
+    padding[1, -4:] = False
+    for causal, pad in [(True, None), (False, padding)]:
+        mask, is_causal = attention_bias(T, T, causal, None, NO_POSITION, pad, x.device, x.dtype)
+        ours = m(x, NO_POSITION, mask, is_causal)
+        theirs = paper(m, x, causal, pad, weights, qk_norm=option == "qk_norm")
+        torch.testing.assert_close(ours, theirs, rtol=1e-10, atol=1e-12)
+        probe = torch.randn_like(ours)
+        for a, b in zip(_grads(m, ours, x, probe), _grads(m, theirs, x, probe), strict=True):
+            torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
+    cache = KVCache()
+    steps = [m(x[:, :9], NO_POSITION, None, True, cache=cache)]
+    steps += [m(x[:, t:t + 1], NO_POSITION, None, False, cache=cache, offset=t) for t in range(9, T)]
+    torch.testing.assert_close(torch.cat(steps, dim=1), m(x, NO_POSITION, None, True), rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize(("options", "message"), [
+    ({"qk_norm": True}, r"^model\.attention\.qk_norm: normalises queries and keys, which mix=none has none of; "
+                        r"valid: false, or mix plus or alpha$"),
+    ({"backend": "sdpa"}, r"^model\.attention\.backend: not an option of 'synthesizer'; valid: head_scale, .*$"),
+])
+def test_options_it_cannot_apply_are_refused_in_one_line(options, message):
+    """No silent no-op: qk_norm without a dot-product half, and backend (the weights are always written out)."""
+    with pytest.raises(ConfigError, match=message):
+        build_model(tiny_cfg(attention={"name": "synthesizer", **options}))

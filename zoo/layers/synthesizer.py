@@ -19,6 +19,9 @@ values (and keys with a dot-product half); a new query at position p takes its r
 token; random: R[p]) over the p + 1 cached keys, the row recomputation gives it (tests/test_catalogue_synthesizer.py).
 Position schemes: a rotary one rotates only the dot-product half's queries and keys; a bias scheme (ALiBi, T5)
 adds to the logits, synthetic or mixed; an absolute one adds to the embeddings, as always.
+Every attention's options but backend (the weights are always written out, so it is refused): sigmoid and
+sparse_topk turn the logits into weights through AttentionBase._weights (alpha: each softmax on its own), head_scale
+scales each head's output, qk_norm normalises the dot-product half's queries and keys (refused with mix=none).
 Cross-attention stays dot-product attention (the factory builds MHA there): its keys are the encoder's, whose
 positions a decoder's synthetic row does not index, and the papers' encoder-decoders (Tay et al.'s translation,
 Narang et al.'s T5) keep source attention as it was.
@@ -27,24 +30,24 @@ Narang et al.'s T5) keep source attention as it was.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import ClassVar, Literal
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from zoo.component import Context, Options, linear_flops, need
-from zoo.layers.attention import Attention, AttentionBase, AttentionOptions, KVCache
+from zoo.component import Context, linear_flops, need
+from zoo.layers.attention import Attention, AttentionBase, AttentionOptions, KVCache, WrittenOutOptions, qk_norms
 from zoo.layers.position import Position
 from zoo.registry import ATTENTION
 
 
 @dataclass(kw_only=True)
-class SynthesizerOptions(Options):
+class SynthesizerOptions(WrittenOutOptions):
+    """Every attention's options but backend (its weights are always written out), and its own."""
+
     widths: ClassVar[tuple[str, ...]] = ("width",)  # grows with d_model (zoo.mup scales it along)
-    backend: ClassVar[str] = "math"  # not an option: the weights are always written out (and can be kept: record)
-    window: int | None = None  # keys at distance < window (the stack's mask), as every attention's
     synthetic: Literal["dense", "random", "factorized"] = "dense"  # how the logits B are made
     mix: Literal["none", "plus", "alpha"] = "none"  # with dot-product attention: B + S, or a learned mix of softmaxes
     width: int | None = None  # dense: W1's output size; null: d_model
@@ -58,9 +61,11 @@ class Synthesizer(AttentionBase):
     order_aware = True  # its weights belong to absolute positions: no set operation even with position=none
 
     def __init__(self, ctx: Context, opts: SynthesizerOptions):
-        super().__init__(ctx, opts)  # type: ignore[arg-type]  # it reads window and backend, which these have
+        super().__init__(ctx, opts)  # window, sigmoid, sparse_topk, head_scale: every attention's, shared
         d, H, L, bias = ctx.d_model, ctx.n_heads, ctx.max_seq_len, ctx.bias
         self.dot = opts.mix != "none"
+        need(not opts.qk_norm or self.dot, "attention.qk_norm", f"normalises queries and keys, which mix={opts.mix} "
+             "has none of; valid: false, or mix plus or alpha")
         need(opts.rank > 0, "attention.rank", f"must be a positive integer, got {opts.rank!r}")
         width = d if opts.width is None else opts.width
         need(width > 0, "attention.width", f"must be a positive integer or null (d_model), got {width!r}")
@@ -77,9 +82,12 @@ class Synthesizer(AttentionBase):
         self.v = nn.Linear(d, d, bias=bias)
         if self.dot:
             self.qk = nn.Linear(d, 2 * d, bias=bias)
+            self.norm_projection = opts.qk_norm == "projection"  # else per head, when on (as Attention's)
+            self.q_norm, self.k_norm = qk_norms(ctx, opts, d if self.norm_projection else self.head_dim)
         if self.mix == "alpha":
             self.alpha = nn.Parameter(torch.empty(H))
-            self.constants = {"alpha": 0.5}  # an even mix at the start (init_weights)
+            # an even mix at the start (init_weights), with head_scale's 1 when on
+            self.constants = {**getattr(self, "constants", {}), "alpha": 0.5}
         self.out = nn.Linear(d, d, bias=bias)
         self.out_dropout = nn.Dropout(ctx.dropout)
 
@@ -93,24 +101,29 @@ class Synthesizer(AttentionBase):
         v = heads(self.v(x))
         if self.dot:
             q, k = self.qk(x).chunk(2, dim=-1)
-            q, k = pos.rotate(heads(q), heads(k), offset)
+            if self.norm_projection:
+                q, k = heads(self.q_norm(q)), heads(self.k_norm(k))
+            else:
+                q, k = self.q_norm(heads(q)), self.k_norm(heads(k))
+            q, k = pos.rotate(q, k, offset)
             if cache is not None:
                 k, v = cache.append(k, v)
         elif cache is not None:
             (v,) = cache.append(v)
         logits = self._synthetic(x, offset, t_k).to(v.dtype)  # (B or 1, H, T, t_k)
+        # AttentionBase._weights turns logits into weights: the softmax, or sigmoid / sparse_topk when asked
         if self.mix == "none":
-            weights = self._softmax(logits, mask, is_causal, 1)
+            weights = self._weights(logits, mask, is_causal, 1)
         elif self.mix == "plus":
-            weights = self._softmax(logits + q @ k.transpose(-2, -1) / math.sqrt(self.head_dim), mask, is_causal, 1)
+            weights = self._weights(logits + q @ k.transpose(-2, -1) / math.sqrt(self.head_dim), mask, is_causal, 1)
         else:
             a = self.alpha.to(v.dtype)[:, None, None]
-            weights = a * self._softmax(logits, mask, is_causal, 1) + (1 - a) * self._softmax(
+            weights = a * self._weights(logits, mask, is_causal, 1) + (1 - a) * self._weights(
                 q @ k.transpose(-2, -1), mask, is_causal, self.head_dim)
         weights = weights.to(v.dtype)
         if self.record:
             self.weights = weights.detach()
-        y = F.dropout(weights, self.dropout if self.training else 0.0) @ v  # (B, H, T, hd)
+        y = self._scale_heads(F.dropout(weights, self.dropout if self.training else 0.0) @ v)  # (B, H, T, hd)
         return self.out_dropout(self.out(y.transpose(1, 2).reshape(B, T, -1)))
 
     def _synthetic(self, x: torch.Tensor, offset: int, t_k: int) -> torch.Tensor:
@@ -140,4 +153,7 @@ class Synthesizer(AttentionBase):
 def synthesizer(ctx: Context, opts: SynthesizerOptions) -> AttentionBase:
     """Synthesizer (Tay et al. 2020): dense, random or factorized synthetic attention weights, alone or mixed with
     dot-product attention; in cross-attention plain dot-product attention (MHA)."""
-    return Attention(ctx, AttentionOptions(window=opts.window), ctx.n_heads) if ctx.cross else Synthesizer(ctx, opts)
+    if ctx.cross:  # MHA with every attention's options that were given (backend: its default)
+        return Attention(ctx, AttentionOptions(**{f.name: getattr(opts, f.name) for f in fields(WrittenOutOptions)}),
+                         ctx.n_heads)
+    return Synthesizer(ctx, opts)
