@@ -132,6 +132,19 @@ def test_a_decoder_generates_with_the_cache_as_without_and_slides_past_max_seq_l
     assert generate(model, prompt, 14, slide=True).shape == (2, 18)  # past 12: the last 12 tokens each step
 
 
+@pytest.mark.parametrize("synthetic", ["dense", "random"])
+def test_memory_tokens_take_the_first_positions(synthetic):
+    """model.memory_tokens=3: the weights cover 3 + max_seq_len positions, the memory's first; training length and
+    cached generation work as without memory, and generation's limit on tokens stays max_seq_len."""
+    model = build_model(tiny_cfg(attention={"name": "synthesizer", "synthetic": synthetic, "mix": "alpha"},
+                                 max_seq_len=12, memory_tokens=3, init_std=0.3)).eval()
+    attn = model.decoder.blocks[0].attn.f
+    assert attn.positions == 15 and position_limit(model) == 12
+    prompt = torch.randint(0, 37, (2, 4))
+    torch.testing.assert_close(generate(model, prompt, 8), generate(model, prompt, 8, use_cache=False))
+    assert model(torch.randint(0, 37, (2, 12))).shape[1] == 12
+
+
 def test_longer_than_max_seq_len_is_refused_in_one_line():
     m = make(ATTENTION, "synthesizer", d_model=D, n_heads=H, max_seq_len=L)
     with pytest.raises(ConfigError, match=r"^model\.max_seq_len: the synthesizer's weights cover 16 positions, this "

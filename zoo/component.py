@@ -63,6 +63,7 @@ class Context:
     bias: bool = True  # biases in linear layers and LayerNorm
     dropout: float = 0.0
     value_embed: bool = False  # this layer's self-attention mixes a value embedding into its values (value_dim)
+    memory_tokens: int = 0  # model.memory_tokens: positions before the sequence that self-attention also sees
     norm: Callable[..., Any] = field(default=lambda dim=None: _no_norm())  # the model's: norm(dim=None) -> a new one
 
     @property

@@ -19,6 +19,8 @@ values (and keys with a dot-product half); a new query at position p takes its r
 token; random: R[p]) over the p + 1 cached keys, the row recomputation gives it (tests/test_catalogue_synthesizer.py).
 Position schemes: a rotary one rotates only the dot-product half's queries and keys; a bias scheme (ALiBi, T5)
 adds to the logits, synthetic or mixed; an absolute one adds to the embeddings, as always.
+With model.memory_tokens m, the memory is positions 0 .. m - 1 (as the stack places it), so the weights cover
+m + max_seq_len positions; the hard limit on tokens stays max_seq_len.
 Every attention's options but backend (the weights are always written out, so it is refused): sigmoid and
 sparse_topk turn the logits into weights through AttentionBase._weights (alpha: each softmax on its own), head_scale
 scales each head's output, qk_norm normalises the dot-product half's queries and keys (refused with mix=none).
@@ -62,7 +64,8 @@ class Synthesizer(AttentionBase):
 
     def __init__(self, ctx: Context, opts: SynthesizerOptions):
         super().__init__(ctx, opts)  # window, sigmoid, sparse_topk, head_scale: every attention's, shared
-        d, H, L, bias = ctx.d_model, ctx.n_heads, ctx.max_seq_len, ctx.bias
+        # the positions it weighs: model.memory_tokens' (before the sequence, positions 0..), then max_seq_len tokens
+        d, H, L, bias = ctx.d_model, ctx.n_heads, ctx.memory_tokens + ctx.max_seq_len, ctx.bias
         self.dot = opts.mix != "none"
         need(not opts.qk_norm or self.dot, "attention.qk_norm", f"normalises queries and keys, which mix={opts.mix} "
              "has none of; valid: false, or mix plus or alpha")
@@ -70,7 +73,7 @@ class Synthesizer(AttentionBase):
         width = d if opts.width is None else opts.width
         need(width > 0, "attention.width", f"must be a positive integer or null (d_model), got {width!r}")
         self.n_heads = self.n_kv_heads = H
-        self.head_dim, self.max_len = ctx.head_dim, L
+        self.head_dim, self.positions, self.max_len = ctx.head_dim, L, ctx.max_seq_len  # max_len: tokens (generate)
         self.kind, self.mix, self.rank = opts.synthetic, opts.mix, opts.rank
         if self.kind == "dense":
             self.dense = nn.Sequential(nn.Linear(d, width, bias=bias), nn.ReLU(), nn.Linear(width, H * L, bias=bias))
@@ -95,7 +98,7 @@ class Synthesizer(AttentionBase):
                 context: torch.Tensor | None = None, cache: KVCache | None = None, offset: int = 0) -> torch.Tensor:
         B, T, _ = x.shape
         t_k = offset + T  # the queries are positions offset .. t_k - 1, the keys 0 .. t_k - 1
-        need(t_k <= self.max_len, "max_seq_len", f"the synthesizer's weights cover {self.max_len} positions, this "
+        need(t_k <= self.positions, "max_seq_len", f"the synthesizer's weights cover {self.positions} positions, this "
              f"sequence reaches {t_k}; valid: sequences of at most max_seq_len tokens, or a larger max_seq_len")
         heads = lambda t: t.unflatten(-1, (self.n_heads, -1)).transpose(1, 2)  # (B, T, d) -> (B, H, T, hd)
         v = heads(self.v(x))
@@ -130,7 +133,7 @@ class Synthesizer(AttentionBase):
         """The logits B of the queries at offset .. t_k - 1 over the keys 0 .. t_k - 1: (B, H, T, t_k) for dense,
         (1, H, T, t_k) for random and factorized (the same for every sequence)."""
         if self.kind == "dense":
-            return self.dense(x).unflatten(-1, (self.n_heads, self.max_len)).transpose(1, 2)[..., :t_k]
+            return self.dense(x).unflatten(-1, (self.n_heads, self.positions)).transpose(1, 2)[..., :t_k]
         if self.kind == "random":
             return self.random[None, :, offset:t_k, :t_k]
         return (self.left[:, offset:t_k] @ self.right[:, :t_k].transpose(-2, -1))[None]
