@@ -25,13 +25,11 @@ def softmax_of_seen(s: torch.Tensor, seen: torch.Tensor) -> torch.Tensor:
     return torch.softmax(s.masked_fill(~seen, -math.inf), dim=-1)
 
 
-def paper(m, x: torch.Tensor, causal: bool, padding: torch.Tensor | None, weights=softmax_of_seen,
-          qk_norm: bool = False) -> torch.Tensor:
+def paper(m, x: torch.Tensor, causal: bool, padding: torch.Tensor | None, weights=softmax_of_seen) -> torch.Tensor:
     """y_i = W_o [g_h sum_j w_ij^h W_v^h x_j]_h + b_o with w_i^h = softmax_j(B_i^h[j]) (+ S_i^h[j] for plus; alpha_h
     softmax(B) + (1 - alpha_h) softmax(S) for alpha), B from the paper's formula for each kind, one token at a time.
     Key j is hidden from query i when causal and j > i, or when padded (a padded query keeps its own key).
-    weights(s, seen): the softmax, or an option's map from scores to weights; g_h: head_scale's (else 1); qk_norm:
-    each head's query and key layer-normalised with the part's gains and biases."""
+    weights(s, seen): the softmax, or an option's map from scores to weights; g_h: head_scale's (else 1)."""
     hd = D // H
     out = torch.zeros_like(x)
     for b in range(x.shape[0]):
@@ -53,13 +51,7 @@ def paper(m, x: torch.Tensor, causal: bool, padding: torch.Tensor | None, weight
                 if m.mix != "none":
                     wq, wk = m.qk.weight[:D][rows], m.qk.weight[D:][rows]
                     bq, bk = m.qk.bias[:D][rows], m.qk.bias[D:][rows]
-                    query, keys = wq @ x[b, i] + bq, [wk @ x[b, j] + bk for j in range(x.shape[1])]
-                    if qk_norm:  # torch's layer norm over the head, with the part's gains and biases
-                        n = m.q_norm
-                        query = torch.nn.functional.layer_norm(query, (hd,), n.weight, n.bias, n.eps)
-                        n = m.k_norm
-                        keys = [torch.nn.functional.layer_norm(k, (hd,), n.weight, n.bias, n.eps) for k in keys]
-                    scores = torch.stack([query @ k for k in keys])
+                    scores = torch.stack([(wq @ x[b, i] + bq) @ (wk @ x[b, j] + bk) for j in range(x.shape[1])])
                     scores = scores / math.sqrt(hd)
                 if m.mix == "none":
                     w = softmax(logits)
@@ -180,13 +172,12 @@ def top3_softmax(s: torch.Tensor, seen: torch.Tensor) -> torch.Tensor:
 
 
 @pytest.mark.parametrize(("option", "kind", "mix"), [
-    (option, kind, mix) for option in ("sigmoid", "sparse_topk", "head_scale", "qk_norm")
-    for kind, mix in [("dense", "none"), ("random", "plus"), ("factorized", "alpha")]
-    if option != "qk_norm" or mix != "none"])  # qk_norm without queries and keys: refused (below)
+    (option, kind, mix) for option in ("sigmoid", "sparse_topk", "head_scale")
+    for kind, mix in [("dense", "none"), ("random", "plus"), ("factorized", "alpha")]])
 def test_every_attentions_options_apply_to_the_synthetic_weights(option, kind, mix):
     """sigmoid and sparse_topk turn the synthetic (or mixed) logits into weights through AttentionBase's shared
-    _weights (each softmax of alpha on its own); head_scale scales each head's output; qk_norm normalises the
-    dot-product half's queries and keys. Against the equations, decoder and padded encoder, and cached decoding."""
+    _weights (each softmax of alpha on its own); head_scale scales each head's output. Against the equations, decoder
+    and padded encoder, and cached decoding."""
     m = _synthesizer(kind, mix, **{option: 3 if option == "sparse_topk" else True})
     with torch.no_grad():
         for p in m.parameters():
@@ -199,7 +190,7 @@ def test_every_attentions_options_apply_to_the_synthetic_weights(option, kind, m
     for causal, pad in [(True, None), (False, padding)]:
         mask, is_causal = attention_bias(T, T, causal, None, NO_POSITION, pad, x.device, x.dtype)
         ours = m(x, NO_POSITION, mask, is_causal)
-        theirs = paper(m, x, causal, pad, weights, qk_norm=option == "qk_norm")
+        theirs = paper(m, x, causal, pad, weights)
         torch.testing.assert_close(ours, theirs, rtol=1e-10, atol=1e-12)
         probe = torch.randn_like(ours)
         for a, b in zip(_grads(m, ours, x, probe), _grads(m, theirs, x, probe), strict=True):
@@ -210,12 +201,11 @@ def test_every_attentions_options_apply_to_the_synthetic_weights(option, kind, m
     torch.testing.assert_close(torch.cat(steps, dim=1), m(x, NO_POSITION, None, True), rtol=1e-10, atol=1e-12)
 
 
-@pytest.mark.parametrize(("options", "message"), [
-    ({"qk_norm": True}, r"^model\.attention\.qk_norm: normalises queries and keys, which mix=none has none of; "
-                        r"valid: false, or mix plus or alpha$"),
-    ({"backend": "sdpa"}, r"^model\.attention\.backend: not an option of 'synthesizer'; valid: head_scale, .*$"),
-])
-def test_options_it_cannot_apply_are_refused_in_one_line(options, message):
-    """No silent no-op: qk_norm without a dot-product half, and backend (the weights are always written out)."""
-    with pytest.raises(ConfigError, match=message):
-        build_model(tiny_cfg(attention={"name": "synthesizer", **options}))
+@pytest.mark.parametrize("option", [{"backend": "sdpa"}, {"qk_norm": True}], ids=lambda o: next(iter(o)))
+@pytest.mark.parametrize("mix", ["none", "plus"])
+def test_options_it_cannot_apply_are_refused_in_one_line(option, mix):
+    """No silent no-op: backend (the weights are always written out) and qk_norm (mix=none has no queries or keys;
+    an option is the registered name's, whatever its mix)."""
+    with pytest.raises(ConfigError, match=rf"^model\.attention\.{next(iter(option))}: not an option of "
+                                          r"'synthesizer'; valid: head_scale, .*$"):
+        build_model(tiny_cfg(attention={"name": "synthesizer", "mix": mix, **option}))

@@ -29,13 +29,10 @@ BACKENDS = ("sdpa", "math")
 
 @dataclass(kw_only=True)
 class WrittenOutOptions(Options):
-    """The options of every attention but `backend`: all that a variant whose weights the fused kernel cannot
-    compute (the synthesizer's) has; it always writes them out, so backend=sdpa is refused there as unknown."""
+    """The options of every attention but `backend` and `qk_norm`: all that one with no fused kernel and not
+    always queries and keys (the synthesizer's) has; there those two are refused as unknown keys."""
 
     window: int | None = None  # sliding window: keys at distance < window (the stack asks `window`)
-    # Queries and keys normalised with the model's norm, before RoPE: true (or head) each head on its own (Qwen3,
-    # Gemma 3); projection the whole query and key projections, all heads at once (OLMo 2); false: neither.
-    qk_norm: bool | Literal["head", "projection"] = False
     # Sigmoid attention (Ramapuram et al. 2024): weights sigmoid(score + b), b = -log(max_seq_len), each on its own,
     # in place of the softmax over keys.
     sigmoid: bool = False
@@ -52,9 +49,12 @@ class AttentionOptions(WrittenOutOptions):
     """Options every attention variant has."""
 
     backend: Literal["sdpa", "math"] = "sdpa"  # sdpa (fused kernel) or math (explicit softmax; keeps weights)
+    # Queries and keys normalised with the model's norm, before RoPE: true (or head) each head on its own (Qwen3,
+    # Gemma 3); projection the whole query and key projections, all heads at once (OLMo 2); false: neither.
+    qk_norm: bool | Literal["head", "projection"] = False
 
 
-def qk_norms(ctx: Context, opts: WrittenOutOptions, dim: int, k_dim: int | None = None) -> tuple[nn.Module, nn.Module]:
+def qk_norms(ctx: Context, opts: AttentionOptions, dim: int, k_dim: int | None = None) -> tuple[nn.Module, nn.Module]:
     """The query and key norms qk_norm asks for, else identities. dim: the size a query norm normalises (a head, or
     the whole projection); k_dim: a key's, when it differs (0: keys have no part to normalise)."""
     k_dim = dim if k_dim is None else k_dim

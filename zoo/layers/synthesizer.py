@@ -21,9 +21,10 @@ Position schemes: a rotary one rotates only the dot-product half's queries and k
 adds to the logits, synthetic or mixed; an absolute one adds to the embeddings, as always.
 With model.memory_tokens m, the memory is positions 0 .. m - 1 (as the stack places it), so the weights cover
 m + max_seq_len positions; the hard limit on tokens stays max_seq_len.
-Every attention's options but backend (the weights are always written out, so it is refused): sigmoid and
-sparse_topk turn the logits into weights through AttentionBase._weights (alpha: each softmax on its own), head_scale
-scales each head's output, qk_norm normalises the dot-product half's queries and keys (refused with mix=none).
+Every attention's options but backend (the weights are always written out) and qk_norm (mix=none has no queries or
+keys, and an option is the registered name's, whatever its mix), both refused as unknown: sigmoid and sparse_topk
+turn the logits into weights through AttentionBase._weights (alpha: each softmax on its own), head_scale scales each
+head's output.
 Cross-attention stays dot-product attention (the factory builds MHA there): its keys are the encoder's, whose
 positions a decoder's synthetic row does not index, and the papers' encoder-decoders (Tay et al.'s translation,
 Narang et al.'s T5) keep source attention as it was.
@@ -40,14 +41,14 @@ import torch.nn.functional as F
 from torch import nn
 
 from zoo.component import Context, linear_flops, need
-from zoo.layers.attention import Attention, AttentionBase, AttentionOptions, KVCache, WrittenOutOptions, qk_norms
+from zoo.layers.attention import Attention, AttentionBase, AttentionOptions, KVCache, WrittenOutOptions
 from zoo.layers.position import Position
 from zoo.registry import ATTENTION
 
 
 @dataclass(kw_only=True)
 class SynthesizerOptions(WrittenOutOptions):
-    """Every attention's options but backend (its weights are always written out), and its own."""
+    """Every attention's options but backend (its weights are always written out) and qk_norm, and its own."""
 
     widths: ClassVar[tuple[str, ...]] = ("width",)  # grows with d_model (zoo.mup scales it along)
     synthetic: Literal["dense", "random", "factorized"] = "dense"  # how the logits B are made
@@ -67,8 +68,6 @@ class Synthesizer(AttentionBase):
         # the positions it weighs: model.memory_tokens' (before the sequence, positions 0..), then max_seq_len tokens
         d, H, L, bias = ctx.d_model, ctx.n_heads, ctx.memory_tokens + ctx.max_seq_len, ctx.bias
         self.dot = opts.mix != "none"
-        need(not opts.qk_norm or self.dot, "attention.qk_norm", f"normalises queries and keys, which mix={opts.mix} "
-             "has none of; valid: false, or mix plus or alpha")
         need(opts.rank > 0, "attention.rank", f"must be a positive integer, got {opts.rank!r}")
         width = d if opts.width is None else opts.width
         need(width > 0, "attention.width", f"must be a positive integer or null (d_model), got {width!r}")
@@ -85,8 +84,6 @@ class Synthesizer(AttentionBase):
         self.v = nn.Linear(d, d, bias=bias)
         if self.dot:
             self.qk = nn.Linear(d, 2 * d, bias=bias)
-            self.norm_projection = opts.qk_norm == "projection"  # else per head, when on (as Attention's)
-            self.q_norm, self.k_norm = qk_norms(ctx, opts, d if self.norm_projection else self.head_dim)
         if self.mix == "alpha":
             self.alpha = nn.Parameter(torch.empty(H))
             # an even mix at the start (init_weights), with head_scale's 1 when on
@@ -104,11 +101,7 @@ class Synthesizer(AttentionBase):
         v = heads(self.v(x))
         if self.dot:
             q, k = self.qk(x).chunk(2, dim=-1)
-            if self.norm_projection:
-                q, k = heads(self.q_norm(q)), heads(self.k_norm(k))
-            else:
-                q, k = self.q_norm(heads(q)), self.k_norm(heads(k))
-            q, k = pos.rotate(q, k, offset)
+            q, k = pos.rotate(heads(q), heads(k), offset)
             if cache is not None:
                 k, v = cache.append(k, v)
         elif cache is not None:
