@@ -1,6 +1,7 @@
 """Ladders: a study at several sizes (conf/ladder, conf/size, conf/climb), the token rule that sizes each rung's
 training, the report's fits and verdicts, and a sweep that continues when its command is run again."""
 
+import hashlib
 import json
 import math
 import os
@@ -248,3 +249,54 @@ def test_a_sweep_directory_holding_another_sweeps_finished_run_is_refused(tmp_pa
                            capture_output=True, text=True, timeout=600)
     assert "holds a finished run with other settings (trainer.max_steps: earlier run 4, this run 6)" in other.stderr
     assert (tmp_path / "0" / "summary.json").read_bytes() == before
+
+
+def _files(root: Path) -> dict[str, bytes]:
+    """Every file under root but run.lock (its content is the pid of the last process that held it)."""
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*"))
+            if p.is_file() and p.name != "run.lock"}
+
+
+def test_a_sweep_continued_on_changed_data_is_refused_and_keeps_its_results(tmp_path):
+    """The same characters in another order: the tokenizer and every setting are the same, the text is not. Each
+    finished job is refused in one line naming the file, and nothing of the sweep changes; the same text again
+    is kept as before."""
+    text, words = tmp_path / "corpus.txt", ["the", "quick", "brown", "fox", "jumps", "over", "lazy", "dog"]
+    rng = np.random.default_rng(0)
+    text.write_text(" ".join(rng.choice(words, 3000)) + "\n")
+    first = text.read_bytes()
+    sweep = tmp_path / "sweep"
+    cmd = [sys.executable, "train.py", *SWEEP[:-2], "ffn=relu", "seed=0,1", "trainer.max_steps=4",
+           "data=text_file", f"data.path={text}", "data.context=16", "data.eval_batches=1",
+           f"hydra.sweep.dir={sweep}"]
+    assert subprocess.run(cmd, cwd=ROOT, capture_output=True, timeout=600).returncode == 0
+    recorded = json.loads((sweep / "0" / "summary.json").read_text())["data_fingerprint"]
+    assert recorded == {"source": f"data.path '{text}'", "sha256": hashlib.sha256(first).hexdigest()}
+    before = _files(sweep)
+    text.write_text(" ".join(rng.choice(words, 3000)) + "\n")  # other text, the same characters
+    assert sorted(set(text.read_text())) == sorted(set(first.decode())) and text.read_bytes() != first
+    again = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    refused = [ln for ln in again.stderr.splitlines() if ln.startswith("error:")]
+    assert refused == [f"error: hydra.sweep.dir: '{sweep / n}' holds a finished run trained on other data "
+                       f"(data.path '{text}' now has sha256 {hashlib.sha256(text.read_bytes()).hexdigest()[:16]}..., "
+                       f"the run's {recorded['sha256'][:16]}...); valid: the data it trained on, another "
+                       "hydra.sweep.dir, or overwrite=true" for n in "01"], again.stderr[-3000:]
+    assert "Traceback" not in again.stderr and _files(sweep) == before  # the old results, byte for byte
+    text.write_bytes(first)  # the data it trained on: kept, as any finished job
+    kept = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert kept.returncode == 0 and f"kept: {sweep / '1'} finished earlier (completed)" in kept.stdout, kept.stderr
+    assert _files(sweep) == before
+
+
+def test_a_ladder_on_two_cpu_instruction_sets_says_so(tmp_path):
+    """The small rungs on one machine, the large on another: the report of the ladder names both."""
+    _write_ladder(tmp_path, {"base": lambda c: 12.0 * c ** -0.06, "arm": lambda c: 11.5 * c ** -0.06}, SIZES)
+    for summary in tmp_path.glob("*/summary.json"):
+        s = json.loads(summary.read_text())
+        isa = "avx512+amx" if "size=l" in s["overrides"] else "avx512+avx512_bf16"
+        summary.write_text(json.dumps({**s, "cpu_isa": isa, "cpu_kind": isa.split("+")[1]}))
+    report = build_report(tmp_path, baseline="ffn=base")
+    assert report.ladder is not None
+    write_report(report, tmp_path)
+    said = [ln for ln in (tmp_path / "report.md").read_text().splitlines() if ln.startswith("Mixed CPU")]
+    assert said and said[0].startswith("Mixed CPU instruction sets: avx512+amx (6 runs), avx512+avx512_bf16 (12 runs).")

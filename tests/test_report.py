@@ -556,3 +556,88 @@ def test_report_html_renders_in_chromium(multirun, tmp_path):
                                   .replace("<table", "<div", 1).replace("</body>", "<script>nope()</script></body>"))
     counts, console = render(out / "bad.html")
     assert counts["broken"] == 1 and counts["tables"] == 2 and any("nope is not defined" in c for c in console)
+
+
+# -- scale: the report's work grows linearly with the runs --------------------------------------------------------
+
+
+def _bench_report():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bench_report", ROOT / "scripts" / "bench_report.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _calls(fn) -> int:
+    """How many Python and C function calls `fn()` makes: a count of operations, not a timing."""
+    count = 0
+
+    def profile(frame, event, arg):
+        nonlocal count
+        count += event in ("call", "c_call")
+
+    sys.setprofile(profile)
+    try:
+        fn()
+    finally:
+        sys.setprofile(None)
+    return count
+
+
+def test_report_work_is_linear_in_the_runs(tmp_path):
+    """scripts/bench_report.py's fake sweep at n, 2n and 4n runs: finding the runs and building the report make
+    calls in a fixed part plus a part per run, so going from 2n to 4n adds twice what going from n to 2n added;
+    checking each directory against every other (the quadratic search this replaced) added four times as much.
+    The figures in seconds are docs/benchmarks.md's, "The report on a large sweep"."""
+    from zoo.report.cli import build_report
+    from zoo.report.runs import find_run_dirs
+
+    bench, counts = _bench_report(), []
+    for n in (50, 100, 200):
+        root = bench.make_sweep(tmp_path / str(n), n, steps=8)
+        found = find_run_dirs(root)
+        assert len(found) == n and found[:3] == [root / "0", root / "1", root / "2"]
+        build_report(root)  # its first call imports what it needs (Hydra's parser): once, not per run
+        counts.append((_calls(lambda: find_run_dirs(root)), _calls(lambda: build_report(root))))  # noqa: B023
+    for what, (a, b, c) in zip(("find_run_dirs", "build_report"), zip(*counts, strict=True), strict=True):
+        assert 1.6 < (c - b) / (b - a) < 2.4, (what, a, b, c)
+
+
+# -- CPU instruction sets: float32 digits repeat on one only -------------------------------------------------------
+
+
+def _set_cpu(run_dir: Path, **record) -> None:
+    """Give a hand-made run's summary.json the CPU record a run writes (cpu_isa, cpu_kind) or an older one."""
+    path = run_dir / "summary.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), **record}))
+
+
+@pytest.mark.parametrize(("records", "line"), [
+    # (cpu_isa, cpu_kind) per run; None: the key absent (a run from before the record)
+    ([("avx512+amx", "amx")] * 4, None),
+    ([("avx512+amx", "amx")] * 2 + [("avx512+avx512_bf16", "avx512_bf16")] * 2,
+     "Mixed CPU instruction sets: avx512+amx (2 runs), avx512+avx512_bf16 (2 runs)."),
+    ([("avx512+amx", "amx")] * 3 + [("avx2", "none")],
+     "Mixed CPU instruction sets: avx2 (1 run), avx512+amx (3 runs)."),
+    # an older run records the coarser cpu_kind only: every run is compared by it
+    ([(None, "amx")] * 2 + [("avx512+amx", "amx")] * 2, None),
+    ([(None, "amx")] * 2 + [("avx512+avx512_bf16", "avx512_bf16")] * 2,
+     "Mixed CPU instruction sets: amx (2 runs), avx512_bf16 (2 runs)."),
+    ([(None, None)] * 4, None),  # nothing recorded: nothing said
+])
+def test_report_says_when_a_sweep_mixes_cpu_instruction_sets(tmp_path, records, line):
+    from zoo.report import build_report, write_report
+
+    root = sweep(tmp_path / "sweep", {"relu": [[3.0, 2.0], [3.1, 2.1]], "gelu": [[3.0, 1.9], [3.1, 2.0]]})
+    for job, (isa, kind) in enumerate(records):
+        _set_cpu(root / str(job), **{k: v for k, v in (("cpu_isa", isa), ("cpu_kind", kind)) if v is not None})
+    write_report(build_report(root), root)
+    md, page = (root / "report.md").read_text(), (root / "report.html").read_text()
+    said = [ln for ln in md.splitlines() if ln.startswith("Mixed CPU")]
+    if line is None:
+        assert said == [] and "Mixed CPU" not in page
+    else:
+        assert len(said) == 1 and said[0].startswith(line) and "within seed noise" in said[0], said
+        assert line in page

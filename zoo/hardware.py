@@ -48,6 +48,20 @@ def cpu_kind() -> str:
     return "amx" if amx else "avx512_bf16" if avx else "none"
 
 
+@lru_cache(maxsize=1)
+def instruction_set() -> str:
+    """The CPU's instruction set as far as a run's numbers depend on it: the vector level torch's CPU kernels
+    dispatch to (torch.backends.cpu.get_cpu_capability(): AVX512, AVX2, ...) and what computes bf16 (cpu_kind),
+    e.g. 'avx512+amx', 'avx512+avx512_bf16', 'avx2'. A float32 run repeats to every digit on machines of one
+    instruction set; on another, oneDNN and torch take other code paths and the digits differ within seed noise
+    (docs/reliability.md, "Reproducibility across machines"). summary.json records it; the report says when a
+    sweep mixes them."""
+    import torch
+
+    capability, kind = torch.backends.cpu.get_cpu_capability().lower(), cpu_kind()
+    return capability if kind == "none" else f"{capability}+{kind}"
+
+
 CPU_BF16 = {"amx": "AMX", "avx512_bf16": "AVX-512 BF16"}  # cpu_kind -> the unit that computes bf16, in words
 
 

@@ -20,6 +20,8 @@ def test_a_cpu_run_names_its_kernels_and_cpu_kind(train, capsys):
     kernels = ["rmsnorm_cpp", "rope_cpp"] if build.compiler() else ["rmsnorm_cpu"]
     assert code == 0 and {k: summary[k] for k in ("cpu_kind", "kernels_policy", "kernels")} == {
         "cpu_kind": hw.cpu_kind(), "kernels_policy": "auto", "kernels": kernels}
+    assert summary["cpu_isa"] == hw.instruction_set() and summary["cpu_isa"].split("+")[0] in (
+        "default", "avx2", "avx512", "sve", "sve128", "sve256", "zvector", "vsx")  # torch's dispatch levels
     banner = capsys.readouterr().out.splitlines()
     assert f"kernels auto: {', '.join(kernels)} (CPU kind {hw.cpu_kind()})" in banner[:4], banner[:4]
     saved = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)["callbacks"]["KernelsUsed"]

@@ -435,3 +435,138 @@ def test_train_py_imports_with_the_collector_off_and_trains_with_it_on(tmp_path,
         assert (enabled, lightning, frozen) == ("True", "True", "True")
         if not mode:  # only resume_gc's own collection; importing Lightning with the collector on makes 6-7
             assert int(full_collections) <= 1, full_collections
+
+
+# --- a signal at every point of a run: one record --------------------------------------------------------------
+
+SIGNAL_RUN = [*TINY, "trainer.max_steps=6", "trainer.val_check_interval=2", "logger=csv", "threads=1",
+              "sample.max_new_tokens=0", "checkpoints=all"]
+
+
+def _send_sigterm() -> None:
+    os.kill(os.getpid(), signal.SIGTERM)  # delivered to this (main) thread: the handler runs before the next line
+
+
+def _inject(monkeypatch, point: str) -> None:
+    """Send SIGTERM to this process at `point` of a 6-step run evaluated every 2 steps."""
+    from zoo.training.checkpoint_io import AtomicCheckpointIO
+    from zoo.training.data import ZooData
+    from zoo.training.module import ZooModule
+    from zoo.training.summary import Summary
+
+    def before(cls, name: str, when) -> None:
+        original = getattr(cls, name)
+
+        def wrapped(self, *args, **kwargs):
+            if when(self, *args):
+                _send_sigterm()
+            return original(self, *args, **kwargs)
+
+        monkeypatch.setattr(cls, name, wrapped)
+
+    step = lambda at: lambda self, *a: self.trainer.global_step == at  # noqa: E731
+    saving = lambda at: lambda self, ckpt, *a: ckpt["global_step"] == at  # noqa: E731
+    once = lambda self, *a: True  # noqa: E731
+    {"the fit's start": lambda: before(ZooData, "train_dataloader", once),
+     "a step": lambda: before(ZooModule, "training_step", step(2)),  # the third step
+     "a validation": lambda: before(ZooModule, "validation_step", step(2)),
+     "a checkpoint write": lambda: before(AtomicCheckpointIO, "save_checkpoint", saving(2)),
+     "the last step": lambda: before(ZooModule, "training_step", step(5)),
+     "the final validation": lambda: before(ZooModule, "validation_step", step(6)),
+     "the final save": lambda: before(AtomicCheckpointIO, "save_checkpoint", saving(6)),
+     "the summary write": lambda: before(Summary, "write", once)}[point]()
+
+
+def _record(run_dir: Path) -> tuple[str, int, int, list[int]]:
+    """(summary's status, its steps, last.ckpt's step, the steps of metrics.csv's training rows)."""
+    summary = json.loads((run_dir / "summary.json").read_text())
+    ckpt = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)["global_step"]
+    with (run_dir / "metrics.csv").open() as f:
+        trained = [int(r["step"]) + 1 for r in csv.DictReader(f) if r.get("train_loss")]  # Lightning's 0-based
+    return summary["status"], summary["steps"], ckpt, trained
+
+
+SIGNAL_POINTS = [  # (where the signal arrives, the status, the step every file then says)
+    ("the fit's start", "interrupted", 1),
+    ("a step", "interrupted", 3),
+    ("a validation", "interrupted", 3),
+    ("a checkpoint write", "interrupted", 3),
+    ("the last step", "completed", 6),  # nothing is left to stop: the run finishes
+    ("the final validation", "completed", 6),
+    ("the final save", "completed", 6),
+    ("the summary write", "completed", 6),
+]
+
+
+@pytest.mark.parametrize(("point", "status", "step"), SIGNAL_POINTS, ids=[p[0] for p in SIGNAL_POINTS])
+def test_a_signal_at_any_point_leaves_one_record_and_resuming_completes_it(tmp_path, monkeypatch, capsys, point,
+                                                                           status, step):
+    """SIGTERM sent at each point of a run (a hook calls it there, no timing): the summary, last.ckpt and
+    metrics.csv all say the same step; an interrupted run resumed ends with each step's row exactly once."""
+    run_dir = tmp_path / "run"
+    with monkeypatch.context() as m:
+        _inject(m, point)
+        code = main(compose_cfg(SIGNAL_RUN), run_dir)
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # the run's handler is gone with it
+    assert code == (130 if status == "interrupted" else 0), capsys.readouterr().err[-2000:]
+    assert _record(run_dir) == (status, step, step, list(range(1, step + 1)))
+    if status == "interrupted":
+        assert main(compose_cfg([*SIGNAL_RUN, "ckpt_path=last"]), run_dir) == 0
+        assert _record(run_dir) == ("completed", 6, 6, [1, 2, 3, 4, 5, 6])
+    else:
+        assert "stop asked (SIGTERM) after the last step" in capsys.readouterr().out
+
+
+def test_resuming_a_finished_run_from_an_earlier_checkpoint_is_refused_and_loses_nothing(tmp_path, capsys):
+    """The state the issue found on a loaded machine (summary.json completed at the last step, last.ckpt earlier):
+    a resume would trim metrics.csv back to the checkpoint; it is refused in one line, every file as it was."""
+    run_dir = tmp_path / "run"
+    assert main(compose_cfg(SIGNAL_RUN), run_dir) == 0
+    last = run_dir / "checkpoints" / "last.ckpt"
+    ckpt = torch.load(last, weights_only=True)
+    torch.save({**ckpt, "global_step": 2}, last)
+    before = {p.name: p.read_bytes() for p in (*run_dir.iterdir(), last) if p.is_file() and p.name != "run.lock"}
+    capsys.readouterr()
+    assert main(compose_cfg([*SIGNAL_RUN, "ckpt_path=last"]), run_dir) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == (f"error: ckpt_path: '{run_dir}' finished (completed, summary.json) at step 6, after its last "
+                   "checkpoint (step 2); resuming would drop the history of the steps between; valid: keep the run "
+                   "as it is, or overwrite=true to train it again"), err
+    assert {p.name: p.read_bytes() for p in (*run_dir.iterdir(), last) if p.is_file() and p.name != "run.lock"} \
+        == before
+
+
+def test_a_resume_that_dies_keeps_the_rows_it_had_not_redone(tmp_path, monkeypatch, capsys):
+    """Killed after step 6 while its last checkpoint was at step 4 (metrics.csv holds steps 1-6, no summary), then
+    resumed, and the resume dies in its first step: the rows of steps 5 and 6 are still there. Resumed again to
+    the end, each step's row is there once, with the values of the run that was never stopped."""
+    from zoo.training.checkpoint_io import AtomicCheckpointIO
+    from zoo.training.module import ZooModule
+
+    full, run_dir = tmp_path / "full", tmp_path / "run"
+    assert main(compose_cfg(SIGNAL_RUN), full) == 0
+    original = AtomicCheckpointIO.save_checkpoint
+
+    def keep_step_4(self, checkpoint, path, storage_options=None):
+        original(self, checkpoint, path, storage_options)
+        if checkpoint["global_step"] == 4 and Path(path).name == "last.ckpt":
+            Path(path).with_name("at4.ckpt").write_bytes(Path(path).read_bytes())
+
+    with monkeypatch.context() as m:
+        m.setattr(AtomicCheckpointIO, "save_checkpoint", keep_step_4)
+        assert main(compose_cfg(SIGNAL_RUN), run_dir) == 0
+    (run_dir / "checkpoints" / "at4.ckpt").replace(run_dir / "checkpoints" / "last.ckpt")
+    (run_dir / "summary.json").unlink()  # as if killed before the step-6 checkpoint and the summary
+    before = _history(run_dir)
+    assert _same_history(before, _history(full))
+
+    def dies(self, batch, batch_idx):
+        raise RuntimeError("the machine went down")
+
+    with monkeypatch.context() as m:
+        m.setattr(ZooModule, "training_step", dies)
+        assert main(compose_cfg([*SIGNAL_RUN, "ckpt_path=last"]), run_dir) == 1
+    assert _same_history(_history(run_dir), before)  # nothing redone, nothing lost
+    assert main(compose_cfg([*SIGNAL_RUN, "ckpt_path=last"]), run_dir) == 0
+    assert _record(run_dir) == ("completed", 6, 6, [1, 2, 3, 4, 5, 6])
+    assert _same_history(_history(run_dir), _history(full))

@@ -1,6 +1,7 @@
 """A run directory's guarantees: never overwritten, locked while running, its history kept across resumes,
 untouchable by a crafted checkpoint, resumed only with the settings it was trained with."""
 
+import csv
 import json
 import os
 import signal
@@ -151,6 +152,25 @@ def test_resume_with_another_data_file_is_refused(tmp_path, capsys):
     capsys.readouterr()
     assert main(compose_cfg(base + [f"data.path={texts[1]}", "ckpt_path=last"]), tmp_path / "run") == 2
     assert f"(data.path: checkpoint '{texts[0]}', this run '{texts[1]}')" in capsys.readouterr().err
+
+
+def test_resume_on_the_same_file_with_other_text_is_refused(tmp_path, capsys):
+    """The same path, the same characters (so the same tokenizer), another text: the checkpoint's data
+    fingerprint names the file; the same text again resumes."""
+    text = tmp_path / "a.txt"
+    text.write_text("abcdefgh ijklmnop qrstuvwx yz\n" * 200)
+    original = text.read_bytes()
+    base = TINY + QUIET + ["data=text_file", f"data.path={text}", "checkpoints=all"]
+    assert run(compose_cfg(base), run_dir=tmp_path / "run") == 0
+    text.write_text("yz qrstuvwx ijklmnop abcdefgh\n" * 200)
+    capsys.readouterr()
+    assert main(compose_cfg(base + ["ckpt_path=last"]), tmp_path / "run") == 2
+    err = capsys.readouterr().err.strip()
+    ckpt = tmp_path / "run" / "checkpoints" / "last.ckpt"
+    assert err.startswith(f"error: ckpt_path: '{ckpt}' was trained on other data (data.path '{text}' now has "
+                          "sha256 ") and "the checkpoint's" in err and "\n" not in err, err
+    text.write_bytes(original)
+    assert main(compose_cfg(base + ["ckpt_path=last"]), tmp_path / "run") == 0
 
 
 @pytest.mark.parametrize("override", ["threads=2", "sample.max_new_tokens=5", "logger=none"])
@@ -321,11 +341,27 @@ def test_atomic_writes_get_the_umask_permissions(tmp_path, umask, mode):
     assert (tmp_path / "f.txt").stat().st_mode & 0o777 == mode
 
 
-def test_trimming_history_keeps_rows_before_the_step_and_drops_a_cut_line(tmp_path):
-    from zoo.training.run_dir import trim_history
+def test_a_resumes_history_keeps_the_rows_it_redoes_until_it_logs_them_again(tmp_path):
+    """Resumed from step 2: the earlier rows of steps 2 and 3 stay until this run's own rows pass them; a last
+    line cut by a kill goes at once. Every file write is a rename."""
+    from zoo.training.callbacks import HistoryWriter
 
     path = tmp_path / "metrics.csv"
-    path.write_text("epoch,step,train_loss,val_loss\r\n0,0,4.5,\r\n0,1,4.4,\r\n0,1,,4.3\r\n0,2,4.2,\r\n0,3,4.")
-    trim_history(path, 2)
-    assert path.read_bytes() == b"epoch,step,train_loss,val_loss\r\n0,0,4.5,\r\n0,1,4.4,\r\n0,1,,4.3\r\n"
-    assert [p.name for p in tmp_path.iterdir()] == ["metrics.csv"]  # rewritten through a temp file, renamed
+    path.write_text("epoch,step,train_loss,val_loss\r\n0,0,4.5,\r\n0,1,4.4,\r\n0,1,,4.3\r\n0,2,4.2,\r\n0,3,4.1,\r\n"
+                    "0,3,,4.0\r\n0,4,4.")
+    writer = HistoryWriter(str(tmp_path), redo_from=2)
+    steps = lambda: [(r["step"], r["train_loss"] or r["val_loss"]) for r in csv.DictReader(path.open())]  # noqa: E731
+    old = [("0", "4.5"), ("1", "4.4"), ("1", "4.3"), ("2", "4.2"), ("3", "4.1"), ("3", "4.0")]
+    assert steps() == old  # the cut line went, nothing else
+    writer.log_metrics({"train_loss": 4.25}, step=2)
+    writer.save()
+    assert steps() == [*old[:3], ("2", "4.25"), *old[3:]]  # step 2 is not known to be complete yet
+    writer.log_metrics({"train_loss": 4.15}, step=3)
+    writer.save()
+    assert steps() == [*old[:3], ("2", "4.25"), ("3", "4.15"), *old[4:]]  # step 2 passed: its old row went
+    writer.settle(4)  # a checkpoint at step 4: every step before it is this run's
+    assert steps() == [*old[:3], ("2", "4.25"), ("3", "4.15")]
+    writer.log_metrics({"train_loss": 3.9}, step=4)
+    writer.save()  # appended now
+    assert steps()[-1] == ("4", "3.9") and len(steps()) == 6
+    assert [p.name for p in tmp_path.iterdir()] == ["metrics.csv"]  # rewritten through temp files, renamed

@@ -132,3 +132,28 @@ def test_text_file_and_hf_past_the_threshold_say_to_prepare(tmp_path, monkeypatc
                                         r"--data-files "):
         build_data({"kind": "hf", "dataset": "text", "load_kwargs": {"data_files": str(path)}, "context": 16,
                     "batch_size": 4}, 0, 4)
+
+
+def test_the_data_fingerprint_names_what_a_run_trained_on(corpora, tmp_path):
+    """A prepared corpus by its manifest (which lists each shard's sha256), a task by the examples its settings
+    generate, a text by its bytes: equal data, equal fingerprints; other data, another."""
+    import hashlib
+
+    from tests.helpers import compose_cfg
+
+    char, pretrained = data(corpora["char"]).fingerprint, data(corpora["pretrained"]).fingerprint
+    manifest = json.loads((Path(corpora["char"]) / "manifest.json").read_text())
+    assert char == {"source": f"data.path '{corpora['char']}' (its manifest.json)",
+                    "sha256": hashlib.sha256(json.dumps(manifest, sort_keys=True).encode()).hexdigest()}
+    assert pretrained["sha256"] != char["sha256"] and data(corpora["char"], seed=1).fingerprint == char
+
+    def task(*over: str) -> dict:
+        cfg = compose_cfg(["data=copy", "data.n_train=50", "data.n_val=8", "data.n_test=8", *over])
+        return build_data(dict(cfg.data), 0, 4).fingerprint
+
+    assert task() == task() and task()["source"] == "data.task 'copy'"
+    assert task("data.seed=1")["sha256"] != task()["sha256"] != task("data.n_train=51")["sha256"]
+    text = tmp_path / "a.txt"
+    text.write_text("abc def\n" * 400)
+    fp = build_data({"kind": "text", "path": str(text), "context": 16, "batch_size": 4}, 0, 4).fingerprint
+    assert fp == {"source": f"data.path '{text}'", "sha256": hashlib.sha256(text.read_bytes()).hexdigest()}

@@ -42,10 +42,28 @@ class Run:
     status: str
     overrides: dict[str, str]
     summary: dict | None = None
-    csv_history: list[dict] = field(default_factory=list)
-    train_history: list[tuple[float, float]] = field(default_factory=list)  # (step, train_loss) of metrics.csv
+    metrics_csv: Path | None = None  # read when first needed: summary.json holds the history of most runs
     detail: str = ""  # why a run is not completed, for the job list
     optim: str | None = None  # the optimizer it trained with (summary.json, else .hydra/config.yaml); None: unknown
+    _csv: tuple[list[dict], list[tuple[float, float]]] | None = field(default=None, repr=False)
+
+    def _metrics(self) -> tuple[list[dict], list[tuple[float, float]]]:
+        if self._csv is None:
+            evals, train, damage = _read_metrics_csv(self.metrics_csv) if self.metrics_csv else ([], [], None)
+            if damage:  # read as far as it goes; the run stands, said in its detail
+                self.detail = "; ".join(filter(None, [self.detail, _said(damage, self.path)]))
+            self._csv = evals, train
+        return self._csv
+
+    @property
+    def csv_history(self) -> list[dict]:
+        """metrics.csv's evaluation rows, {metric: value, step}."""
+        return self._metrics()[0]
+
+    @property
+    def train_history(self) -> list[tuple[float, float]]:
+        """(step, train_loss) of metrics.csv."""
+        return self._metrics()[1]
 
     @property
     def ok(self) -> bool:
@@ -108,6 +126,18 @@ class Run:
         return d
 
 
+def instruction_sets(runs: list[Run]) -> dict[str, int]:
+    """How many runs trained on each CPU instruction set: summary.json's cpu_isa (zoo.hardware.instruction_set);
+    where a run is older than that record, every run's coarser cpu_kind, so that old and new records compare."""
+    key = "cpu_isa" if all(isinstance(r.get("cpu_isa"), str) for r in runs if r.summary and r.get("cpu_kind")) \
+        else "cpu_kind"
+    counts: dict[str, int] = {}
+    for r in runs:
+        if isinstance(value := r.get(key), str):
+            counts[value] = counts.get(value, 0) + 1
+    return counts
+
+
 def variant_label(key: tuple[tuple[str, str], ...]) -> str:
     """How a variant is named from its (factor, value) pairs: `relu` for one plain group, else `f=v, ...`."""
     if not key:
@@ -122,20 +152,20 @@ def _natural_key(path: Path) -> list:
 
 
 def find_run_dirs(root: Path) -> list[Path]:
-    """Directories holding summary.json, metrics.csv or .hydra/overrides.yaml, outermost only."""
+    """Directories holding summary.json, metrics.csv or .hydra/overrides.yaml, outermost only. Linear in the
+    directories walked: the walk does not enter a run holding summary.json or metrics.csv, and a directory found
+    below another run (one holding only .hydra) is dropped by looking its ancestors up in a set."""
     found = set()
     for dirpath, dirnames, filenames in os.walk(root):
         here = Path(dirpath)
-        if {"summary.json", "metrics.csv"} & set(filenames + dirnames):  # a directory of that name: unreadable
-            found.add(here)
         if here.name == ".hydra" and "overrides.yaml" in filenames:
             found.add(here.parent)
-        dirnames[:] = [d for d in dirnames if d != "checkpoints"]
-    found = sorted(found, key=lambda p: (len(p.parts), _natural_key(p)))
-    outer: list[Path] = []
-    for p in found:
-        if not any(o in p.parents for o in outer):
-            outer.append(p)
+        if {"summary.json", "metrics.csv"} & set(filenames + dirnames):  # a directory of that name: unreadable
+            found.add(here)
+            dirnames[:] = []  # nothing below an outer run is listed
+        else:
+            dirnames[:] = [d for d in dirnames if d != "checkpoints"]
+    outer = {p for p in found if not any(a in found for a in p.parents)}
     return sorted(outer, key=_natural_key)
 
 
@@ -323,12 +353,8 @@ def load_run(path: Path) -> Run:
     if isinstance(resumes, int) and not isinstance(resumes, bool) and resumes > 0:
         detail = "; ".join(filter(None, [detail, f"resumed {resumes}x from a checkpoint"]))
     csv_path = path / "metrics.csv"
-    evals, train = [], []
-    if csv_path.is_file() and not problem:
-        evals, train, damage = _read_metrics_csv(csv_path)
-        if damage:  # the summary holds the history: the run stands, said in its detail
-            detail = "; ".join(filter(None, [detail, _said(damage, path)]))
-    return Run(path, status, overrides, summary, evals, train, detail, _optimizer(summary, path))
+    metrics = csv_path if csv_path.is_file() and not problem else None
+    return Run(path, status, overrides, summary, metrics, detail, _optimizer(summary, path))
 
 
 def load_runs(root: Path) -> list[Run]:

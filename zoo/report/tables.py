@@ -12,7 +12,17 @@ from pathlib import Path
 import pandas as pd
 
 from zoo.report.ladder import Ladder
-from zoo.report.runs import FAILED, JOB_STATES, OPTIM, Plan, ReportError, Run, parse_overrides, variant_label
+from zoo.report.runs import (
+    FAILED,
+    JOB_STATES,
+    OPTIM,
+    Plan,
+    ReportError,
+    Run,
+    instruction_sets,
+    parse_overrides,
+    variant_label,
+)
 from zoo.report.stats import ALPHA, confidence_interval, mean_std, steps_to_target, welch_test
 
 # ----------------------------------------------------------------------------------------------
@@ -299,6 +309,9 @@ VERDICT_TEXT = ("Each variant's gap to {baseline} (mean final {metric} of the va
 EFFECTS = ("Each variant's mean minus {ref}'s: of the final {metric}, of the steps to the target and of the seconds to "
            "it (negative: lower, or sooner), with the difference's 95% interval (Student t, Welch-Satterthwaite "
            "degrees of freedom) and Welch's p. A time is compared only where every seed of both reached the target.")
+MIXED_CPUS = ("Mixed CPU instruction sets: {counts}. In float32 a run repeats to every digit on the same instruction "
+              "set only; across these, results differ within seed noise (docs/reliability.md, \"Reproducibility "
+              "across machines\"), so a difference between variants smaller than that noise may be the machines'.")
 BUSY = ("tok/s marked (busy): at least one of the runs averaged ended while the machine's 1-minute load average "
         "exceeded its core count, so its speed was shared with other work.")
 
@@ -348,6 +361,13 @@ class Report:
     def busy(self) -> bool:
         return any(r.busy for r in self.rows)
 
+    def mixed_cpus(self) -> str | None:
+        """The line saying that the runs trained on more than one CPU instruction set, or None."""
+        counts = instruction_sets([r for row in self.rows for r in row.variant.runs])
+        if len(counts) < 2:
+            return None
+        return MIXED_CPUS.format(counts=", ".join(f"{k} ({n} run{'s' * (n > 1)})" for k, n in sorted(counts.items())))
+
     def jobs_line(self) -> str:
         counts = ", ".join(f"{self.plan.count(s)} {s}" for s in JOB_STATES)
         return f"{len(self.plan.jobs)} jobs ({self.plan.source}): {counts}."
@@ -366,6 +386,7 @@ class Report:
                   "Diverged and failed runs (failed, interrupted, killed, or an unreadable summary.json) are "
                   "counted, not averaged; running ones are neither."]
         lines += ["", BUSY] if self.busy else []
+        lines += ["", mixed] if (mixed := self.mixed_cpus()) else []
         for head, text, df in self.sections():
             lines += ["", f"## {head}", "", text, "", _markdown_table(df)]
         lines += ["", "## Jobs", "", self.jobs_line(), "", _markdown_table(jobs_table(self.plan, self.root))]
@@ -393,6 +414,7 @@ class Report:
                  f"<p>Target: {e(self.metric)} {op} {e(fmt(self.target))} ({e(self.target_note)}); steps "
                  "interpolated between evaluations.</p>"]
         parts += [f"<p>{e(BUSY)}</p>"] if self.busy else []
+        parts += [f"<p>{e(mixed)}</p>"] if (mixed := self.mixed_cpus()) else []
         for head, text, df in self.sections():
             parts += [f"<h2>{e(head)}</h2>", f"<p>{e(text)}</p>", df.to_html(index=False, border=0, classes="ladder")]
         parts += ["<h2>Jobs</h2>", f"<p>{e(self.jobs_line())}</p>",

@@ -122,33 +122,49 @@ class BestMetrics(L.Callback):
 
 class GracefulStop(L.Callback):
     """SIGINT or SIGTERM: finish the current step, save `last.ckpt`, stop cleanly (resume with
-    ckpt_path=last). A second SIGINT interrupts at once."""
+    ckpt_path=last). A second SIGINT interrupts at once.
+
+    One record whatever the signal's timing: the runner holds the handlers (`with stop:`) from before the fit to
+    after summary.json, and Lightning's own SIGTERM handling is switched off (`attach`), so a signal only ever sets
+    `signal`, and the run stops at one place, the end of a training step before the last, where the checkpoint,
+    metrics.csv and the summary all say that step (`stopped_at`). A signal during the last step, the final
+    evaluation or checkpoint, or the summary's write lets the run finish: it is recorded completed, as it is."""
 
     def __init__(self, checkpoint_path: str):
         self.checkpoint_path = checkpoint_path
         self.signal: int | None = None
+        self.stopped_at: int | None = None  # the step the run stopped at on a signal; None: it was not stopped
         self._previous: dict[int, object] = {}
 
     def _request(self, signum, frame):
         self.signal = signum
         signal.signal(signal.SIGINT, signal.default_int_handler)  # a second Ctrl-C is not graceful
 
-    def on_train_start(self, trainer, module):
+    def __enter__(self) -> GracefulStop:
         if threading.current_thread() is threading.main_thread():  # signals can only be set there
             for sig in (signal.SIGINT, signal.SIGTERM):
                 self._previous[sig] = signal.signal(sig, self._request)
+        return self
 
-    def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
-        if self.signal is not None and not trainer.should_stop:
-            trainer.save_checkpoint(self.checkpoint_path, weights_only=False)  # the full state, said explicitly
-            trainer.should_stop = True
-
-    def on_train_end(self, trainer, module):
+    def __exit__(self, *exc) -> None:
         for sig, handler in self._previous.items():
-            signal.signal(sig, handler)
+            signal.signal(sig, handler)  # type: ignore[arg-type]
         self._previous.clear()
 
-    on_exception = lambda self, trainer, module, exc: self.on_train_end(trainer, module)  # noqa: E731
+    @staticmethod
+    def attach(trainer) -> None:
+        """Lightning would put its SIGTERM handler in front of ours for each fit and validate, and then end the
+        run from inside an evaluation (SIGTERMException) or finish it unstopped: the stop is ours alone."""
+        connector = getattr(trainer, "_signal_connector", None)
+        if connector is not None:
+            connector.register_signal_handlers = lambda: None
+            connector.teardown = lambda: None
+
+    def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+        if self.signal is not None and not trainer.should_stop and trainer.global_step < trainer.max_steps:
+            trainer.save_checkpoint(self.checkpoint_path, weights_only=False)  # the full state, said explicitly
+            trainer.should_stop = True
+            self.stopped_at = trainer.global_step
 
 
 class EvaluateAtEnd(L.Callback):
@@ -202,13 +218,27 @@ class HistoryWriter(ExperimentWriter):
     column appears), as it writes hparams.yaml; never through a link (zoo.io.owned_path). The runner trims the
     rows a resume will redo before training starts."""
 
-    def __init__(self, log_dir: str):
+    def __init__(self, log_dir: str, redo_from: int | None = None):
         self.hparams: dict = {}
         self.metrics: list[dict] = []
         self.log_dir = log_dir
         self.metrics_file_path = os.path.join(log_dir, self.NAME_METRICS_FILE)
         os.makedirs(log_dir, exist_ok=True)
-        self.metrics_keys = read_header(owned_path(log_dir, self.NAME_METRICS_FILE))
+        path = owned_path(log_dir, self.NAME_METRICS_FILE)
+        self.metrics_keys = read_header(path)
+        # A resume from step `redo_from` logs the rows of the steps after it again. The rows an earlier process
+        # logged for them (`_tail`) stay in the file until this run's own rows pass them: the file is then
+        # rewritten as the rows before (`_kept`), this run's (`_new`) and the tail not yet passed.
+        self._kept: list[dict] | None = None
+        self._new: list[dict] = []
+        self._tail: list[dict] = []
+        if redo_from is not None and path.is_file():
+            rows, text = read_history(path), path.read_text()
+            redone = [(s := _step(r)) is not None and s >= redo_from for r in rows]
+            if any(redone) or (text and not text.endswith("\n")):  # a last line cut by a kill goes at once
+                self._kept = [r for r, later in zip(rows, redone, strict=True) if not later]
+                self._tail = [r for r, later in zip(rows, redone, strict=True) if later]
+                self._rewrite()
 
     def log_hparams(self, params: dict) -> None:
         from omegaconf import OmegaConf
@@ -218,6 +248,13 @@ class HistoryWriter(ExperimentWriter):
 
     def save(self, sync: bool = False) -> None:
         if not self.metrics:
+            return
+        if self._kept is not None:  # a resume's tail is still on disk: rewritten, without the rows passed
+            self._new, self.metrics = self._new + self.metrics, []
+            newest = max((s for r in self._new if (s := _step(r)) is not None), default=None)
+            if newest is not None:  # a step's rows are complete once a later step's arrive: the newest's are kept
+                self._tail = [r for r in self._tail if _step(r) >= newest]  # type: ignore[operator]
+            self._rewrite()
             return
         path = owned_path(self.log_dir, self.NAME_METRICS_FILE)
         keys = set().union(*self.metrics)
@@ -242,6 +279,44 @@ class HistoryWriter(ExperimentWriter):
                 raise WriteError(path, e) from e
         self.metrics = []
 
+    def settle(self, done: int) -> None:
+        """This run has logged every step before `done` (a checkpoint's step, the run's end): an earlier
+        process's rows of those steps go."""
+        if self._kept is not None:
+            self._tail = [r for r in self._tail if _step(r) >= done]  # type: ignore[operator]
+            self._rewrite()
+
+    def _rewrite(self) -> None:
+        assert self._kept is not None
+        rows = self._kept + self._new + self._tail
+        self.metrics_keys = sorted(set(self.metrics_keys).union(*rows)) if rows else self.metrics_keys
+
+        def write(f):
+            w = csv.DictWriter(f, fieldnames=self.metrics_keys)
+            w.writeheader()
+            w.writerows(rows)
+
+        atomic_write(owned_path(self.log_dir, self.NAME_METRICS_FILE), write)
+        if not self._tail:  # every earlier row is passed: the file is this run's history in order, appended to
+            self._kept, self._new = None, []
+
+
+def _step(row: dict) -> int | None:
+    step = row.get("step")
+    return int(step) if isinstance(step, str) and step.isdigit() else step if isinstance(step, int) else None
+
+
+def read_history(path: Path) -> list[dict]:
+    """metrics.csv's complete rows, or one line (RunDirError) when it is not a CSV history zoo can read."""
+    from zoo.io import RunDirError
+
+    try:
+        read_header(path)
+        return read_rows(path)
+    except (ValueError, csv.Error) as e:  # not what zoo writes (FileFormatError): the history is the user's
+        raise RunDirError(f"'{path}' is not a CSV history zoo can read ({e}); move it aside to resume without "
+                          "it") from e
+
 
 def read_header(path: Path) -> list[str]:
     """metrics.csv's columns ([] for no file); read bounded (zoo.io.read_csv): FileFormatError in one line."""
@@ -263,3 +338,10 @@ class KeepHistory(L.Callback):
     def on_save_checkpoint(self, trainer, module, checkpoint):
         for w in self.writers:
             w.save(sync=True)
+            w.settle(trainer.global_step)
+
+    def settle(self, done: int) -> None:
+        """The run has logged every step before `done`: a resumed run's last rewrite (HistoryWriter.settle)."""
+        for w in self.writers:
+            w.save(sync=True)
+            w.settle(done)

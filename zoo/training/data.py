@@ -8,6 +8,8 @@ where the interrupted one stopped, and every variant in a sweep sees the same ba
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 import zlib
 from collections.abc import Callable
@@ -91,10 +93,17 @@ class TokenSplit:
         return torch.from_numpy(np.stack(rows).astype(np.int64))
 
 
+def data_fingerprint(source: str, content: bytes) -> dict[str, str]:
+    """What a run trained on, recorded in summary.json and each checkpoint: where it came from, in words, and the
+    sha256 of its content. A sweep continued in its directory, and a resume, compare it (zoo.training.run_dir)."""
+    return {"source": source, "sha256": hashlib.sha256(content).hexdigest()}
+
+
 class ZooData(L.LightningDataModule):
     """Shared by every data kind: `objective` turns raw examples into a lineage's batches."""
 
     tokenizer: Tokenizer
+    fingerprint: dict[str, str]  # data_fingerprint(): set by each kind once it has read its data
     is_task = False
     long_val_batches: list[dict] = []  # text data with data.long_context: validation at a longer length
 
@@ -180,6 +189,7 @@ class TextData(WindowData):
     def __init__(self, cfg: dict, seed: int, steps: int):
         super().__init__(cfg, seed, steps)
         text = self.read_text()
+        self.fingerprint = data_fingerprint(self.source(), text.encode("utf-8", "surrogatepass"))
         train, val = split_text(text, cfg.get("val_fraction", 0.1))
         name = cfg.get("tokenizer", "char")
         if name == "bpe":
@@ -194,6 +204,10 @@ class TextData(WindowData):
     def read_text(self) -> str:
         path = self.cfg.get("path")
         return load_default_corpus() if path is None else read_text_file(path)
+
+    def source(self) -> str:
+        path = self.cfg.get("path")
+        return "the embedded corpus" if path is None else f"data.path '{path}'"
 
     def _bpe_cache_path(self) -> Path:
         path = self.cfg.get("path")
@@ -225,6 +239,9 @@ class HFTextData(TextData):
             raise DataError(f"data.dataset: '{self.cfg['dataset']}' has no text in column '{column}'")
         return text
 
+    def source(self) -> str:
+        return f"data.dataset '{self.cfg['dataset']}'"
+
     def _refuse_if_big(self, size: int) -> None:
         if size > corpus.MAX_TEXT_BYTES:
             files = (self.cfg.get("load_kwargs") or {}).get("data_files")
@@ -248,6 +265,9 @@ class TokenData(WindowData):
         verify = cfg.get("verify", "once")
         check_verify(verify)
         manifest = read_manifest(path)
+        # the manifest names each shard's sha256 (checked by open_shards): its hash stands for the corpus
+        self.fingerprint = data_fingerprint(f"data.path '{path}' (its manifest.json)",
+                                       json.dumps(manifest, sort_keys=True).encode())
         self.tokenizer = tokenizer_from_state(manifest["tokenizer"])
         if self.tokenizer.vocab_size != manifest["vocab_size"]:
             raise DataError(f"data.path: '{path}' records vocab {manifest['vocab_size']} but its tokenizer has "
@@ -274,6 +294,8 @@ class TaskData(ZooData):
                              tuple(cfg["train_len"]), tuple(cfg["test_len"]), seed=cfg.get("seed", 0))
         encode = self.tokenizer.encode
         self.splits = {k: [(encode(s), encode(t)) for s, t in v] for k, v in splits.items()}
+        # the examples the task's settings generate: a change of the generator is a change of the data too
+        self.fingerprint = data_fingerprint(f"data.task '{cfg['task']}'", json.dumps(self.splits).encode())
         self.tokens_per_char = 1.0
 
     def required_len(self) -> int:

@@ -30,11 +30,13 @@ class ZooModule(L.LightningModule):
         self.objective = OBJECTIVE.get(spec.name)(spec.vocab_size)
         self.step_fn = self.objective.loss
         self.tokenizer_state: dict = {}  # set by the run before fit
+        self.data_fingerprint: dict | None = None  # likewise: what it trains on (zoo.training.data)
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         # The tokenizer travels with the weights, as plain data, so a checkpoint can sample on its own;
         # the random state too, so a resumed run draws the same dropout masks as an uninterrupted one.
         checkpoint["tokenizer"] = self.tokenizer_state
+        checkpoint["data_fingerprint"] = self.data_fingerprint  # a resume on other data is refused
         checkpoint["rng_state"] = torch.get_rng_state()
         checkpoint["precision"] = self.trainer.precision  # as run (auto resolved): a resume keeps it
 

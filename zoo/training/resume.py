@@ -48,10 +48,21 @@ def checkpoint_path(plain: dict, run_dir: Path, data) -> tuple[str | None, int, 
     if saved_ckpt.get("tokenizer") not in (None, data.tokenizer.state_dict()):
         raise ConfigError(f"ckpt_path: '{path}' was trained with another tokenizer (data: the text or its "
                           "tokenizer changed since the checkpoint)")
+    if difference := data_difference(saved_ckpt.get("data_fingerprint"), getattr(data, "fingerprint", None),
+                                     "the checkpoint's"):
+        raise ConfigError(f"ckpt_path: '{path}' was trained on other data ({difference})")
     if plain["trainer"].get("precision") == "auto":  # the checkpoint's precision runs: judged as a config's would be
         check_trainer({**plain["trainer"], "precision": used})  # a known one; float16 only on a GPU
     step = saved_ckpt.get("global_step", 0)
     return str(path), step if isinstance(step, int) else 0, used
+
+
+def data_difference(saved, now: dict | None, saved_as: str = "the run's") -> str | None:
+    """How the data a run recorded (its fingerprint) differs from this run's, in words naming the file; None
+    when they agree or either is not recorded (a run from before zoo recorded it, a plugin's data kind)."""
+    if not (isinstance(saved, dict) and isinstance(now, dict)) or saved.get("sha256") == now.get("sha256"):
+        return None
+    return f"{now['source']} now has sha256 {now['sha256'][:16]}..., {saved_as} {str(saved.get('sha256'))[:16]}..."
 
 
 def settings_difference(plain: dict, saved_cfg: dict, saved_precision: str | None = None,

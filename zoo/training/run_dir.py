@@ -8,7 +8,6 @@ summary.json, whatever happened: a diverged or failed run still writes its summa
 
 from __future__ import annotations
 
-import csv
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,9 +31,9 @@ from zoo.io import (
     remove_temp_files,
     write_marker,
 )
-from zoo.training.callbacks import read_header, read_rows
+from zoo.training.callbacks import read_history
 from zoo.training.checkpoint import read_checkpoint
-from zoo.training.resume import settings_difference
+from zoo.training.resume import data_difference, settings_difference
 
 
 class RunDirRefused(RunDirError):
@@ -93,16 +92,18 @@ def overwrite_choice(plain: dict, run_dir: Path, state: RunState) -> tuple[bool,
     return overwrite, continuing
 
 
-def clear_for(run_dir: Path, overwrite: bool, replacing: bool, resume_step: int | None) -> None:
+def clear_for(run_dir: Path, overwrite: bool, replacing: bool, resuming: bool) -> None:
     """Ready the owned directory: temp files of writes cut short by a kill go; a replaced run's files go (only
-    zoo's names, in a directory its marker says is a zoo run); a resume's history loses the rows it redoes."""
+    zoo's names, in a directory its marker says is a zoo run). A resume's history must be a CSV zoo can read
+    (refused before anything is written); it keeps the rows it redoes until the resume has logged them again
+    (zoo.training.callbacks.HistoryWriter)."""
+    if resuming and (history := owned_path(run_dir, "metrics.csv")).is_file():
+        read_history(history)
     for directory in (run_dir, run_dir / "checkpoints"):
         remove_temp_files(directory)
     if overwrite and replacing:
         remove_run_files(run_dir)
         write_marker(run_dir, replace=True)  # a new run, a new id
-    if resume_step is not None:  # the rows after the checkpoint's step are redone; the earlier ones stay on disk
-        trim_history(owned_path(run_dir, "metrics.csv"), resume_step)
 
 
 def in_sweep() -> bool:
@@ -115,9 +116,10 @@ def in_sweep() -> bool:
         return False
 
 
-def finished_earlier(plain: dict, run_dir: Path) -> str | None:
+def finished_earlier(plain: dict, run_dir: Path, fingerprint: dict | None = None) -> str | None:
     """A sweep job's earlier run that finished (its summary's status: completed or diverged) with this job's
-    settings; None if it did not finish. Other settings are refused: a sweep directory holds one sweep."""
+    settings and data (`fingerprint`, zoo.training.data); None if it did not finish. Other settings or other data
+    are refused: a sweep directory holds one sweep."""
     try:
         summary = read_json(run_dir / "summary.json")
         status = summary["status"] if summary.get("status") in ("completed", "diverged") else None
@@ -134,11 +136,30 @@ def finished_earlier(plain: dict, run_dir: Path) -> str | None:
     if difference:
         raise RunDirRefused(f"hydra.sweep.dir: '{run_dir}' holds a finished run with other settings ({difference}); "
                             "valid: the sweep's own command, another hydra.sweep.dir, or overwrite=true")
+    if difference := data_difference(summary.get("data_fingerprint"), fingerprint):
+        raise RunDirRefused(f"hydra.sweep.dir: '{run_dir}' holds a finished run trained on other data "
+                            f"({difference}); valid: the data it trained on, another hydra.sweep.dir, or "
+                            "overwrite=true")
     return status
 
 
+def check_resume_keeps_history(run_dir: Path, ckpt_step: int) -> None:
+    """A resume trims metrics.csv back to its checkpoint's step and trains on from there. A run whose summary.json
+    says it finished (completed or diverged) at a later step than that checkpoint would lose its record of those
+    steps, and until the resume passed them, its history: refused in one line instead."""
+    try:
+        summary = read_json(run_dir / "summary.json")  # bounded: a damaged one is FileFormatError, a ValueError
+        status, steps = summary["status"], summary["steps"]
+    except (OSError, ValueError, TypeError, KeyError):  # no record of a finished run: nothing to lose but rows redone
+        return
+    if status in ("completed", "diverged") and isinstance(steps, int) and steps > ckpt_step:
+        raise RunDirRefused(f"ckpt_path: '{run_dir}' finished ({status}, summary.json) at step {steps}, after its "
+                            f"last checkpoint (step {ckpt_step}); resuming would drop the history of the steps "
+                            "between; valid: keep the run as it is, or overwrite=true to train it again")
+
+
 # What checkpoints=last keeps of a finished run's checkpoint: enough to sample, evaluate or start another run from.
-WEIGHTS_KEYS = ("state_dict", "hyper_parameters", "tokenizer", "precision", "global_step", "epoch",
+WEIGHTS_KEYS = ("state_dict", "hyper_parameters", "tokenizer", "data_fingerprint", "precision", "global_step", "epoch",
                 "pytorch-lightning_version")
 
 
@@ -167,31 +188,6 @@ def _weights_alone(path: Path) -> None:
     ckpt = read_checkpoint(path)
     weights = {k: v for k, v in ckpt.items() if k in WEIGHTS_KEYS}
     atomic_write(path, lambda f: torch.save(weights, f), mode="wb")
-
-
-def trim_history(path: Path, step: int) -> None:
-    """Keep metrics.csv's rows before the checkpoint's step (a resume logs the later ones again), rewritten
-    atomically: at every moment the file holds at least every row up to the checkpoint."""
-    if not path.is_file():
-        return
-    try:
-        rows, header = read_rows(path), read_header(path)
-    except (ValueError, csv.Error) as e:  # not what zoo writes (FileFormatError): the history is the user's to keep
-        raise RunDirError(f"'{path}' is not a CSV history zoo can read ({e}); move it aside to resume without "
-                          "it") from e
-    if not header:  # an empty file: nothing to keep
-        path.unlink()
-        return
-    kept = [r for r in rows if r.get("step") and r["step"].isdigit() and int(r["step"]) < step]
-    if len(kept) == len(rows) and path.read_text().endswith("\n"):
-        return  # nothing to redo: leave the file as it is
-
-    def write(f):
-        w = csv.DictWriter(f, fieldnames=header)
-        w.writeheader()
-        w.writerows(kept)
-
-    atomic_write(path, write)
 
 
 def hydra_output_dir() -> str:

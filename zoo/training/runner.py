@@ -10,6 +10,7 @@ kept plain only where it is stored (config.yaml, checkpoints, the loggers' hyper
 from __future__ import annotations
 
 import contextlib
+import signal
 import sys
 import time
 import traceback
@@ -52,6 +53,7 @@ from zoo.training.module import ZooModule
 from zoo.training.resume import checkpoint_path
 from zoo.training.run_dir import (
     RunState,
+    check_resume_keeps_history,
     clear_for,
     finish_checkpoints,
     finished_earlier,
@@ -93,7 +95,7 @@ def _run(composed: DictConfig, run_dir: Path, start: float, state: RunState) -> 
     overwrite, continuing = overwrite_choice(plain, run_dir, state)
     data, budget = prepare_run(plain)  # raises ConfigError / DataError before any training
     if continuing:
-        kept = finished_earlier(plain, run_dir)
+        kept = finished_earlier(plain, run_dir, getattr(data, "fingerprint", None))
         if kept is not None:
             say(f"kept: {run_dir} finished earlier ({kept}); not run again")
             return EXIT_DIVERGED if kept == "diverged" else EXIT_OK
@@ -106,9 +108,10 @@ def _run(composed: DictConfig, run_dir: Path, start: float, state: RunState) -> 
         torch.set_num_threads(cfg.threads)
     ckpt, ckpt_step, ckpt_precision = checkpoint_path(plain, run_dir, data)
     precision = precision_choice(cfg.trainer, ckpt_precision)  # trainer.precision=auto, resolved once
+    if state.owner and ckpt is not None:
+        check_resume_keeps_history(run_dir, ckpt_step)
     if state.owner:
-        clear_for(run_dir, overwrite, cfg.ckpt_path is None and bool(state.held_run),
-                  ckpt_step if ckpt is not None else None)
+        clear_for(run_dir, overwrite, cfg.ckpt_path is None and bool(state.held_run), ckpt is not None)
     atomic_write_text(owned_path(run_dir, "config.yaml"), OmegaConf.to_yaml(OmegaConf.create(plain)))
 
     L.seed_everything(cfg.seed, workers=True, verbose=False)
@@ -117,6 +120,7 @@ def _run(composed: DictConfig, run_dir: Path, start: float, state: RunState) -> 
     if ckpt is None:  # a resume takes its weights from its checkpoint
         pretrained.init_weights(module.model, cfg.init_from)
     module.tokenizer_state = data.tokenizer.state_dict()
+    module.data_fingerprint = getattr(data, "fingerprint", None)
     data.objective = module.objective
     throughput, guard = Throughput(start), DivergenceGuard()
     best = BestMetrics(clock=lambda: throughput.wall_time)
@@ -127,7 +131,7 @@ def _run(composed: DictConfig, run_dir: Path, start: float, state: RunState) -> 
         dirpath=run_dir / "checkpoints", filename="best", monitor="val_loss", mode="min", save_last=True,
         save_top_k=1, auto_insert_metric_name=False, enable_version_counter=False)
     loggers = build_loggers(plain, run_dir)
-    history = _keep_history(loggers)
+    history = _keep_history(loggers, ckpt_step if ckpt is not None else None)
     trainer_cfg = {**cfg.trainer, "precision": precision["used"]}
     trusted = {throughput.state_key: check_throughput_state, best.state_key: check_best_metrics_state,
                checkpoints.state_key: lambda saved: model_checkpoint_state(saved, checkpoints)}
@@ -150,21 +154,28 @@ def _run(composed: DictConfig, run_dir: Path, start: float, state: RunState) -> 
     say(kernels.banner)  # the banner's third line
     status = "completed"
     state.training = True
-    with tf32_matmuls(cfg.tf32 and trainer.strategy.root_device.type == "cuda"):
+    stop.attach(trainer)
+    # a signal from here to the summary only asks the run to stop: it stops at the end of a step (GracefulStop)
+    with stop, tf32_matmuls(cfg.tf32 and trainer.strategy.root_device.type == "cuda"):
         trainer.fit(module, datamodule=data, ckpt_path=ckpt, weights_only=True)
-        if trainer.interrupted or stop.signal is not None:
+        if trainer.interrupted or stop.stopped_at is not None:
             status = "interrupted"
         if guard.step is not None:
             status = "diverged"
         elif status == "completed" and (not best.final or best.final["step"] != trainer.global_step):
             trainer.validate(module, datamodule=data, verbose=False)  # the final evaluation
 
-    summary = summarize(cfg, spec, data, trainer, throughput, best, status, guard.step, precision, budget,
-                        kernels.record)
+        history.settle(trainer.global_step)  # a resume's rows of the steps it redid replace the earlier ones
+        summary = summarize(cfg, spec, data, trainer, throughput, best, status, guard.step, precision, budget,
+                            kernels.record)
+        if trainer.is_global_zero:
+            summary.write(run_dir)
+            if status in ("completed", "diverged") and cfg.checkpoints != "all":
+                finish_checkpoints(run_dir, cfg.checkpoints)
     if trainer.is_global_zero:
-        summary.write(run_dir)
-        if status in ("completed", "diverged") and cfg.checkpoints != "all":
-            finish_checkpoints(run_dir, cfg.checkpoints)
+        if stop.signal is not None and status == "completed":
+            say(f"stop asked ({signal.Signals(stop.signal).name}) after the last step: the run had finished, and "
+                "is recorded as it ended")
         finish_loggers(loggers, summary.as_dict(), run_dir)  # final metrics, artifacts; closes the runs
         say(summary.result_line(run_dir))
         if status == "interrupted":
@@ -189,13 +200,13 @@ def tf32_matmuls(enabled: bool):
         torch.backends.cuda.matmul.allow_tf32 = before
 
 
-def _keep_history(loggers: list) -> KeepHistory:
+def _keep_history(loggers: list, resume_step: int | None) -> KeepHistory:
     """CSV loggers append to metrics.csv (Lightning's writer would delete it first) and flush before
-    every checkpoint."""
+    every checkpoint; a resume's writer keeps the rows after its checkpoint until it has logged them again."""
     writers = []
     for lg in loggers:
         if isinstance(lg, L.pytorch.loggers.CSVLogger):
-            lg._experiment = HistoryWriter(lg.log_dir)  # set before Lightning creates its own writer
+            lg._experiment = HistoryWriter(lg.log_dir, resume_step)  # set before Lightning creates its own writer
             writers.append(lg._experiment)
     return KeepHistory(writers)
 

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from zoo.build import count_params, flops_per_token
+from zoo.hardware import instruction_set
 from zoo.io import RunDirError, atomic_write_json, owned_path, read_json
 from zoo.registry import MODEL
 from zoo.schema import ModelSpec, ZooConfig
@@ -34,6 +35,7 @@ class Summary:
     model: dict[str, Any]  # the resolved model config, plain
     optim: dict[str, Any]  # the optimizer (optim=, zoo/optim/): its name and options, plain
     data: dict[str, Any]
+    data_fingerprint: dict[str, str] | None  # what it trained on: source and sha256 (zoo.training.data)
     seed: int
     precision: dict[str, Any]  # trainer.precision as asked (auto) and as run
     params: dict[str, int]
@@ -55,6 +57,7 @@ class Summary:
     torch: str
     load: dict[str, Any]  # tok/s on a busy machine?
     cpu_kind: str  # zoo.hardware.cpu_kind(): what the kernels' rules were chosen for
+    cpu_isa: str  # zoo.hardware.instruction_set(): float32 digits repeat only on the same one
     kernels_policy: str | list[str]  # kernels=auto, none or a list
     kernels: list[str]  # the kernels applied (zoo.kernels)
 
@@ -88,6 +91,7 @@ def summarize(cfg: ZooConfig, spec: ModelSpec, data: Any, trainer: Any, throughp
         model=spec.as_dict(),
         optim=cfg.optim.as_dict(),
         data=dict(cfg.data),
+        data_fingerprint=getattr(data, "fingerprint", None),
         seed=cfg.seed,
         precision=precision,
         params=count_params(spec),
@@ -108,6 +112,7 @@ def summarize(cfg: ZooConfig, spec: ModelSpec, data: Any, trainer: Any, throughp
         overrides=overrides(),
         torch=torch.__version__,
         load={"loadavg": list(os.getloadavg()), "cpu_count": os.cpu_count()},
+        cpu_isa=instruction_set(),
         **kernels,
     )
 
