@@ -64,6 +64,7 @@ class Context:
     dropout: float = 0.0
     value_embed: bool = False  # this layer's self-attention mixes a value embedding into its values (value_dim)
     keep_values: bool = False  # it keeps its new tokens' values, before any mix, in kept_values (value_residual)
+    memory_tokens: int = 0  # model.memory_tokens: positions before the sequence that self-attention also sees
     norm: Callable[..., Any] = field(default=lambda dim=None: _no_norm())  # the model's: norm(dim=None) -> a new one
 
     @property
@@ -243,6 +244,8 @@ class AttentionPart(Part, Protocol):
                                      "ctx.keep_values, it keeps its new tokens' own values in kept_values (B, T, "
                                      "value_dim); null: it does neither (model.value_embeddings, "
                                      "model.value_residual)"] = None
+    order_aware: Annotated[bool, "it tells positions apart itself (weights per absolute position, a convolution's "
+                                 "kernel), so even with position=none it is no set operation"] = False
     chains_scores: Annotated[bool, "its forward takes `scores`, a list the stack hands its self-attention layers in "
                                    "turn during one forward, empty at the first: it adds the last entry, the previous "
                                    "layer's pre-softmax scores (B, H, Tq, Tk), to its own and leaves its own in its "

@@ -28,14 +28,11 @@ BACKENDS = ("sdpa", "math")
 
 
 @dataclass(kw_only=True)
-class AttentionOptions(Options):
-    """Options every attention variant has."""
+class WrittenOutOptions(Options):
+    """The options of every attention but `backend` and `qk_norm`: all that one with no fused kernel and not
+    always queries and keys (the synthesizer's) has; there those two are refused as unknown keys."""
 
     window: int | None = None  # sliding window: keys at distance < window (the stack asks `window`)
-    backend: Literal["sdpa", "math"] = "sdpa"  # sdpa (fused kernel) or math (explicit softmax; keeps weights)
-    # Queries and keys normalised with the model's norm, before RoPE: true (or head) each head on its own (Qwen3,
-    # Gemma 3); projection the whole query and key projections, all heads at once (OLMo 2); false: neither.
-    qk_norm: bool | Literal["head", "projection"] = False
     # Sigmoid attention (Ramapuram et al. 2024): weights sigmoid(score + b), b = -log(max_seq_len), each on its own,
     # in place of the softmax over keys.
     sigmoid: bool = False
@@ -47,6 +44,16 @@ class AttentionOptions(Options):
     head_scale: bool = False
 
 
+@dataclass(kw_only=True)
+class AttentionOptions(WrittenOutOptions):
+    """Options every attention variant has."""
+
+    backend: Literal["sdpa", "math"] = "sdpa"  # sdpa (fused kernel) or math (explicit softmax; keeps weights)
+    # Queries and keys normalised with the model's norm, before RoPE: true (or head) each head on its own (Qwen3,
+    # Gemma 3); projection the whole query and key projections, all heads at once (OLMo 2); false: neither.
+    qk_norm: bool | Literal["head", "projection"] = False
+
+
 def qk_norms(ctx: Context, opts: AttentionOptions, dim: int, k_dim: int | None = None) -> tuple[nn.Module, nn.Module]:
     """The query and key norms qk_norm asks for, else identities. dim: the size a query norm normalises (a head, or
     the whole projection); k_dim: a key's, when it differs (0: keys have no part to normalise)."""
@@ -56,7 +63,7 @@ def qk_norms(ctx: Context, opts: AttentionOptions, dim: int, k_dim: int | None =
     return ctx.norm(dim), ctx.norm(k_dim) if k_dim else nn.Identity()
 
 
-def check_window(opts: AttentionOptions) -> None:
+def check_window(opts: WrittenOutOptions) -> None:
     need(opts.window is None or opts.window > 0, "attention.window",
          f"must be a positive integer or null, got {opts.window!r}")
 
@@ -112,11 +119,12 @@ class AttentionBase(nn.Module):
     count_as = "attention"
     residual_outputs = ("out",)  # writes into the residual stream: depth-scaled init
 
-    def __init__(self, ctx: Context, opts: AttentionOptions):
+    def __init__(self, ctx: Context, opts: WrittenOutOptions):
         super().__init__()
         check_window(opts)
         self.window = opts.window  # the stack builds the mask every layer shares from it
-        self.backend, self.dropout = opts.backend, ctx.dropout
+        self.backend = opts.backend if isinstance(opts, AttentionOptions) else "math"
+        self.dropout = ctx.dropout
         self.record = False  # when True, use the math backend and keep `weights` (B, H, Tq, Tk)
         self.weights: torch.Tensor | None = None
         # sigmoid's b = -log(n), n the training length (Ramapuram et al.): fixed, so a cached step gets the same b
