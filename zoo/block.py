@@ -97,11 +97,13 @@ class TransformerBlock(nn.Module):
                 memory: torch.Tensor | None = None, memory_mask: torch.Tensor | None = None,
                 cache: tuple[KVCache, ...] | None = None, offset: int = 0, x0: torch.Tensor | None = None,
                 value_embed: torch.Tensor | None = None, scores: list[torch.Tensor] | None = None,
-                state: Any = None) -> torch.Tensor:
+                state: Any = None, queries: int | None = None) -> torch.Tensor:
         """x0: the stack's embedding output (model.embed_skip); value_embed: this layer's value embedding of the
         tokens (model.value_embeddings), given only to a layer that has a table; scores: the previous layer's
         attention scores, for a self-attention that chains them (AttentionPart.chains_scores); state: what the
-        placement carries beside x (its `carry`), handed to each residual step."""
+        placement carries beside x (its `carry`), handed to each residual step; queries: only x's first `queries`
+        rows are the stream, the rest only keys and values for the self-attention (model.funnel's pool-q-only), and
+        the output is those rows."""
         carried = {} if state is None else {"state": state}
         if self.kinds is not None:
             return self._run_sequence(x, pos, mask, is_causal, memory, memory_mask, cache, offset, x0, carried)
@@ -113,13 +115,15 @@ class TransformerBlock(nn.Module):
             kw["attn"]["value_embed"] = value_embed
         if scores is not None:
             kw["attn"]["scores"] = scores
+        if queries is not None:
+            kw["attn"]["queries"] = queries
         if self.embed_skip is not None:
             x = self.embed_skip(x, x0)
         if self.parallel is not None:
-            return self.parallel(x, **carried, **kw)
+            return self.parallel(x, **carried, **kw)[:, :queries]
         for name, step in (("attn", self.attn), ("cross", self.cross), ("ffn", self.ffn)):
             if step is not None:  # cross: only in a decoder that cross-attends
-                x = step(x, **carried, **kw[name])
+                x = step(x, **carried, **kw[name])[:, :queries if name == "attn" else None]
         return x
 
     def _run_sequence(self, x: torch.Tensor, pos: Position, mask: torch.Tensor | None, is_causal: bool,

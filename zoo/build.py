@@ -37,7 +37,7 @@ from zoo.component import (
     need,
     option_fields,
 )
-from zoo.models.stack import applications
+from zoo.models.stack import applications, flops_shares
 from zoo.mup import FIXED, init_scale, roles, width_mult
 from zoo.mup import check as check_parametrization
 from zoo.registry import ATTENTION, FFN, MODEL, NORM, POSITION, RESIDUAL, Registry
@@ -319,11 +319,12 @@ def flops_per_token(model_cfg: ModelInput, seq_len: int | None = None) -> dict[s
     source of the same length."""
     model = meta_model(model_cfg)
     t = seq_len or spec_of(model).max_seq_len
-    forward, inside, times = 0, set(), applications(model)
+    forward, inside, times, shares = 0, set(), applications(model), flops_shares(model)
     for m in model.modules():
         if id(m) in inside or not hasattr(m, "count_as"):
             continue
         inside |= {id(sub) for sub in m.modules()}
-        forward += declared(m, "flops")(t) * times.get(id(m), 1)  # a shared block's parts: once per layer
+        share, context = shares.get(id(m), (1.0, 1.0))  # model.funnel: a pooled block's tokens and context
+        forward += round(share * declared(m, "flops")(max(1, round(t * context)))) * times.get(id(m), 1)
     forward += sum(2 * m.weight.numel() for m in model.modules() if isinstance(m, nn.Linear) and id(m) not in inside)
     return {"forward": forward, "train": 3 * forward}

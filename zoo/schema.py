@@ -102,6 +102,11 @@ class ModelConfig:
     # encoder_decoder: each decoder layer cross-attends to its own learned softmax mix of the encoder's embedding
     # and every encoder layer's output (Bapna et al. 2018)
     transparent_attention: bool = False
+    # the funnel encoder (Dai et al. 2020; zoo/models/funnel.py): the encoder's blocks in groups of these counts
+    # ([2, 2, 2]), the sequence mean-pooled by 2 before each later group; null: off. encoder_only up-samples the
+    # output back to full length and runs funnel_upsample_blocks full-length blocks after it (the paper's 2)
+    funnel: list[int] | None = None
+    funnel_upsample_blocks: int = 2
     # The components: in a composed config, the node of the chosen preset (conf/<kind>/) replaces these.
     attention: Any = field(default_factory=lambda: {"name": "mha"})
     position: Any = field(default_factory=lambda: {"name": "learned"})
@@ -182,6 +187,8 @@ class ModelSpec:
     act_threshold: float
     ponder_cost: float
     transparent_attention: bool
+    funnel: list[int] | None
+    funnel_upsample_blocks: int
     attention: Part[AttentionOptions]
     position: Part[Options]
     norm: NormPart[NormOptions]

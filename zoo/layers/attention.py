@@ -240,15 +240,25 @@ class Attention(AttentionBase):
     def forward(self, x: torch.Tensor, pos: Position, mask: torch.Tensor | None = None,
                 is_causal: bool = False, context: torch.Tensor | None = None,
                 cache: KVCache | None = None, offset: int = 0,
-                value_embed: torch.Tensor | None = None) -> torch.Tensor:
-        q, k, v = self._project(x, pos, context, cache, offset, value_embed)
-        return self._output(self._attend(q, k, v, mask, is_causal, self.qk_dim), x)
+                value_embed: torch.Tensor | None = None, queries: int | None = None) -> torch.Tensor:
+        """queries: only x's first `queries` rows ask, the rest answer (keys and values) through the same projections
+        (model.funnel's pool-q-only: pooled rows, then the unpooled ones); the answering rows' output is 0."""
+        q, k, v = self._project(x, pos, context, cache, offset, value_embed, queries)
+        if queries is None:
+            return self._output(self._attend(q, k, v, mask, is_causal, self.qk_dim), x)
+        y = self._output(self._attend(q, k, v, mask, is_causal, self.qk_dim), x[:, :queries])
+        return F.pad(y, (0, 0, 0, x.shape[1] - queries))
 
     def _project(self, x: torch.Tensor, pos: Position, context: torch.Tensor | None, cache: KVCache | None,
-                 offset: int, value_embed: torch.Tensor | None) -> tuple[torch.Tensor, ...]:
-        """Queries (B, H, T, hd) of x; keys and values (B, H_kv, S, hd) of x and the cache, or of the context."""
-        if context is None:
+                 offset: int, value_embed: torch.Tensor | None, queries: int | None = None) -> tuple[torch.Tensor, ...]:
+        """Queries (B, H, T, hd) of x; keys and values (B, H_kv, S, hd) of x and the cache, or of the context
+        (queries: of x's first `queries` rows, and of the rest)."""
+        if context is None and queries is not None:
+            q = self.qkv(x[:, :queries]).split(self.split, dim=-1)[0]
+            _, k, v = self.qkv(x[:, queries:]).split(self.split, dim=-1)
+        elif context is None:
             q, k, v = self.qkv(x).split(self.split, dim=-1)
+        if context is None:
             if self.keep_values:
                 self.kept_values = v  # (B, T, kv_dim): the new tokens' only; the stack takes and clears it
             if self.value_mix is not None:  # the new tokens' value embeddings join their values, then the cache

@@ -24,7 +24,8 @@ class EncoderOnly(nn.Module):
         d, bias = cfg.d_model, cfg.bias
         self.embed = token_embedding(cfg)
         ctx = context(cfg, cfg.n_layers)
-        self.encoder = Stack(cfg, ctx, self.embed, cfg.n_layers)
+        # model.funnel: the pooled output up-sampled to every position, for the head (zoo/models/funnel.py)
+        self.encoder = Stack(cfg, ctx, self.embed, cfg.n_layers, full_length=True)
         # BERT's MLM head: a dense + GELU + norm transform, then the output projection with a bias.
         self.head_dense, self.head_norm = nn.Linear(d, d, bias=bias), ctx.norm()
         self.head = output_head(cfg, d, bias, self.embed)
