@@ -45,7 +45,7 @@ def tiny_model(args: list[str]) -> dict:
     """The composed config's model, sized down as training sizes it (vocabulary from data, positions from context)."""
     model = OmegaConf.to_container(compose_cfg(args).model, resolve=True)
     model.update(vocab_size=512, max_seq_len=16, d_model=64)
-    if not isinstance(model.get("sublayers"), list):  # a list names each block: the depth it was written for
+    if not isinstance(model.get("sublayers"), list) and not model.get("funnel"):  # each names its blocks
         model.update({k: min(model[k], 2) for k in ("n_layers", "n_decoder_layers") if model.get(k)})
     if model.get("embed_dim"):
         model["embed_dim"] = 16
