@@ -3,6 +3,7 @@
 import csv
 import json
 import os
+import re
 import shlex
 import signal
 import subprocess
@@ -496,6 +497,16 @@ SIGNAL_POINTS = [  # (where the signal arrives, the status, the step every file 
     ("the final save", "completed", 6),
     ("the summary write", "completed", 6),
 ]
+
+
+def test_reliability_md_names_the_signal_points_tested():
+    """docs/reliability.md's list of the points a signal is tested at is this table's, in its order."""
+    text = " ".join((ROOT / "docs" / "reliability.md").read_text().split())
+    listed = re.search(r"hook at (\w+) points \(([^)]*)\)", text)
+    assert listed, "docs/reliability.md no longer says where the signal is tested"
+    assert listed.group(2).split(", ") == [p[0] for p in SIGNAL_POINTS]
+    assert listed.group(1) == ["one", "two", "three", "four", "five", "six", "seven", "eight", "nine",
+                               "ten"][len(SIGNAL_POINTS) - 1]
 
 
 @pytest.mark.parametrize(("point", "status", "step"), SIGNAL_POINTS, ids=[p[0] for p in SIGNAL_POINTS])
