@@ -118,7 +118,7 @@ class Stack(nn.Module):
                 inputs.append(x)
             x = block(x, self.position, mask, is_causal, memory if memories is None else memories[i], memory_mask,
                       cache[i] if cache else None, offset, x0=x0, value_embed=first if table is None else values[table],
-                      scores=scores, state=state)
+                      scores=scores, state=state, padding=padding)
             if self.value_residual and i == 0:
                 first = kept_values(block)
             return x
