@@ -8,6 +8,7 @@ in its own residual step, run in turn; a parallel one (`placement.parallel`) wra
 from __future__ import annotations
 
 from dataclasses import replace
+from functools import partial
 from typing import Any
 
 import torch
@@ -41,6 +42,11 @@ class Half(nn.Module):
         return 0.5 * self.f(x, **kw)
 
 
+def placement(residual: Any, ctx: Context) -> Any:
+    """The placement's factory, given the build context where it takes one (Placement.contextual)."""
+    return partial(residual, ctx=ctx) if getattr(residual, "contextual", False) else residual
+
+
 class TransformerBlock(nn.Module):
     def __init__(self, ctx: Context, cfg: ModelSpec, residual: Any, cross: bool = False,
                  order: str | None = None):
@@ -62,14 +68,15 @@ class TransformerBlock(nn.Module):
         self.chains_scores = declared(sublayers["attn"], "chains_scores")  # takes the previous layer's scores
         # model.embed_skip: the block's input is a * x + b * x0, x0 the stack's embedding output (a=1, b=0 at init)
         self.embed_skip = ScalarMix("embedding", 1.0, 0.0) if cfg.embed_skip else None
+        place = placement(residual, ctx)
         # model.shift_tokens: each sublayer reads channel groups of neighbouring tokens (zoo/layers/token_shift.py)
         self.shift = cfg.shift_tokens > 0
         sublayers = {k: shifting(f, cfg.shift_tokens, ctx.causal, k) for k, f in sublayers.items()}
         if residual.parallel:  # one residual step around all of them, on one norm
-            self.parallel, self.attn, self.cross, self.ffn = residual(sublayers, ctx.norm), None, None, None
+            self.parallel, self.attn, self.cross, self.ffn = place(sublayers, ctx.norm), None, None, None
         else:  # one residual step around each, in turn
             self.parallel = None
-            self.attn, self.cross, self.ffn = (residual(sublayers[k], ctx.norm) if k in sublayers else None
+            self.attn, self.cross, self.ffn = (place(sublayers[k], ctx.norm) if k in sublayers else None
                                                for k in ("attn", "cross", "ffn"))
 
     def _sequence(self, ctx: Context, cfg: ModelSpec, residual: Any, cross: bool, order: str) -> None:
@@ -85,8 +92,8 @@ class TransformerBlock(nn.Module):
         make = {"a": lambda: build(ATTENTION, cfg.attention, ctx), "f": lambda: build(FFN, cfg.ffn, ctx),
                 "c": lambda: build(ATTENTION, cfg.attention, replace(ctx, cross=True)),
                 "h": lambda: Half(build(FFN, cfg.ffn, ctx))}
-        parts = [make[k]() for k in self.kinds]
-        self.steps = nn.ModuleList(residual(shifting(f, cfg.shift_tokens, ctx.causal, str(i)), ctx.norm)
+        parts, place = [make[k]() for k in self.kinds], placement(residual, ctx)
+        self.steps = nn.ModuleList(place(shifting(f, cfg.shift_tokens, ctx.causal, str(i)), ctx.norm)
                                    for i, f in enumerate(parts))
         attns = [f for f, k in zip(parts, self.kinds, strict=True) if k == "a"]
         self.window = attns[0].window if attns else None

@@ -152,6 +152,8 @@ def _validate(cfg: dict) -> None:
     need(is_int(cfg["shift_tokens"]) and cfg["shift_tokens"] >= 0, "shift_tokens",
          f"must be an integer >= 0, got {cfg['shift_tokens']!r} (0: off, 1: half a decoder's channels from the "
          "previous token)")
+    need(is_int(cfg["residual_streams"]) and cfg["residual_streams"] >= 1, "residual_streams",
+         f"must be an integer >= 1, got {cfg['residual_streams']!r} (the hyper-connection placements' streams)")
     need(cfg["residual_init"] in RESIDUAL_INITS, "residual_init",
          f"unknown {cfg['residual_init']!r}; valid: {', '.join(RESIDUAL_INITS)}")
 

@@ -93,6 +93,8 @@ class ModelConfig:
     # token shift (x-transformers' shift_tokens, from RWKV): each sublayer reads channel groups of the n tokens before
     # (and, bidirectional, after) its own: n groups of shifts 0..n causal, -n..n bidirectional; 0: off
     shift_tokens: int = 0
+    # hyper-connections' expansion rate (norm.placement hyper, hyper_dynamic; Zhu et al. 2024): residual streams
+    residual_streams: int = 4
     # How each stack applies its blocks (zoo/models/depth.py; docs/options.md): one block for every layer of
     # none, all, the encoder or the decoder stacks (ALBERT; Narang et al.'s block sharing)
     share_blocks: str = "none"
@@ -180,6 +182,7 @@ class ModelSpec:
     adaptive_div: float
     sublayers: Any
     shift_tokens: int
+    residual_streams: int
     share_blocks: str
     step_signal: bool
     act: bool

@@ -23,7 +23,8 @@ Cache = list[tuple[KVCache, ...]]  # per layer: (self-attention, cross-attention
 def context(cfg: ModelSpec, n_layers: int, causal: bool = False) -> Context:
     """The build context of a model with n_layers blocks in all, its norm factory included."""
     ctx = Context(d_model=cfg.d_model, n_heads=cfg.n_heads, max_seq_len=cfg.max_seq_len,
-                  n_layers=n_layers, causal=causal, bias=cfg.bias, dropout=cfg.dropout)
+                  n_layers=n_layers, causal=causal, bias=cfg.bias, dropout=cfg.dropout,
+                  residual_streams=cfg.residual_streams)
     return replace(ctx, norm=partial(NORM.get(cfg.norm.type), ctx, cfg.norm.options))
 
 
