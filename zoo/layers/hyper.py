@@ -52,7 +52,7 @@ class Connections(nn.Module):
         self.width_in, self.width_mix, self.depth = (nn.Parameter(torch.empty(n)), nn.Parameter(torch.empty(n, n)),
                                                      nn.Parameter(torch.empty(n)))
         self.norm = make_norm() if dynamic else None
-        made = (lambda *shape: nn.Parameter(torch.empty(*shape))) if dynamic else (lambda *shape: None)
+        made = (lambda *shape: nn.Parameter(torch.empty(shape))) if dynamic else (lambda *shape: None)
         self.w_in: nn.Parameter | None = made(d)
         self.w_mix: nn.Parameter | None = made(d, n)
         self.w_depth: nn.Parameter | None = made(d)
