@@ -149,6 +149,11 @@ def _validate(cfg: dict) -> None:
          f"must be an integer >= 0, got {cfg['value_embeddings']!r} (0: none)")
     need(is_int(cfg["memory_tokens"]) and cfg["memory_tokens"] >= 0, "memory_tokens",
          f"must be an integer >= 0, got {cfg['memory_tokens']!r} (0: none)")
+    need(is_int(cfg["shift_tokens"]) and cfg["shift_tokens"] >= 0, "shift_tokens",
+         f"must be an integer >= 0, got {cfg['shift_tokens']!r} (0: off, 1: half a decoder's channels from the "
+         "previous token)")
+    need(is_int(cfg["residual_streams"]) and cfg["residual_streams"] >= 1, "residual_streams",
+         f"must be an integer >= 1, got {cfg['residual_streams']!r} (the hyper-connection placements' streams)")
     need(cfg["residual_init"] in RESIDUAL_INITS, "residual_init",
          f"unknown {cfg['residual_init']!r}; valid: {', '.join(RESIDUAL_INITS)}")
 

@@ -65,6 +65,7 @@ class Context:
     value_embed: bool = False  # this layer's self-attention mixes a value embedding into its values (value_dim)
     keep_values: bool = False  # it keeps its new tokens' values, before any mix, in kept_values (value_residual)
     memory_tokens: int = 0  # model.memory_tokens: positions before the sequence that self-attention also sees
+    residual_streams: int = 1  # the residual streams a placement keeps (model.residual_streams: hyper-connections)
     norm: Callable[..., Any] = field(default=lambda dim=None: _no_norm())  # the model's: norm(dim=None) -> a new one
 
     @property
@@ -311,6 +312,8 @@ class Placement(Protocol):
                           "built by the stack as carry(ctx), whose open(x) makes the state from the embeddings and "
                           "close(x, state) gives the stack's output before any final norm; the block passes the "
                           "state to each step as forward's `state`. null: none"] = None
+    contextual: Annotated[bool, "the block builds it as factory(f, make_norm, ctx), with the build Context (layer "
+                                "index, d_model, residual_streams); built without one it still works"] = False
 
     def forward(self, x: Any, **kw: Any) -> Any:
         """x (B, T, d_model) -> x after the residual step; kw: the sublayer's keyword arguments (by name when

@@ -90,6 +90,11 @@ class ModelConfig:
     # cross-attention follows each), f FFN, h half-step FFN (x + f(x) / 2: macaron); one string for every block
     # ("hah": macaron) or a list of one per block (["aa", "af", "af", "ff"]: the sandwich); null: "af"
     sublayers: Any = None
+    # token shift (x-transformers' shift_tokens, from RWKV): each sublayer reads channel groups of the n tokens before
+    # (and, bidirectional, after) its own: n groups of shifts 0..n causal, -n..n bidirectional; 0: off
+    shift_tokens: int = 0
+    # hyper-connections' expansion rate (norm.placement hyper, hyper_dynamic; Zhu et al. 2024): residual streams
+    residual_streams: int = 4
     # How each stack applies its blocks (zoo/models/depth.py; docs/options.md): one block for every layer of
     # none, all, the encoder or the decoder stacks (ALBERT; Narang et al.'s block sharing)
     share_blocks: str = "none"
@@ -181,6 +186,8 @@ class ModelSpec:
     adaptive_cutoffs: list[int] | None
     adaptive_div: float
     sublayers: Any
+    shift_tokens: int
+    residual_streams: int
     share_blocks: str
     step_signal: bool
     act: bool

@@ -77,6 +77,7 @@ class KVCache:
     def __init__(self):
         self.buffers: list[torch.Tensor] = []
         self.len = 0
+        self.past: dict[str, torch.Tensor] = {}  # per step of its block, the last inputs (model.shift_tokens)
 
     def append(self, *xs: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """Add T tokens of each tensor (B, heads, T, dim), in the same order every call; return all so far."""

@@ -64,7 +64,8 @@ def check(cfg: ModelSpec, n_layers: int, causal: bool, position: Position, atten
     for key, on in (("sublayers", cfg.sublayers is not None), ("share_blocks", cfg.share_blocks != "none"),
                     ("step_signal", cfg.step_signal), ("act", cfg.act), ("memory_tokens", cfg.memory_tokens > 0),
                     ("value_embeddings", cfg.value_embeddings > 0), ("value_residual", cfg.value_residual),
-                    ("embed_skip", cfg.embed_skip), ("transparent_attention", cfg.transparent_attention)):
+                    ("embed_skip", cfg.embed_skip), ("transparent_attention", cfg.transparent_attention),
+                    ("shift_tokens", cfg.shift_tokens > 0)):
         need(not on, "funnel", f"not with {key} (it reads or carries full-length states across the pooling); valid: "
              f"funnel null, or {key} off")
 

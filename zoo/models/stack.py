@@ -23,7 +23,8 @@ Cache = list[tuple[KVCache, ...]]  # per layer: (self-attention, cross-attention
 def context(cfg: ModelSpec, n_layers: int, causal: bool = False) -> Context:
     """The build context of a model with n_layers blocks in all, its norm factory included."""
     ctx = Context(d_model=cfg.d_model, n_heads=cfg.n_heads, max_seq_len=cfg.max_seq_len,
-                  n_layers=n_layers, causal=causal, bias=cfg.bias, dropout=cfg.dropout, memory_tokens=cfg.memory_tokens)
+                  n_layers=n_layers, causal=causal, bias=cfg.bias, dropout=cfg.dropout, memory_tokens=cfg.memory_tokens,
+                  residual_streams=cfg.residual_streams)
     return replace(ctx, norm=partial(NORM.get(cfg.norm.type), ctx, cfg.norm.options))
 
 
@@ -135,7 +136,7 @@ class Stack(nn.Module):
                 inputs.append(x)
             x = block(x, self.position, mask, is_causal, memory if memories is None else memories[i], memory_mask,
                       cache[i] if cache else None, offset, x0=x0, value_embed=first if table is None else values[table],
-                      scores=scores, state=state)
+                      scores=scores, state=state, padding=padding)
             if self.value_residual and i == 0:
                 first = kept_values(block)
             return x
