@@ -95,7 +95,8 @@ def test_bad_data_files(name, content, error, tmp_path, capsys):
 def test_unknown_group_option_is_one_line_listing_choices(arg):
     group, choice = arg.split("=")
     msg = check_group_choices([arg], ROOT / "conf")
-    assert msg.startswith(f"{group}: unknown option '{choice}'; valid: ") and "\n" not in msg
+    hint = " (did you mean gpu?)" if arg == "trainer=tpu" else ""  # a close name is offered
+    assert msg.startswith(f"{group}: unknown option '{choice}'{hint}; valid: ") and "\n" not in msg
 
 
 def test_unknown_group_option_through_train_py():

@@ -70,7 +70,9 @@ def check_group_choices(args: list[str], conf_dir: Path) -> str | None:
         valid = _options(key, conf_dir)
         for choice in value.split(","):
             if choice not in valid and not any(c in choice for c in "()[]{}*$"):
-                return f"{key}: unknown option '{choice}'; valid: {', '.join(valid)}"
+                close = difflib.get_close_matches(choice, valid, n=1, cutoff=0.6)  # the catalogue's lists are long
+                hint = f" (did you mean {close[0]}?)" if close else ""
+                return f"{key}: unknown option '{choice}'{hint}; valid: {', '.join(valid)}"
     return None
 
 
