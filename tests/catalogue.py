@@ -135,3 +135,19 @@ def check_cached_decoding(attn, first: int = 7, chunks: tuple[int, ...] = (1, 3,
             rows.append(attn(x[:, start:start + t], NO_POSITION, mask, is_causal, cache=cache, offset=start))
             start += t
     torch.testing.assert_close(torch.cat(rows, dim=1), full, atol=1e-12, rtol=0)
+
+
+def check_chunked_decoding(model, tokens: torch.Tensor, chunks: tuple[int, ...] = (5, 1, 3, 1, 3),
+                           atol: float = 1e-12) -> None:
+    """A whole model's logits decoded `chunks` tokens at a time through its cache equal the full forward's (an
+    encoder_decoder reads tokens[:, :7] as its source)."""
+    src = tokens[:, :7] if model.needs_source else None
+    with torch.no_grad():
+        full = model(src, tokens) if src is not None else model(tokens)
+        memory = model.encode(src) if src is not None else None
+        cache, steps, start = model.new_cache(), [], 0
+        for t in chunks:
+            chunk = tokens[:, start:start + t]
+            steps.append(model.decode(chunk, memory, cache=cache) if src is not None else model(chunk, cache=cache))
+            start += t
+    torch.testing.assert_close(torch.cat(steps, dim=1), full[:, :start], atol=atol, rtol=0)

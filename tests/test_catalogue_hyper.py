@@ -6,6 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from tests.catalogue import check_chunked_decoding
 from tests.helpers import tiny_cfg
 from zoo import build_model
 from zoo.build import resolve_config
@@ -80,14 +81,7 @@ def test_cached_decoding_equals_recomputation(lineage, placement):
             p.add_(torch.randn_like(p) * 0.1)
     tokens = torch.randint(0, 37, (B, T), generator=torch.Generator().manual_seed(2))
     src = tokens[:, :7] if model.needs_source else None
-    run = (lambda t, c=None: model(t, cache=c)) if src is None else \
-        (lambda t, c=None: model.decode(t, model.encode(src), cache=c))
-    with torch.no_grad():
-        full, cache, steps, start = run(tokens), model.new_cache(), [], 0
-        for t in (5, 1, 3, 1, 3):
-            steps.append(run(tokens[:, start:start + t], cache))
-            start += t
-    torch.testing.assert_close(torch.cat(steps, dim=1), full, atol=1e-12, rtol=0)
+    check_chunked_decoding(model, tokens)
     kw = {"src": src} if src is not None else {}
     assert torch.equal(generate(model, tokens[:, :4], 6, **kw), generate(model, tokens[:, :4], 6, use_cache=False,
                                                                          **kw))
