@@ -127,7 +127,10 @@ def test_flops_per_token_show_the_saving():
 @pytest.mark.parametrize("override, key", [
     (dict(name="decoder_only"), "funnel"), (dict(position={"name": "rope"}), "funnel"),
     (dict(position={"name": "alibi"}), "funnel"), (dict(funnel=[1, 1]), "funnel"), (dict(funnel=[3]), "funnel"),
-    (dict(share_blocks="all"), "funnel"), (dict(attention={"name": "mla"}), "funnel")])
+    (dict(share_blocks="all"), "funnel"), (dict(attention={"name": "mla"}), "funnel"),
+    *[(dict(attention={"name": name}), "funnel") for name in ("memory_kv", "differential", "residual_attention",
+                                                               "cope")],  # pools_queries false
+    (dict(shift_tokens=1), "funnel")])
 def test_refused_in_one_line(override, key):
     with pytest.raises(ConfigError, match=f"model.{key}"):
         build_model(dict(BASE, **override))

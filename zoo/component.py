@@ -247,6 +247,8 @@ class AttentionPart(Part, Protocol):
                                      "model.value_residual)"] = None
     order_aware: Annotated[bool, "it tells positions apart itself (weights per absolute position, a convolution's "
                                  "kernel), so even with position=none it is no set operation"] = False
+    pools_queries: Annotated[bool, "its forward takes `queries`: only x's first `queries` rows ask, the rest are "
+                                   "keys and values alone (model.funnel's pool-q-only)"] = False
     chains_scores: Annotated[bool, "its forward takes `scores`, a list the stack hands its self-attention layers in "
                                    "turn during one forward, empty at the first: it adds the last entry, the previous "
                                    "layer's pre-softmax scores (B, H, Tq, Tk), to its own and leaves its own in its "

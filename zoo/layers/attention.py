@@ -217,6 +217,8 @@ def masked_scores(scores: torch.Tensor, mask: torch.Tensor | None, is_causal: bo
 class Attention(AttentionBase):
     """MHA, GQA and MQA: n_kv_heads key/value heads, each shared by n_heads // n_kv_heads query heads."""
 
+    pools_queries = True  # forward's `queries` (model.funnel); a variant whose forward does not pass them says False
+
     def __init__(self, ctx: Context, opts: AttentionOptions, n_kv_heads: int):
         super().__init__(ctx, opts)
         d_model, n_heads, bias = ctx.d_model, ctx.n_heads, ctx.bias

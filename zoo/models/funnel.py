@@ -30,13 +30,11 @@ pool-q-only block counts its queries' share with the unpooled keys as its contex
 
 from __future__ import annotations
 
-import inspect
-
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from zoo.component import need
+from zoo.component import declared, need
 from zoo.layers.position import Position
 from zoo.schema import ModelSpec
 
@@ -54,7 +52,7 @@ def check(cfg: ModelSpec, n_layers: int, causal: bool, position: Position, atten
     need(not position.rotary and type(position).score_bias is Position.score_bias, "funnel", f"position "
          f"'{cfg.position.name}' places positions inside the attention (rotary, or a score bias by distance), which "
          "would need the pooled positions; valid: an absolute position (learned, sinusoidal) or none")
-    need("queries" in inspect.signature(attention.forward).parameters, "funnel", f"attention '{cfg.attention.name}' "
+    need(declared(attention, "pools_queries"), "funnel", f"attention '{cfg.attention.name}' "
          "cannot take its queries from the pooled stream and its keys from the unpooled one; valid: mha, gqa, mqa "
          "and the variants built on them")
     need(getattr(attention, "window", None) is None, "funnel", "not with attention.window (a window in pooled "
