@@ -14,6 +14,7 @@ import pytest
 from zoo.cli import COMMANDS, main
 from zoo.cli import common as cli_common
 from zoo.component import ConfigError
+from zoo.registry import FFN
 
 ROOT = Path(__file__).resolve().parents[1]
 VALID = "valid: train, sample, eval, inspect, prepare, report, bench"
@@ -87,7 +88,7 @@ def test_zoo_train_answers_as_train_py():
     args = ["ffn=nope", "trainer.max_steps=1"]
     by_file, by_zoo = _run("train.py", *args), _run("-m", "zoo", "train", *args)
     assert by_file.returncode == by_zoo.returncode == 2
-    valid = ", ".join(sorted(p.stem for p in (ROOT / "conf" / "ffn").glob("*.yaml")))
+    valid = ", ".join(sorted({p.stem for p in (ROOT / "conf" / "ffn").glob("*.yaml")} | set(FFN.names())))
     assert by_file.stderr == by_zoo.stderr == f"error: ffn: unknown option 'nope'; valid: {valid}\n"
 
 

@@ -173,7 +173,7 @@ def _check_sublayers(cfg: dict) -> None:
              "or null")
     need(value is None or (isinstance(patterns, list) and all(isinstance(p, str) and p and set(p) <= set(
         SUBLAYER_LETTERS) for p in patterns)), "sublayers", f"got {value!r}; valid: {valid}")
-    layers = {n, cfg["n_decoder_layers"] or n} if cfg["name"] == "encoder_decoder" else {n}
+    layers = {n, cfg["n_decoder_layers"] or n} if len(MODEL.get(cfg["name"]).stacks) == 2 else {n}
     need(not isinstance(value, list) or layers == {len(value)}, "sublayers",
          f"a list of {len(value or [])} blocks' sublayers for a stack of {' and '.join(map(str, sorted(layers)))}; "
          "valid: one string per block of every stack")

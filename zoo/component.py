@@ -336,6 +336,8 @@ class Lineage(Protocol):
     needs_source: Annotated[bool, "the forward pass and generation take a source sequence to encode"]
     next_token_lm: Annotated[bool, "a per-token next-token loss on running text (perplexity, bits per "
                                    "character)"]
+    stacks: Annotated[tuple[str, ...], "its stacks of blocks: encoder, decoder or both (model.share_blocks and "
+                                       "the other options that name a stack)"]
 
     def forward(self, *inputs: Any, **kw: Any) -> Any:
         """tokens (B, T) (needs_source: source (B, S) and target (B, T)) -> logits (B, T, vocab_size)."""

@@ -20,6 +20,7 @@ class EncoderDecoder(nn.Module):
     generates = True
     needs_source = True  # the forward pass and generation take a source sequence to encode
     next_token_lm = False
+    stacks = ("encoder", "decoder")
 
     def __init__(self, cfg: ModelSpec):
         super().__init__()

@@ -17,6 +17,7 @@ class EncoderOnly(nn.Module):
     generates = False  # fills masked positions in one pass; no token-by-token generation
     needs_source = False
     next_token_lm = False
+    stacks = ("encoder",)
 
     def __init__(self, cfg: ModelSpec):
         super().__init__()
