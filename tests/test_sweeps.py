@@ -100,7 +100,7 @@ def test_submitit_local_launcher(tmp_path):
     """The submitit launcher, run locally: the same code path a SLURM sweep takes, minus the queue."""
     pytest.importorskip("hydra_plugins.hydra_submitit_launcher")
     proc = _train_py(tmp_path, "hydra/launcher=submitit_local", *TINY, "logger=none", "ffn=gelu,swiglu")
-    assert proc.returncode == 2 and "error: all 2 jobs of the sweep were refused" in proc.stderr, proc.stderr[-3000:]
+    assert proc.returncode == 0, proc.stderr[-3000:]
     statuses = [json.loads(p.read_text())["status"] for p in tmp_path.glob("*/summary.json")]
     assert statuses == ["completed", "completed"]
 
