@@ -151,3 +151,19 @@ def check_chunked_decoding(model, tokens: torch.Tensor, chunks: tuple[int, ...] 
             steps.append(model.decode(chunk, memory, cache=cache) if src is not None else model(chunk, cache=cache))
             start += t
     torch.testing.assert_close(torch.cat(steps, dim=1), full[:, :start], atol=atol, rtol=0)
+
+
+def check_against_paper(m, x: torch.Tensor, causal: bool, paper: Callable) -> None:
+    """A self-attention replacement m on x (B=2, float64; in an encoder the second sequence ends in 4 pad tokens)
+    equals `paper(m, x, causal, padding)`, the equations written out, in its output and every gradient."""
+    padding = None
+    if not causal:
+        padding = torch.ones(2, x.shape[1], dtype=torch.bool)
+        padding[1, -4:] = False
+    mask, is_causal = attention_bias(x.shape[1], x.shape[1], causal, None, NO_POSITION, padding, x.device, x.dtype)
+    ours, theirs = m(x, NO_POSITION, mask, is_causal), paper(m, x, causal, padding)
+    torch.testing.assert_close(ours, theirs, rtol=1e-10, atol=1e-12)
+    probe, wrt = torch.randn_like(ours), [x, *m.parameters()]
+    for a, b in zip(torch.autograd.grad((ours * probe).sum(), wrt, retain_graph=True),
+                    torch.autograd.grad((theirs * probe).sum(), wrt), strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)

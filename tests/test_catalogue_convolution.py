@@ -5,11 +5,12 @@ and cached decoding at an offset equal to recomputation."""
 import pytest
 import torch
 
+from tests.catalogue import check_against_paper
 from tests.helpers import make, tiny_cfg
 from zoo import ConfigError, build_model
 from zoo.block import NO_POSITION
 from zoo.generate import generate
-from zoo.layers.attention import Attention, KVCache, attention_bias
+from zoo.layers.attention import Attention, KVCache
 from zoo.registry import ATTENTION, POSITION
 
 D, H, T = 12, 3, 13  # d_model, heads (4 channels each), tokens
@@ -64,17 +65,7 @@ def test_convolution_follows_the_paper_outputs_and_gradients(name, kernel, linea
     causal = lineage == "decoder"
     m = _conv(name, kernel, causal)
     x = torch.randn(2, T, D, dtype=torch.float64, requires_grad=True)
-    padding = None
-    if not causal:  # the second sequence ends in 4 pad tokens, which must count as zeros
-        padding = torch.ones(2, T, dtype=torch.bool)
-        padding[1, -4:] = False
-    mask, is_causal = attention_bias(T, T, causal, None, NO_POSITION, padding, x.device, x.dtype)
-    ours = m(x, NO_POSITION, mask, is_causal)
-    theirs = paper(m, x, causal, padding)
-    torch.testing.assert_close(ours, theirs, rtol=1e-10, atol=1e-12)
-    probe = torch.randn_like(ours)
-    for a, b in zip(_grads(m, ours, x, probe), _grads(m, theirs, x, probe), strict=True):
-        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
+    check_against_paper(m, x, causal, paper)  # in an encoder, pad tokens must count as zeros
 
 
 @pytest.mark.parametrize("name", ["lightweight_conv", "dynamic_conv"])

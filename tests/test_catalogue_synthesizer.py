@@ -7,6 +7,7 @@ import math
 import pytest
 import torch
 
+from tests.catalogue import check_against_paper
 from tests.helpers import make, tiny_cfg
 from zoo import ConfigError, build_model
 from zoo.block import NO_POSITION
@@ -87,17 +88,7 @@ def test_synthesizer_follows_the_paper_outputs_and_gradients(kind, mix, lineage)
     m = _synthesizer(kind, mix)
     x = torch.randn(2, T, D, dtype=torch.float64, requires_grad=True)
     causal = lineage == "decoder"
-    padding = None
-    if not causal:  # the second sequence ends in 4 pad tokens
-        padding = torch.ones(2, T, dtype=torch.bool)
-        padding[1, -4:] = False
-    mask, is_causal = attention_bias(T, T, causal, None, NO_POSITION, padding, x.device, x.dtype)
-    ours = m(x, NO_POSITION, mask, is_causal)
-    theirs = paper(m, x, causal, padding)
-    torch.testing.assert_close(ours, theirs, rtol=1e-10, atol=1e-12)
-    probe = torch.randn_like(ours)
-    for a, b in zip(_grads(m, ours, x, probe), _grads(m, theirs, x, probe), strict=True):
-        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
+    check_against_paper(m, x, causal, paper)
 
 
 @pytest.mark.parametrize(("kind", "mix"), ROWS)
