@@ -44,7 +44,7 @@ class Half(nn.Module):
 
 def placement(residual: Any, ctx: Context) -> Any:
     """The placement's factory, given the build context where it takes one (Placement.contextual)."""
-    return partial(residual, ctx=ctx) if getattr(residual, "contextual", False) else residual
+    return partial(residual, ctx=ctx) if declared(residual, "contextual") else residual
 
 
 class TransformerBlock(nn.Module):

@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from zoo.block import TransformerBlock, block_sublayers
-from zoo.component import Context, build, need
+from zoo.component import Context, build, declared, need
 from zoo.layers.attention import KVCache, attention_bias, cross_attention_mask
 from zoo.models import depth, funnel
 from zoo.mup import output_scale
@@ -80,7 +80,7 @@ class Stack(nn.Module):
         # model.memory_tokens: learned tokens before the sequence (with the first tokens; then in the cache)
         self.memory = nn.Embedding(cfg.memory_tokens, ctx.d_model) if cfg.memory_tokens else None
         # what the placement carries beside the stream (ResiDual's second stream): opened and closed here
-        self.carry = residual.carry(ctx) if getattr(residual, "carry", None) else None
+        self.carry = residual.carry(ctx) if declared(residual, "carry") else None  # a placement's second stream
         # model.funnel (zoo/models/funnel.py): the stream pooled before each later group's first layer; a decoder that
         # cross-attends reads a pooled memory but pools nothing itself
         self.funnel = cfg.funnel if cfg.funnel is not None and not cross else None
