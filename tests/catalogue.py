@@ -17,7 +17,7 @@ from zoo.block import NO_POSITION
 from zoo.component import Context, build
 from zoo.layers.attention import KVCache, attention_bias, cross_attention_mask
 from zoo.registry import ATTENTION
-from zoo.schema import Part
+from zoo.spec import Part
 
 Pair = tuple[torch.Tensor, Callable[[torch.Tensor], torch.Tensor], torch.Tensor, float | torch.Tensor]
 B, T = 2, 13  # odd shapes: with 3 heads of 4 (d_model 12), or 6 heads sharing 3 or 2 key/value heads

@@ -44,7 +44,7 @@ def make(registry, name: str, d_model: int = 32, n_heads: int = 4, max_seq_len: 
          cross: bool = False, **options):
     """One component alone, built as the stack builds it: registry.get(name)(ctx, opts)."""
     from zoo.component import Context, build
-    from zoo.schema import Part
+    from zoo.spec import Part
 
     return build(registry, Part(name, registry.options(name)(**options)),
                  Context(d_model=d_model, n_heads=n_heads, max_seq_len=max_seq_len, bias=bias, cross=cross))

@@ -13,7 +13,7 @@ from zoo import ConfigError, build_model, count_params, flops_per_token, resolve
 from zoo.layers.ffn import FFNOptions
 from zoo.layers.norm import NormOptions
 from zoo.registry import ATTENTION, RESIDUAL
-from zoo.schema import NormPart
+from zoo.spec import Part
 
 
 def test_chapter_rule_attention_4d2_ffn_8d2_per_layer():
@@ -62,7 +62,7 @@ def test_defaults_fill_in_and_dictconfig_works():
 
     cfg = resolve_config(OmegaConf.create({"vocab_size": 10, "ffn": {"name": "swiglu"}}))
     assert cfg.name == "decoder_only" and cfg.ffn.name == "swiglu" and cfg.ffn.options == FFNOptions(d_ff=None)
-    assert cfg.norm == NormPart(type="layernorm", placement="pre", options=NormOptions(eps=1e-5))
+    assert cfg.norm == Part(name="layernorm", placement="pre", options=NormOptions(eps=1e-5))
     assert cfg.as_dict()["norm"] == {"placement": "pre", "type": "layernorm", "eps": 1e-5}  # the plain form
 
 

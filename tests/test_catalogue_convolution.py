@@ -43,7 +43,7 @@ def paper(m, x: torch.Tensor, causal: bool, padding: torch.Tensor | None) -> tor
 
 def _conv(name: str, kernel: int, causal: bool):
     from zoo.component import Context, build
-    from zoo.schema import Part
+    from zoo.spec import Part
 
     torch.manual_seed(0)
     ctx = Context(d_model=D, n_heads=H, max_seq_len=32, causal=causal)

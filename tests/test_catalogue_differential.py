@@ -16,7 +16,7 @@ from tests.helpers import tiny_cfg
 from zoo import build_model
 from zoo.component import ConfigError, Context, build
 from zoo.registry import ATTENTION, NORM
-from zoo.schema import Part
+from zoo.spec import Part
 
 
 def differential(d_model: int, n_heads: int, norm: str = "rmsnorm", layer: int = 0, cross: bool = False,

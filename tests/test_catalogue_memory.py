@@ -27,7 +27,7 @@ def test_memory_is_seen_by_every_query_and_not_cached():
     from zoo.component import Context, build
     from zoo.layers.attention import KVCache, attention_bias
     from zoo.registry import POSITION
-    from zoo.schema import Part
+    from zoo.spec import Part
 
     attn = zoo_attention("memory_kv", 12, 3, n_mem_kv=2, window=2)
     alibi = build(POSITION, Part("alibi", POSITION.options("alibi")()), Context(d_model=12, n_heads=3, max_seq_len=64))

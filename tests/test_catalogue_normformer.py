@@ -20,7 +20,7 @@ from zoo.layers.attention import KVCache
 from zoo.layers.ffn import FFNOptions
 from zoo.layers.norm import NormOptions
 from zoo.registry import ATTENTION, FFN, NORM
-from zoo.schema import Part
+from zoo.spec import Part
 
 D, H, T = 24, 3, 13
 

@@ -72,7 +72,7 @@ def _neox_attention(fraction: float, theta: float):
 def _zoo_attention_from_neox(neox, fraction: float, theta: float):
     from zoo.component import Context
     from zoo.registry import ATTENTION
-    from zoo.schema import Part
+    from zoo.spec import Part
 
     ctx = Context(d_model=48, n_heads=3, max_seq_len=8, causal=True, rotary=True)
     attn = ATTENTION.get("mha")(ctx, ATTENTION.options("mha")())

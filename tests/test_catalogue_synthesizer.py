@@ -15,7 +15,7 @@ from zoo.component import Context, build
 from zoo.generate import generate, position_limit
 from zoo.layers.attention import Attention, KVCache, attention_bias
 from zoo.registry import ATTENTION
-from zoo.schema import Part
+from zoo.spec import Part
 
 D, H, T, L = 12, 3, 13, 16  # d_model, heads (head size 4), tokens, max_seq_len
 ROWS = [("dense", "none"), ("dense", "plus"), ("dense", "alpha"), ("factorized", "none"), ("random", "none"),

@@ -16,7 +16,7 @@ CONF = ROOT / "conf"
 def _options_cached():
     """The checks answer without torch once the components' options are cached in zoo/__pycache__, which the
     first run after an edit of zoo/ writes (it imports the components once): be that first run here."""
-    subprocess.run([sys.executable, "-c", "from zoo.schema import option_specs; option_specs()"], cwd=ROOT,
+    subprocess.run([sys.executable, "-c", "from zoo.config.schema import option_specs; option_specs()"], cwd=ROOT,
                    check=True, timeout=600)
 
 

@@ -23,7 +23,7 @@ from zoo.component import (
     resized,
 )
 from zoo.registry import ATTENTION, FFN, NORM, POSITION, REGISTRIES
-from zoo.schema import Part
+from zoo.spec import Part
 
 D, H, T = 32, 4, 6  # the test's d_model, heads and sequence length
 
@@ -72,7 +72,7 @@ def _meta(registry, case: dict, name_key: str = "name", device: str = "meta", **
 
 
 def _part(registry, case: dict, name_key: str = "name") -> Part:
-    """A config node ({"name": ..., options}) as the Part the stack builds from (zoo.schema)."""
+    """A config node ({"name": ..., options}) as the Part the stack builds from (zoo.spec)."""
     name = case[name_key]
     return Part(name, registry.options(name)(**{k: v for k, v in case.items() if k not in (name_key, "placement")}))
 
@@ -218,7 +218,7 @@ def scratch_ffns(monkeypatch):
 
 
 def test_budget_resizes_a_part_by_its_own_option(scratch_ffns):
-    from zoo.budget import match_params
+    from zoo.config.budget import match_params
 
     cfg = resolve_config(tiny_cfg(ffn={"name": "hidden_resizable"}))
     model, record = match_params(cfg)
@@ -228,7 +228,7 @@ def test_budget_resizes_a_part_by_its_own_option(scratch_ffns):
 
 
 def test_budget_refuses_in_one_line_a_part_that_cannot_resize(scratch_ffns):
-    from zoo.budget import match_params
+    from zoo.config.budget import match_params
 
     with pytest.raises(ConfigError) as e:
         match_params(resolve_config(tiny_cfg(ffn={"name": "hidden_fixed"})))

@@ -168,8 +168,8 @@ def init_from(directory: Path, text: Path) -> None:
     """What train.py init_from=hf:<dir> does before training: the run config (checkpoint checked before any
     data), the data, the model, the converted weights."""
     from zoo.build import build_model
+    from zoo.config.sizing import prepare_run
     from zoo.training.pretrained import load_weights
-    from zoo.training.sizing import prepare_run
 
     plain = OmegaConf.to_container(compose_cfg([f"init_from=hf:{directory}", "data=text_file", f"data.path={text}",
                                                 "data.context=32"]), resolve=True)

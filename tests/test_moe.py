@@ -224,7 +224,7 @@ def test_training_logs_the_aux_losses(tmp_path, capsys):
 
 @pytest.mark.parametrize("budget,count", [("params", "total"), ("active_params", "active")])
 def test_budget_matches_total_or_active_parameters(budget, count):
-    from zoo.budget import BUDGETS, match_params
+    from zoo.config.budget import BUDGETS, match_params
 
     cfg = resolve_config(tiny_cfg(ffn={"name": "moe"}))
     baseline = count_params({**cfg.as_dict(), "ffn": {"name": "gelu"}})["total"]

@@ -1,4 +1,4 @@
-"""The config's typed schema (zoo/schema.py): one home for every default, typed errors in one line."""
+"""The config's typed schema (zoo/config/schema.py): one home for every default, typed errors in one line."""
 
 import dataclasses
 import subprocess
@@ -13,10 +13,7 @@ from omegaconf import OmegaConf
 from tests.helpers import compose_cfg
 from zoo.build import DEFAULTS, resolve_config
 from zoo.component import Options
-from zoo.layers.norm import NormOptions
-from zoo.optim.adamw import AdamWOptions
-from zoo.registry import POSITION, REGISTRIES
-from zoo.schema import (
+from zoo.config.schema import (
     KINDS,
     ModelConfig,
     SampleConfig,
@@ -25,6 +22,9 @@ from zoo.schema import (
     option_specs,
     register,
 )
+from zoo.layers.norm import NormOptions
+from zoo.optim.adamw import AdamWOptions
+from zoo.registry import POSITION, REGISTRIES
 from zoo.training.cli import check_group_choices, check_keys, expand, help_text
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -40,9 +40,9 @@ def test_relu2_is_down_of_squared_relu_of_up():
 
 @pytest.mark.parametrize("budget", ["params", "active_params"])
 def test_the_budget_resizes_relu2_to_the_baseline(budget):
-    from zoo.budget import BUDGETS, match_params
+    from zoo.config.budget import BUDGETS, match_params
 
-    spec, record = match_params(tiny_cfg(ffn={"name": "relu2"}), count=BUDGETS[budget])
+    spec, record = match_params(resolve_config(tiny_cfg(ffn={"name": "relu2"})), count=BUDGETS[budget])
     baseline = count_params(tiny_cfg(ffn={"name": "gelu"}))["total"]
     assert spec.ffn.name == "relu2" and spec.ffn.options.d_ff == record["d_ff"]
     assert abs(count_params(spec)["total"] - baseline) <= 0.01 * baseline

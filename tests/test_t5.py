@@ -8,7 +8,7 @@ from zoo import build_model
 from zoo.component import ConfigError, Context, build
 from zoo.generate import generate
 from zoo.registry import POSITION
-from zoo.schema import Part
+from zoo.spec import Part
 
 
 def t5(causal, n_heads=4, **opts):

@@ -11,9 +11,10 @@ from omegaconf import OmegaConf
 
 from tests.helpers import tiny_cfg
 from zoo import build_model, count_params, resolve_config
+from zoo.config.schema import ModelConfig, ZooConfig
 from zoo.layers.attention import GQAOptions
 from zoo.layers.norm import NormOptions
-from zoo.schema import ModelConfig, ModelSpec, NormPart, Part, ZooConfig
+from zoo.spec import ModelSpec, Part
 
 ROOT = Path(__file__).resolve().parents[1]
 # Where the config is read typed only: the parts a model is made of.
@@ -61,7 +62,7 @@ def test_resolve_config_returns_a_frozen_spec_of_options_dataclasses():
                                    norm={"placement": "pre", "type": "rmsnorm"}))
     assert isinstance(spec, ModelSpec)
     assert spec.attention == Part("gqa", GQAOptions(n_kv_heads=2))
-    assert spec.norm == NormPart("rmsnorm", "pre", NormOptions())
+    assert spec.norm == Part("rmsnorm", NormOptions(), "pre")
     with pytest.raises(dataclasses.FrozenInstanceError):
         spec.d_model = 64  # type: ignore[misc]
     assert resolve_config(spec) is spec  # already resolved: returned as it is

@@ -26,7 +26,7 @@ def test_zoo_passes_the_type_checker():
 
 def test_the_checker_follows_the_typed_config(tmp_path):
     """An option read off the component instead of its options, and a key the model does not have, both fail."""
-    code = ("from zoo.schema import ModelSpec\n"
+    code = ("from zoo.spec import ModelSpec\n"
             "def window(spec: ModelSpec) -> int | None:\n"
             "    return spec.attention.options.window\n"
             "def wrong(spec: ModelSpec) -> int | None:\n"

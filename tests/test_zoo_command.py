@@ -203,11 +203,13 @@ PREFLIGHT = {
 
 @pytest.mark.parametrize("case", [c for c, (argv, _, _) in PREFLIGHT.items() if argv[0] == "train"])
 def test_a_missing_extra_is_one_line_before_torch_with_no_options_cache(case, tmp_path):
-    """The first command after an install has no copy of the components' options (zoo.schema.option_specs reads
-    them from the registries then, importing torch): an extra named on the command line is checked before that."""
+    """The first command after an install has no copy of the components' options (zoo.config.schema.option_specs
+    reads them from the registries then, importing torch): an extra named on the command line is checked before
+    that."""
     argv, blocked, expected = PREFLIGHT[case]
     code = (f"import sys\nfrom pathlib import Path\nsys.modules[{blocked!r}] = None  # as if not installed\n"
-            "import zoo.schema\nzoo.schema._cache_path = lambda: Path('/nonexistent/zoo-options.json')  # no copy\n"
+            "import zoo.config.schema as schema\n"
+            "schema._cache_path = lambda: Path('/nonexistent/zoo-options.json')  # no copy\n"
             "from zoo.cli import main\ncode = main(sys.argv[1:])\nprint(code, 'torch' in sys.modules)")
     proc = subprocess.run([sys.executable, "-c", code, *argv], cwd=tmp_path, capture_output=True, text=True,
                           timeout=600, env={**__import__("os").environ, "PYTHONPATH": str(ROOT)})
@@ -219,8 +221,8 @@ def test_a_missing_extra_is_one_line_before_torch_with_no_options_cache(case, tm
 @pytest.fixture(scope="module")
 def warm_options():
     """The components' options are read once from the registries (importing torch) and kept in zoo/__pycache__
-    (zoo.schema.option_specs); every later command reads that copy."""
-    assert _run("-c", "from zoo.schema import option_specs; option_specs()").returncode == 0
+    (zoo.config.schema.option_specs); every later command reads that copy."""
+    assert _run("-c", "from zoo.config.schema import option_specs; option_specs()").returncode == 0
 
 
 @pytest.mark.parametrize("case", PREFLIGHT)

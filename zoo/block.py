@@ -20,7 +20,7 @@ from zoo.layers.mix import ScalarMix
 from zoo.layers.position import Position
 from zoo.layers.token_shift import ShiftInput, shifting
 from zoo.registry import ATTENTION, FFN
-from zoo.schema import ModelSpec
+from zoo.spec import ModelSpec
 
 SUBLAYER_LETTERS = "afh"  # model.sublayers: a self-attention, f FFN, h half-step FFN (macaron)
 

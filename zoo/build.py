@@ -9,8 +9,8 @@ The model config is a plain dict (or the Hydra subtree `cfg.model`):
 
 Anything left out takes the value in DEFAULTS. Bad values fail in `resolve_config`, with one line
 naming the key, before any weight is allocated. `resolve_config` returns the typed, frozen
-`zoo.schema.ModelSpec` the models read (`spec.as_dict()` is the plain dict again); every function here
-takes either form, or a `ModelConfig`.
+`zoo.spec.ModelSpec` the models read (`spec.as_dict()` is the plain dict again); every function here
+takes either form, or the config's model node (zoo.config.schema.ModelConfig, a dataclass).
 """
 
 from __future__ import annotations
@@ -41,9 +41,9 @@ from zoo.models.stack import applications, flops_shares
 from zoo.mup import FIXED, init_scale, roles, width_mult
 from zoo.mup import check as check_parametrization
 from zoo.registry import ATTENTION, FFN, MODEL, NORM, POSITION, RESIDUAL, Registry
-from zoo.schema import ModelConfig, ModelSpec, NormPart, Part, model_defaults
+from zoo.spec import ModelSpec, Part, model_defaults
 
-# The model keys and their defaults, declared once (zoo/schema.py ModelConfig); a component's options are
+# The model keys and their defaults, declared once (zoo/spec.py ModelSpec); a component's options are
 # declared, with their defaults, in its own options dataclass.
 DEFAULTS: dict[str, Any] = model_defaults()
 
@@ -58,9 +58,9 @@ COMPONENTS: dict[str, tuple[Registry, str, tuple[str, ...]]] = {
 # model.residual_init: where the weights parts list in residual_outputs start (init_weights)
 RESIDUAL_INITS = ("scaled", "zero")
 
-# A model config as callers hand it over: a mapping (a dict, an omegaconf DictConfig), a ModelConfig, or one
-# resolve_config has already resolved.
-ModelInput = Mapping | ModelConfig | ModelSpec
+# A model config as callers hand it over: a mapping (a dict, an omegaconf DictConfig), the config's model node (a
+# dataclass instance), or one resolve_config has already resolved.
+ModelInput = Mapping[str, Any] | ModelSpec | Any
 
 
 def _plain(cfg: Any) -> Any:
@@ -68,7 +68,7 @@ def _plain(cfg: Any) -> Any:
         from omegaconf import OmegaConf
 
         return OmegaConf.to_container(cfg, resolve=True)
-    if isinstance(cfg, ModelConfig):
+    if dataclasses.is_dataclass(cfg) and not isinstance(cfg, type):  # zoo.config.schema.ModelConfig
         return dataclasses.asdict(cfg)
     return copy.deepcopy(cfg)
 
@@ -91,10 +91,15 @@ def resolve_config(model_cfg: ModelInput) -> ModelSpec:
             cfg[key] = value
     _validate(cfg)
     parts = _parts(cfg)  # takes the component nodes out of cfg
-    spec = ModelSpec(**cfg, **parts)
-    # Each component checks its own constraints as it is built: build on the meta device, which allocates nothing.
+    return checked(ModelSpec(**cfg, **parts))
+
+
+def checked(spec: ModelSpec) -> ModelSpec:
+    """The checks of a spec that only building it can make, for a new one or a changed copy
+    (dataclasses.replace): each component checks its own constraints as it is built, on the meta device, which
+    allocates nothing; then muP's reference widths, built the same way."""
     on_meta(spec)
-    check_parametrization(spec)  # after the model itself: its reference widths (mup) are built the same way
+    check_parametrization(spec)
     return spec
 
 
@@ -189,7 +194,7 @@ def _parts(cfg: dict) -> dict[str, Any]:
         _check_name(registry, f"{key}.{name_key}", node[name_key])
         values = {k: v for k, v in node.items() if k != name_key and k not in skip}
         opts = check_options(key, node[name_key], registry.options(node[name_key]), values)
-        parts[key] = NormPart(node["type"], node["placement"], opts) if key == "norm" else Part(node[name_key], opts)
+        parts[key] = Part(node[name_key], opts, node["placement"] if key == "norm" else None)
     return parts
 
 

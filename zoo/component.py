@@ -81,7 +81,7 @@ def _no_norm() -> Any:
 class Options:
     """A component without options of its own.
 
-    Options in a resolved config (zoo.schema.Part) are frozen: assigning to one raises, as a frozen dataclass
+    Options in a resolved config (zoo.spec.Part) are frozen: assigning to one raises, as a frozen dataclass
     does, without each component's dataclass having to say frozen=True. dataclasses.replace makes a changed copy."""
 
     def __setattr__(self, name: str, value: Any) -> None:
@@ -163,7 +163,7 @@ def check_options(key: str, name: str, cls: type, values: Mapping, section: str 
 
 
 def build(registry: Any, part: Any, ctx: Context) -> Any:
-    """The component a resolved config's Part (zoo.schema) names, built with its options: `factory(ctx, opts)`."""
+    """The component a resolved config's Part (zoo.spec) names, built with its options: `factory(ctx, opts)`."""
     return registry.get(part.name)(ctx, part.options)
 
 
@@ -330,7 +330,7 @@ class Placement(Protocol):
 class Lineage(Protocol):
     """A model, built as `factory(cfg)` from the resolved model config."""
 
-    cfg: Annotated[Any, "the resolved model config it was built from (zoo.schema.ModelSpec: attributes)"]
+    cfg: Annotated[Any, "the resolved model config it was built from (zoo.spec.ModelSpec: attributes)"]
     generates: Annotated[bool, "sample.py and zoo.generate continue a prompt token by token (then it has "
                                "new_cache())"]
     needs_source: Annotated[bool, "the forward pass and generation take a source sequence to encode"]
@@ -403,17 +403,22 @@ def declared(part: Any, member: str) -> Any:
     return value.__get__(part, type(part)) if callable(value) else value
 
 
-def resized(registry: Any, node: Mapping, size: int, name_key: str = "name") -> dict:
-    """A component's config node with its size set to `size`, as the part itself says (its `resize`): what
+def resize_options(registry: Any, name: str, opts: Any, size: int) -> Any:
+    """A component's options with its size set to `size`, as the part itself says (its `resize`): what
     budget=params varies. One line naming the part when it declares no resize."""
-    name = node[name_key]
     part = registry.get(name)
     if not callable(getattr(part, "resize", None)):
         sizable = [n for n in registry.names() if callable(getattr(registry.get(n), "resize", None))]
         raise ConfigError(f"budget: {registry.kind} '{name}' declares no resize(opts, size) (zoo/component.py), so "
                           f"the budget cannot size it; valid: {', '.join(sizable)}")
+    return part.resize(opts, size)
+
+
+def resized(registry: Any, node: Mapping, size: int, name_key: str = "name") -> dict:
+    """resize_options for a component's plain config node: the node with its size set."""
+    name = node[name_key]
     opts = registry.options(name)(**{k: v for k, v in node.items() if k != name_key})
-    return {name_key: name, **option_values(part.resize(opts, size))}
+    return {name_key: name, **option_values(resize_options(registry, name, opts, size))}
 
 
 def contract_markdown() -> str:

@@ -14,7 +14,7 @@ from torch import nn
 from zoo.build import is_int
 from zoo.layers.position import unlimited_positions
 from zoo.registry import MODEL
-from zoo.schema import sampling_error  # torch-free: the CLI checks its flags before torch loads
+from zoo.spec import sampling_error  # torch-free: the CLI checks its flags before torch loads
 
 
 def sample_next(logits: torch.Tensor, temperature: float = 1.0, top_k: int | None = None,

@@ -36,8 +36,8 @@ from torch import nn
 
 from zoo.component import ConfigError, need
 
-if TYPE_CHECKING:  # zoo.schema's ModelSpec: imported by the models, which this module serves
-    from zoo.schema import ModelSpec
+if TYPE_CHECKING:  # zoo.spec's ModelSpec: imported by the models, which this module serves
+    from zoo.spec import ModelSpec
 
 PARAMETRIZATIONS = ("standard", "mup")
 MAX_BASE_D_MODEL = 65536  # above any model's width (5x GPT-3's); the base and twice it are built (on meta) to check
@@ -72,7 +72,7 @@ def at_width(cfg: ModelSpec, d_model: int) -> ModelSpec:
          f"mup_base_d_model={cfg.mup_base_d_model}, which needs {heads:g} heads; valid: a d_model and n_heads "
          "whose head size divides mup_base_d_model")
 
-    def scaled(part):  # a Part or NormPart with the widths its options declare (ffn's d_ff, ...) scaled
+    def scaled(part):  # a Part with the widths its options declare (ffn's d_ff, ...) scaled
         opts = part.options
         widths = {w: max(1, round(getattr(opts, w) * d_model / cfg.d_model))
                   for w in getattr(opts, "widths", ()) if getattr(opts, w) is not None}

@@ -14,7 +14,7 @@ import sys
 
 from zoo.cli.common import EXIT_ERROR, OneLineParser
 from zoo.io import checkpoint_file_error, collect_once_at_exit
-from zoo.schema import sampling_error
+from zoo.spec import sampling_error
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,5 +1,5 @@
 """Imported by Hydra's plugin scan (see __init__.py); its work is this one call."""
 
-from zoo.schema import register
+from zoo.config.schema import register
 
 register()

@@ -17,12 +17,12 @@ from tests.helpers import compose_cfg, save_pretrained_tokenizer, write_corpus
 from zoo import count_params
 from zoo.build import ConfigError
 from zoo.cli.common import config_dir
+from zoo.config.sizing import prepare_run
 from zoo.hardware import adamw_implementation, resolve_precision
 from zoo.prepare import prepare
 from zoo.training.data import StepLoader, build_data
 from zoo.training.objectives import OBJECTIVE
 from zoo.training.runner import tf32_matmuls
-from zoo.training.sizing import prepare_run
 
 ROOT = Path(__file__).resolve().parents[2]
 GPT2_SMALL = 124_439_808  # GPT-2 small's parameters (tied head, 50,257 ids), as Hugging Face counts them
@@ -98,7 +98,7 @@ def test_gpt2_small_is_124m_on_a_prepared_corpus(corpus):
     # from the prepared corpus), counted on the meta device
     plain = OmegaConf.to_container(compose_cfg(["experiment=gpt2_small", f"data.path={corpus}", "trainer=cpu",
                                                 "data.eval_batches=1"]), resolve=True)
-    data, _ = prepare_run(plain)
+    data, _, _ = prepare_run(plain)
     m = plain["model"]
     assert (m["d_model"], m["n_layers"], m["n_heads"], m["ffn"]["name"], m["position"]["name"]) == \
         (768, 12, 12, "gelu_tanh", "learned")
@@ -188,7 +188,7 @@ def test_fsdp_composes_and_is_refused_on_cpu_in_one_line(corpus):
 ])
 def test_slurm_launcher_follows_num_nodes_and_devices(overrides, nodes, tasks):
     pytest.importorskip("hydra_plugins.hydra_submitit_launcher")
-    from zoo.schema import register
+    from zoo.config.schema import register
 
     register()
     with initialize_config_dir(config_dir=str(config_dir()), version_base="1.3"):

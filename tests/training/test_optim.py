@@ -217,7 +217,7 @@ BAD = [  # (overrides, the one-line error after "error: ")
 
 @pytest.mark.parametrize("overrides,error", BAD, ids=lambda x: " ".join(x) if isinstance(x, list) else "")
 def test_a_bad_option_is_one_line_before_data(overrides, error, tmp_path, capsys, monkeypatch):
-    import zoo.training.sizing as sizing
+    import zoo.config.sizing as sizing
 
     monkeypatch.setattr(sizing, "build_data", lambda *a, **k: pytest.fail("data was loaded before the refusal"))
     assert main(compose_cfg(TINY + overrides), tmp_path) == 2

@@ -130,7 +130,7 @@ def hydra_run(tmp_path):
 
 def prepared(overrides: list[str]) -> dict:
     """The run config as the run sizes it (checkpoint architecture, its tokenizer's vocabulary), data built."""
-    from zoo.training.sizing import prepare_run
+    from zoo.config.sizing import prepare_run
 
     plain = OmegaConf.to_container(compose_cfg(overrides), resolve=True)
     prepare_run(plain)

@@ -8,13 +8,13 @@ import torch
 
 from tests.helpers import compose_cfg
 from zoo.cli.common import config_dir
+from zoo.config.schema import KINDS
 from zoo.registry import REGISTRIES
-from zoo.schema import KINDS
 from zoo.training.cli import _options
 
 CONF = config_dir()
 
-# Every option of each architecture group: the registered parts (a part needs no conf/ file: zoo.schema makes its
+# Every option of each architecture group: the registered parts (a part needs no conf/ file: zoo.config.schema makes its
 # node) and the presets in conf/ (sliding_window; the norm group's pre_ln, post_rms, ...).
 GROUP_OPTIONS = [(group, option) for group in KINDS for option in _options(group, CONF)]
 

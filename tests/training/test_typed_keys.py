@@ -21,7 +21,7 @@ def _cases() -> list[tuple[list[str], str, str, str]]:
     from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf
 
-    from zoo.schema import register
+    from zoo.config.schema import register
 
     register()
     cases, seen = [], set()

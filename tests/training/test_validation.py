@@ -5,11 +5,11 @@ import pytest
 import torch
 from hydra.errors import ConfigCompositionException
 
+import zoo.config.sizing as sizing
 import zoo.training.runner as runner
-import zoo.training.sizing as sizing
 from tests.helpers import TINY, TINY_TASK, compose_cfg, lineages
+from zoo.config.schema import one_line
 from zoo.registry import POSITION
-from zoo.schema import one_line
 from zoo.training.runner import main
 
 NO_GPU = not torch.cuda.is_available()
@@ -102,7 +102,7 @@ def test_bad_value_is_one_line_exit_2_before_data(overrides, error, tmp_path, ca
     task = any(o.startswith("data=copy") for o in overrides)
     try:
         cfg = compose_cfg((TINY_TASK if task else TINY) + overrides)
-    except ConfigCompositionException as e:  # a wrongly typed value: refused as the config composes (zoo.schema)
+    except ConfigCompositionException as e:  # a wrongly typed value: refused as the config composes (zoo.config.schema)
         code, err = 2, f"error: {one_line(e)}"
     else:
         code = main(cfg, tmp_path)

@@ -158,7 +158,7 @@ def compose(overrides: list[str]) -> dict:
             cfg = hydra_compose("config", overrides=overrides)
         plain = OmegaConf.to_container(cfg, resolve=True)
     except Exception as e:  # hydra and omegaconf errors span many lines and types: keep the first line
-        from zoo.schema import one_line
+        from zoo.config.schema import one_line
 
         if typed := one_line(e):  # a wrongly typed value: its key, the value and the type
             raise ConfigError(typed) from None

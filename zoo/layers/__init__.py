@@ -1,5 +1,5 @@
 """Architecture components. Every module in this package is imported, so each registers its components:
-a new part is a new file here, with no list to edit and no config file (zoo.schema generates its node);
+a new part is a new file here, with no list to edit and no config file (zoo.config.schema generates its node);
 what it declares is its kind's protocol in zoo/component.py."""
 
 import importlib

@@ -8,7 +8,7 @@ from torch import nn
 from zoo.models.stack import Cache, Stack, context
 from zoo.models.vocab import output_head, token_embedding
 from zoo.registry import MODEL
-from zoo.schema import ModelSpec
+from zoo.spec import ModelSpec
 
 
 @MODEL.register("decoder_only")

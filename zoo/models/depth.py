@@ -38,7 +38,7 @@ from torch import nn
 
 from zoo.component import Context, is_number, need
 from zoo.registry import MODEL
-from zoo.schema import ModelSpec
+from zoo.spec import ModelSpec
 
 SHARE_BLOCKS = ("none", "all", "encoder", "decoder")
 

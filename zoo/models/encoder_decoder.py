@@ -12,7 +12,7 @@ from zoo.models import funnel
 from zoo.models.stack import Cache, Stack, context
 from zoo.models.vocab import output_head, token_embedding
 from zoo.registry import MODEL
-from zoo.schema import ModelSpec
+from zoo.spec import ModelSpec
 
 
 @MODEL.register("encoder_decoder")

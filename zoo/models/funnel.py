@@ -36,7 +36,7 @@ from torch import nn
 
 from zoo.component import declared, need
 from zoo.layers.position import Position
-from zoo.schema import ModelSpec
+from zoo.spec import ModelSpec
 
 
 def check(cfg: ModelSpec, n_layers: int, causal: bool, position: Position, attention: nn.Module) -> None:

@@ -15,7 +15,7 @@ from zoo.layers.attention import KVCache, attention_bias, cross_attention_mask
 from zoo.models import depth, funnel
 from zoo.mup import output_scale
 from zoo.registry import NORM, POSITION, RESIDUAL
-from zoo.schema import ModelSpec
+from zoo.spec import ModelSpec
 
 Cache = list[tuple[KVCache, ...]]  # per layer: (self-attention, cross-attention), or one per attention step
 
@@ -25,7 +25,7 @@ def context(cfg: ModelSpec, n_layers: int, causal: bool = False) -> Context:
     ctx = Context(d_model=cfg.d_model, n_heads=cfg.n_heads, max_seq_len=cfg.max_seq_len,
                   n_layers=n_layers, causal=causal, bias=cfg.bias, dropout=cfg.dropout, memory_tokens=cfg.memory_tokens,
                   residual_streams=cfg.residual_streams)
-    return replace(ctx, norm=partial(NORM.get(cfg.norm.type), ctx, cfg.norm.options))
+    return replace(ctx, norm=partial(NORM.get(cfg.norm.name), ctx, cfg.norm.options))
 
 
 class Stack(nn.Module):

@@ -40,7 +40,7 @@ from torch import nn
 from zoo.component import is_int, is_number, linear_flops, need
 from zoo.models.stack import Readout
 from zoo.registry import MODEL
-from zoo.schema import ModelSpec
+from zoo.spec import ModelSpec
 
 
 def check(cfg: ModelSpec) -> None:

@@ -14,6 +14,7 @@ An optimizer is a class registered under its name (one file each: adamw.py, muon
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -22,7 +23,7 @@ import torch
 
 from zoo.component import ConfigError, Options, check_options, is_int, is_number, option_fields
 from zoo.registry import OPTIM
-from zoo.schema import Part, component_defaults
+from zoo.spec import Part
 
 DEFAULT = "adamw"  # what a config without optim.name trains with (every run saved before the group existed)
 
@@ -79,7 +80,7 @@ def check(node: Mapping | None, run: Mapping) -> None:
     for key in node:
         if key != "name" and key not in fields:
             raise ConfigError(f"optim.{key}: not an option of '{name}'; valid: {', '.join(sorted(fields))}")
-    OPTIM.get(name).check({**component_defaults("optim", name), **node}, run)
+    OPTIM.get(name).check({**dataclasses.asdict(OPTIM.options(name)()), **node}, run)
     resolve(node)  # the types its ranges leave (true/false, one of a list of names)
 
 

@@ -33,14 +33,14 @@ def overrides(args: list[str]) -> list[str]:
 
 
 def _is_group(key: str, conf_dir: Path) -> bool:
-    from zoo.schema import KINDS
+    from zoo.config.schema import KINDS
 
     return "/" not in key and ((conf_dir / key).is_dir() or key in KINDS)
 
 
 def _options(group: str, conf_dir: Path) -> list[str]:
-    """A group's options: its preset files, and the components registered with no preset (zoo.schema)."""
-    from zoo.schema import generated_options, register
+    """A group's options: its preset files, and the components registered with no preset (zoo.config.schema)."""
+    from zoo.config.schema import generated_options, register
 
     register()
     files = {p.stem for p in (conf_dir / group).glob("*.yaml") if not p.stem.startswith("_")}
@@ -93,7 +93,7 @@ def help_text(args: list[str], conf_dir: Path, doc: str, command: str = "python 
 
 
 def _groups(conf_dir: Path) -> list[str]:
-    from zoo.schema import KINDS
+    from zoo.config.schema import KINDS
 
     dirs = {d.name for d in conf_dir.iterdir() if d.is_dir() and d.name != "hydra" and d.name[0] != "_"}
     return sorted(dirs | set(KINDS))
@@ -116,11 +116,11 @@ def _leaves(cfg, prefix: str = "") -> list[str]:
 def _compose_all(args: list[str], conf_dir: Path) -> tuple[list | None, str | None]:
     """(the primary config composed for each group choice given: the first of a sweep, then each other value
     of a swept group in turn; None when composition fails), and the one-line error of a preset's wrongly
-    typed value (zoo.schema.one_line), else None: Hydra then reports the failure itself."""
+    typed value (zoo.config.schema.one_line), else None: Hydra then reports the failure itself."""
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 
-    from zoo.schema import one_line, register
+    from zoo.config.schema import one_line, register
 
     groups = {}
     for arg in overrides(args):
@@ -189,7 +189,7 @@ def check_keys(args: list[str], conf_dir: Path) -> str | None:
 
 def _check_types(args: list[str], configs: list, conf_dir: Path) -> str | None:
     """One-line error for the first `key=value` whose value (any value of a sweep, `seed=0,x`) does not fit the
-    key's type in the schema (zoo.schema), e.g. `model.d_model: got 'abc'; valid: an integer`; else None."""
+    key's type in the schema (zoo.config.schema), e.g. `model.d_model: got 'abc'; valid: an integer`; else None."""
     import copy
 
     from hydra.core.override_parser.overrides_parser import OverridesParser
@@ -198,7 +198,7 @@ def _check_types(args: list[str], configs: list, conf_dir: Path) -> str | None:
     from omegaconf import AnyNode, BooleanNode, ListConfig, OmegaConf
     from omegaconf.errors import OmegaConfBaseException
 
-    from zoo.schema import one_line
+    from zoo.config.schema import one_line
     from zoo.training.safety import too_many_jobs
 
     try:
@@ -258,8 +258,8 @@ GROUP_KEYS = {"logger": lambda v: (f"logger.{v}", v), "data": lambda v: ("data.k
 
 def check_extras_given(args: list[str]) -> str | None:
     """_check_extras on the command line alone, before anything composes: composing may read the components'
-    options from the registries, which imports torch (zoo.schema.option_specs: the first command after an install,
-    or after an edit)."""
+    options from the registries, which imports torch (zoo.config.schema.option_specs: the first command after an
+    install, or after an edit)."""
     return _check_extras(args, [])
 
 

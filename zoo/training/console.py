@@ -16,8 +16,9 @@ from typing import Any
 import torch
 from lightning_utilities.core.rank_zero import rank_zero_only
 
+from zoo.config.schema import SampleConfig, ZooConfig
 from zoo.io import is_secondary_rank
-from zoo.schema import ModelSpec, SampleConfig, ZooConfig
+from zoo.spec import ModelSpec
 
 
 class _Console(logging.Handler):
@@ -87,7 +88,7 @@ def banner(cfg: ZooConfig, spec: ModelSpec, data: Any, trainer: Any, run_dir: Pa
     params = counts["total"]
     active = f" ({counts['active'] / 1e6:.2f}M active)" if counts["active"] != params else ""  # sparse: ffn=moe
     flops = flops_per_token(spec, cfg.data.get("context") or data.required_len())["train"]
-    parts = "/".join((spec.attention.name, spec.position.name, f"{spec.norm.placement}-{spec.norm.type}",
+    parts = "/".join((spec.attention.name, spec.position.name, f"{spec.norm.placement}-{spec.norm.name}",
                       spec.ffn.name))
     kind = trainer.strategy.root_device.type
     device = f"{trainer.num_devices}x {kind}"

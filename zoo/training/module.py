@@ -14,18 +14,21 @@ from lightning.pytorch.utilities import GradClipAlgorithmType
 
 from zoo.build import build_model, spec_of
 from zoo.component import aux_losses, clear_aux_losses
+from zoo.config.schema import ZooConfig, json_copy
 from zoo.registry import OPTIM
-from zoo.schema import ZooConfig, json_copy
+from zoo.spec import ModelSpec
 from zoo.training.objectives import OBJECTIVE
 
 
 class ZooModule(L.LightningModule):
-    def __init__(self, plain: dict):
-        """plain: the whole resolved run config as plain data (model.vocab_size filled in), as checkpoints keep it."""
+    def __init__(self, plain: dict, spec: ModelSpec | None = None, cfg: ZooConfig | None = None):
+        """plain: the whole resolved run config as plain data (model.vocab_size filled in), as checkpoints keep it;
+        spec and cfg: its model and the run read typed, where the caller has them (the run does), else read from
+        plain."""
         super().__init__()
         self.save_hyperparameters({"cfg": json_copy(plain)})  # plain data: checkpoints load with weights_only=True
-        self.cfg = ZooConfig.from_plain(plain)
-        self.model = build_model(self.cfg.model, seed=self.cfg.seed)
+        self.cfg = cfg if cfg is not None else ZooConfig.from_plain(plain)
+        self.model = build_model(spec if spec is not None else self.cfg.model, seed=self.cfg.seed)
         spec = spec_of(self.model)
         self.objective = OBJECTIVE.get(spec.name)(spec.vocab_size)
         self.step_fn = self.objective.loss

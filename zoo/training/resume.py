@@ -8,7 +8,7 @@ from pathlib import Path
 
 from zoo.build import ConfigError, flatten_config, resolve_config
 from zoo.cli.common import command
-from zoo.schema import default_of
+from zoo.config.schema import default_of
 from zoo.training.checkpoint import check_weights, read_checkpoint
 from zoo.training.validate import check_trainer
 

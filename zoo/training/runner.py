@@ -2,8 +2,8 @@
 
 This file wires the parts; each job has its own module: the run directory, its lock and overwrite
 (zoo.training.run_dir), resuming (zoo.training.resume), the config checked and the model sized from the data
-(zoo.training.sizing, zoo.budget), the record (zoo.training.summary) and the console (zoo.training.console).
-The config arrives as Hydra composed it; once checked and sized it is read typed (zoo.schema.ZooConfig), and
+(zoo.config.sizing, zoo.config.budget), the record (zoo.training.summary) and the console (zoo.training.console).
+The config arrives as Hydra composed it; once checked and sized it is read typed (zoo.config.schema.ZooConfig), and
 kept plain only where it is stored (config.yaml, checkpoints, the loggers' hyperparameters).
 """
 
@@ -21,11 +21,12 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import MissingMandatoryValue
 
-from zoo.build import ConfigError, spec_of
+from zoo.build import ConfigError
+from zoo.config.schema import ZooConfig
+from zoo.config.sizing import prepare_run
 from zoo.data.corpus import DataError
 from zoo.hardware import precision_choice
 from zoo.io import RunDirError, WriteError, atomic_write_text, is_write_failure, owned_path, write_failure
-from zoo.schema import ZooConfig
 from zoo.training import pretrained
 from zoo.training.callbacks import (
     BestMetrics,
@@ -62,7 +63,6 @@ from zoo.training.run_dir import (
     own,
     resume_command,
 )
-from zoo.training.sizing import prepare_run
 from zoo.training.summary import final_metric, summarize
 from zoo.training.summary import write_failure as write_failed_summary
 
@@ -93,7 +93,7 @@ def _run(composed: DictConfig, run_dir: Path, start: float, state: RunState) -> 
     plain = OmegaConf.to_container(composed, resolve=True)
     assert isinstance(plain, dict)  # a run config is a mapping (train.py composes one)
     overwrite, continuing = overwrite_choice(plain, run_dir, state)
-    data, budget = prepare_run(plain)  # raises ConfigError / DataError before any training
+    data, spec, budget = prepare_run(plain)  # raises ConfigError / DataError before any training
     if continuing:
         kept = finished_earlier(plain, run_dir, getattr(data, "fingerprint", None))
         if kept is not None:
@@ -115,8 +115,7 @@ def _run(composed: DictConfig, run_dir: Path, start: float, state: RunState) -> 
     atomic_write_text(owned_path(run_dir, "config.yaml"), OmegaConf.to_yaml(OmegaConf.create(plain)))
 
     L.seed_everything(cfg.seed, workers=True, verbose=False)
-    module = ZooModule(plain)
-    spec = spec_of(module.model)
+    module = ZooModule(plain, spec, cfg)
     if ckpt is None:  # a resume takes its weights from its checkpoint
         pretrained.init_weights(module.model, cfg.init_from)
     module.tokenizer_state = data.tokenizer.state_dict()

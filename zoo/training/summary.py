@@ -15,10 +15,11 @@ from typing import Any
 import torch
 
 from zoo.build import count_params, flops_per_token
+from zoo.config.schema import ZooConfig
 from zoo.hardware import instruction_set
 from zoo.io import RunDirError, atomic_write_json, owned_path, read_json
 from zoo.registry import MODEL
-from zoo.schema import ModelSpec, ZooConfig
+from zoo.spec import ModelSpec
 from zoo.training.data import bits_per_char
 from zoo.training.objectives import higher_is_better
 from zoo.training.run_dir import hydra_output_dir, overrides
@@ -76,7 +77,7 @@ class Summary:
 def summarize(cfg: ZooConfig, spec: ModelSpec, data: Any, trainer: Any, throughput: Any, best: Any, status: str,
               diverged_step: int | None, precision: dict, budget: dict | None, kernels: dict) -> Summary:
     """The record of a run that trained: cfg its typed config, spec its resolved model, budget what budget=...
-    resized (zoo.budget.match_params), kernels what zoo.kernels applied (zoo.kernels.kernel_record)."""
+    resized (zoo.config.budget.match_params), kernels what zoo.kernels applied (zoo.kernels.kernel_record)."""
     final = {k: v for k, v in best.final.items() if k != "step"}
     if "val_loss" in final and not data.is_task and MODEL.get(spec.name).next_token_lm:  # per-token LM loss only
         final["val_ppl"] = math.exp(final["val_loss"])
@@ -86,7 +87,7 @@ def summarize(cfg: ZooConfig, spec: ModelSpec, data: Any, trainer: Any, throughp
         diverged=status == "diverged",
         diverged_step=diverged_step,
         architecture={"lineage": spec.name, "attention": spec.attention.name, "position": spec.position.name,
-                      "norm": spec.norm.type, "placement": spec.norm.placement, "ffn": spec.ffn.name,
+                      "norm": spec.norm.name, "placement": spec.norm.placement, "ffn": spec.ffn.name,
                       "window": getattr(spec.attention.options, "window", None)},  # none: a convolution
         model=spec.as_dict(),
         optim=cfg.optim.as_dict(),

@@ -251,7 +251,7 @@ def check_memory(model_cfg: ModelInput, trainer: dict | None = None, training: b
                           "data.vocab_size)")
 
 
-# what a finished run keeps (zoo.schema.ZooConfig.checkpoints)
+# what a finished run keeps (zoo.config.schema.ZooConfig.checkpoints)
 KEEP_CHECKPOINTS = ("best_weights", "all", "last", "none")
 
 
@@ -272,7 +272,7 @@ def check_run(plain: dict) -> None:
     """Every value of a run config that the architecture check does not cover, in config order."""
     for section in ("model", "data", "trainer", "optim", "sample"):
         if not isinstance(plain.get(section), dict):
-            _fail(section, plain.get(section), f"a mapping of {section} settings (see zoo/schema.py)")
+            _fail(section, plain.get(section), f"a mapping of {section} settings (see zoo/config/schema.py)")
     check_seed(plain.get("seed"))
     for key in ("compile", "tf32"):
         if not isinstance(plain.get(key, False), bool):

@@ -1,15 +1,12 @@
 """The config's typed schema: every key's type and default, declared once.
 
-- `ModelConfig`: the model's numbers (zoo.build.DEFAULTS is made from it). A component's options are not
-  here: each component declares them in its own options dataclass (zoo/layers/*.py).
-- `ModelSpec`: what `zoo.build.resolve_config` makes of a `ModelConfig` (or a dict): every key set and
-  checked, frozen, each component a `Part` holding its name and an instance of its options dataclass. The
-  models, blocks and layers read its attributes (`cfg.attention.options.window`); `as_dict()` gives back the
-  plain form that config.yaml, summary.json and checkpoints store.
-- `ZooConfig`: the training config (optim, sample, the top-level keys). data, trainer and logger differ
-  from one preset to the next, so they stay mappings, checked by zoo.training.validate. A run reads it
-  typed (`ZooConfig.from_plain`) once its plain form has been checked and sized. `optim` is a component group
-  (zoo/optim/: the optimizer's name and its own options), read as a `Part`.
+- `ModelConfig`: the model section as Hydra composes it, made from zoo.spec.ModelSpec's fields (the one typed
+  description of a model; zoo.build.resolve_config makes a spec of it). A component's options are not here: each
+  component declares them in its own options dataclass (zoo/layers/*.py).
+- `ZooConfig`: what train.py composes (model, optim, sample, the top-level keys). data, trainer and logger differ
+  from one preset to the next, so they stay mappings here, checked by zoo.config.checks; zoo.config.plan reads
+  the checked, sized config into the typed RunPlan the run uses. `optim` is a component group (zoo/optim/: the
+  optimizer's name and its own options), read as a `Part`.
 - `register()` puts them in Hydra's ConfigStore: `zoo_schema` (the first entry of conf/config.yaml's
   defaults list) and, for every registered component and optimizer, a node `_zoo/<kind>/<name>` holding its
   name and its options with their dataclass defaults. A preset in conf/<kind>/ starts from that node and writes
@@ -31,180 +28,33 @@ import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from typing import Any
 
-from zoo.component import Options, freeze, is_int, is_number
-
-if TYPE_CHECKING:  # the components import torch; the schema must not (train.py composes without it)
-    from zoo.layers.attention import AttentionOptions
-    from zoo.layers.norm import NormOptions
+from zoo.component import Options
+from zoo.spec import COMPONENT_DEFAULTS, ModelSpec, Part
 
 
-@dataclass
-class ModelConfig:
-    """The model's numbers and its components (a name, then the component's own options)."""
-
-    name: str = "decoder_only"  # the lineage: decoder_only, encoder_only, encoder_decoder
-    vocab_size: int | None = None  # required; training sets it from the tokenizer
-    d_model: int = 128
-    n_layers: int = 4  # encoder layers for encoder_decoder
-    n_decoder_layers: int | None = None  # encoder_decoder only; null: n_layers
-    n_heads: int = 4
-    max_seq_len: int | None = 256  # training's default is null: the data's context (see ZooConfig.model)
-    dropout: float = 0.0
-    bias: bool = True  # biases in linear layers and LayerNorm
-    tie_embeddings: bool = True  # output head shares the token embedding matrix
-    scale_embeddings: bool = False  # multiply token embeddings by sqrt(d_model) (Vaswani et al.)
-    embed_norm: bool = False  # a norm right after the embeddings (BERT, BART)
-    init_std: float = 0.02
-    final_norm: bool | None = None  # a norm after each stack's last block; null: where the placement needs one
-    # standard, or mup: the maximal update parametrization (zoo/mup.py), whose best learning rate holds across
-    # widths; it equals standard at d_model = mup_base_d_model (the studies' width)
-    parametrization: str = "standard"
-    mup_base_d_model: int = 128
-    # The speedrun's parts (modded-nanogpt; docs/options.md): logits = c * tanh(logits / c) (Gemma 2), null: none;
-    logit_softcap: float | None = None
-    # extra token-embedding tables whose vectors are mixed into the values of each stack's first and last
-    # value_embeddings layers (table i: layer i and layer n - value_embeddings + i); 0: none
-    value_embeddings: int = 0
-    # value residual learning (ResFormer, Zhou et al. 2024): every layer's values mixed with its stack's first
-    # layer's, v = a * v + b * v1 (a = b = 0.5 at init)
-    value_residual: bool = False
-    # where the weights parts list in residual_outputs start: scaled (init_std / sqrt(2 * blocks)) or zero
-    residual_init: str = "scaled"
-    embed_skip: bool = False  # each block's input is a * x + b * x0 (x0: the stack's embedding output; a=1, b=0)
-    # learned tokens placed before each stack's sequence, dropped from its output (Burtsev et al. 2020; registers,
-    # Darcet et al. 2023); 0: none
-    memory_tokens: int = 0
-    # The embedding and the output head (zoo/models/vocab.py; docs/options.md): a mixture of this many softmaxes
-    softmaxes: int = 1
-    embed_dim: int | None = None  # factorized embeddings (ALBERT): a table this wide, then to d_model; null: none
-    tie_encoder_decoder: bool = True  # encoder_decoder: the encoder and the decoder read one token embedding
-    # adaptive input embeddings (Baevski and Auli 2019) and adaptive softmax (Grave et al. 2017): the vocabulary cut
-    # into clusters at adaptive_cutoffs (ids in order of frequency), cluster i of width d_model / adaptive_div^i
-    adaptive_input: bool = False
-    adaptive_softmax: bool = False
-    adaptive_cutoffs: list[int] | None = None
-    adaptive_div: float = 4.0
-    # each block's sequence of sublayers, a letter each: a self-attention (in a decoder that cross-attends, a
-    # cross-attention follows each), f FFN, h half-step FFN (x + f(x) / 2: macaron); one string for every block
-    # ("hah": macaron) or a list of one per block (["aa", "af", "af", "ff"]: the sandwich); null: "af"
-    sublayers: Any = None
-    # token shift (x-transformers' shift_tokens, from RWKV): each sublayer reads channel groups of the n tokens before
-    # (and, bidirectional, after) its own: n groups of shifts 0..n causal, -n..n bidirectional; 0: off
-    shift_tokens: int = 0
-    # hyper-connections' expansion rate (norm.placement hyper, hyper_dynamic; Zhu et al. 2024): residual streams
-    residual_streams: int = 4
-    # How each stack applies its blocks (zoo/models/depth.py; docs/options.md): one block for every layer of
-    # none, all, the encoder or the decoder stacks (ALBERT; Narang et al.'s block sharing)
-    share_blocks: str = "none"
-    # the Universal Transformer (Dehghani et al. 2019): the positions and a sinusoid of the step added before
-    # each layer; adaptive computation time (Graves 2016) over the layers, its halting threshold and ponder cost
-    step_signal: bool = False
-    act: bool = False
-    act_threshold: float = 0.99
-    ponder_cost: float = 0.01
-    # encoder_decoder: each decoder layer cross-attends to its own learned softmax mix of the encoder's embedding
-    # and every encoder layer's output (Bapna et al. 2018)
-    transparent_attention: bool = False
-    # the funnel encoder (Dai et al. 2020; zoo/models/funnel.py): the encoder's blocks in groups of these counts
-    # ([2, 2, 2]), the sequence mean-pooled by 2 before each later group; null: off. encoder_only up-samples the
-    # output back to full length and runs funnel_upsample_blocks full-length blocks after it (the paper's 2)
-    funnel: list[int] | None = None
-    funnel_upsample_blocks: int = 2
-    # The components: in a composed config, the node of the chosen preset (conf/<kind>/) replaces these.
-    attention: Any = field(default_factory=lambda: {"name": "mha"})
-    position: Any = field(default_factory=lambda: {"name": "learned"})
-    norm: Any = field(default_factory=lambda: {"placement": "pre", "type": "layernorm"})
-    ffn: Any = field(default_factory=lambda: {"name": "gelu"})
+def _model_node() -> type:
+    """The model's Hydra node, made from zoo.spec.ModelSpec's fields (the one place they are declared): each key
+    with its type and default, a component as its default node (any mapping: its options are its own); the keys a
+    spec requires (vocab_size) are null until set."""
+    hints = typing.get_type_hints(ModelSpec, localns={"AttentionOptions": Options, "NormOptions": Options})
+    fields: list[Any] = []
+    for f in dataclasses.fields(ModelSpec):
+        if f.name in COMPONENT_DEFAULTS:
+            fields.append((f.name, Any, field(default_factory=functools.partial(dict, COMPONENT_DEFAULTS[f.name]))))
+        elif f.default is dataclasses.MISSING:
+            fields.append((f.name, hints[f.name] | None, field(default=None)))
+        else:
+            kind = Any if hints[f.name] is Any else hints[f.name]
+            fields.append((f.name, kind if f.name != "max_seq_len" else int | None, field(default=f.default)))
+    node = dataclasses.make_dataclass("ModelConfig", fields)
+    node.__module__ = __name__
+    node.__doc__ = "The model section of a config as Hydra composes it: zoo.spec.ModelSpec's keys, plain."
+    return node
 
 
-Opts = TypeVar("Opts", bound=Options)  # a component's options dataclass
-
-
-@dataclass(frozen=True)
-class Part(Generic[Opts]):
-    """A resolved component: its registry name and its options (an instance of the dataclass it registered with)."""
-
-    name: str
-    options: Opts
-
-    def __post_init__(self) -> None:
-        freeze(self.options)
-
-    def as_dict(self) -> dict:
-        return {"name": self.name, **dataclasses.asdict(self.options)}
-
-
-@dataclass(frozen=True)
-class NormPart(Generic[Opts]):
-    """The resolved norm: its registry name is its `type`; `placement` names the residual wrapper around it."""
-
-    type: str
-    placement: str
-    options: Opts
-
-    def __post_init__(self) -> None:
-        freeze(self.options)
-
-    def as_dict(self) -> dict:
-        return {"type": self.type, "placement": self.placement, **dataclasses.asdict(self.options)}
-
-
-@dataclass(frozen=True)
-class ModelSpec:
-    """A resolved model config: ModelConfig's keys (tests/test_schema.py keeps the two alike), every one set and
-    checked, the components as Parts. Made by zoo.build.resolve_config; read by the models, blocks and layers."""
-
-    name: str
-    vocab_size: int
-    d_model: int
-    n_layers: int
-    n_decoder_layers: int | None
-    n_heads: int
-    max_seq_len: int
-    dropout: float
-    bias: bool
-    tie_embeddings: bool
-    scale_embeddings: bool
-    embed_norm: bool
-    init_std: float
-    final_norm: bool | None
-    parametrization: str
-    mup_base_d_model: int
-    logit_softcap: float | None
-    value_embeddings: int
-    value_residual: bool
-    residual_init: str
-    embed_skip: bool
-    memory_tokens: int
-    softmaxes: int
-    embed_dim: int | None
-    tie_encoder_decoder: bool
-    adaptive_input: bool
-    adaptive_softmax: bool
-    adaptive_cutoffs: list[int] | None
-    adaptive_div: float
-    sublayers: Any
-    shift_tokens: int
-    residual_streams: int
-    share_blocks: str
-    step_signal: bool
-    act: bool
-    act_threshold: float
-    ponder_cost: float
-    transparent_attention: bool
-    funnel: list[int] | None
-    funnel_upsample_blocks: int
-    attention: Part[AttentionOptions]
-    position: Part[Options]
-    norm: NormPart[NormOptions]
-    ffn: Part[Options]
-
-    def as_dict(self) -> dict:
-        """The plain form (what config.yaml, summary.json and checkpoints hold): resolve_config gives it back."""
-        return {f.name: value.as_dict() if isinstance(value, (Part, NormPart)) else value
-                for f in dataclasses.fields(self) for value in [getattr(self, f.name)]}
+ModelConfig = _model_node()
 
 
 @dataclass
@@ -216,29 +66,6 @@ class SampleConfig:
     temperature: float = 0.8  # 0: greedy
     top_k: int | None = 40
     top_p: float | None = None
-
-
-def sampling_error(max_new_tokens: Any = 0, temperature: Any = 1.0, top_k: Any = None, top_p: Any = None,
-                   num_samples: Any = 1, names: dict[str, str] | None = None) -> str | None:
-    """The first bad sampling setting as one line `<name>: got <value>; valid: <range>`, else None: the one check
-    of these values, made where they are used (zoo.generate's sample_next, generate) and, before anything
-    loads, by the CLI (zoo.sample) and the run's config (sample.*). `names` renames the settings
-    (sample.temperature in a config, --temperature on a command line)."""
-    def name(key: str) -> str:
-        return (names or {}).get(key, key)
-
-    checks = [  # (key, value, ok, valid)
-        ("max_new_tokens", max_new_tokens, is_int(max_new_tokens) and max_new_tokens >= 0, "an integer >= 0"),
-        # a negative temperature would invert the distribution: the least likely token first
-        ("temperature", temperature, is_number(temperature) and temperature >= 0, "a finite number >= 0 (0 = greedy)"),
-        ("top_k", top_k, top_k is None or (is_int(top_k) and top_k >= 1), "an integer >= 1, or none"),
-        ("top_p", top_p, top_p is None or (is_number(top_p) and 0 < top_p <= 1), "a number in (0, 1], or none"),
-        ("num_samples", num_samples, is_int(num_samples) and num_samples >= 1, "an integer >= 1"),
-    ]
-    for key, value, ok, valid in checks:
-        if not ok:
-            return f"{name(key)}: got {value!r}; valid: {valid}"
-    return None
 
 
 @dataclass
@@ -307,18 +134,13 @@ def _section(node: type, plain: Any) -> Any:
 
 def json_copy(value: Any) -> Any:
     """A deep copy of plain data with every ModelSpec and Part turned into its plain form."""
-    if isinstance(value, (ModelSpec, Part, NormPart)):
+    if isinstance(value, (ModelSpec, Part)):
         return value.as_dict()
     if isinstance(value, dict):
         return {k: json_copy(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
         return [json_copy(v) for v in value]
     return value
-
-
-def model_defaults() -> dict:
-    """ModelConfig's defaults as a plain dict: zoo.build.DEFAULTS."""
-    return dataclasses.asdict(ModelConfig())
 
 
 def default_of(key: str, missing: Any = None) -> Any:
@@ -533,5 +355,5 @@ def _describe(t: Any) -> str:
     if origin is list:
         return f"a list of {_describe(args[0]).removeprefix('a ').removeprefix('an ')}s" if args else "a list"
     if dataclasses.is_dataclass(t):
-        return f"a mapping of its settings (zoo/schema.py {getattr(t, '__name__', t)})"
+        return f"a mapping of its settings (zoo/config/schema.py {getattr(t, '__name__', t)})"
     return {int: "an integer", float: "a number", bool: "true or false", str: "a string"}.get(t, str(t))

@@ -1,26 +1,29 @@
 """A run's config checked, its data loaded and its model sized from them, before any training: the vocabulary and
-context from the data, d_ff from the budget (zoo.budget), trainer.max_steps from tokens_per_param. Works on the
+context from the data, d_ff from the budget (zoo.config.budget), trainer.max_steps from tokens_per_param. Works on the
 plain config as composed (any value may be wrong here: each is checked, in one line); the run reads it typed after.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any
 
-from zoo.budget import BUDGETS, match_params
-from zoo.build import ConfigError, count_params, resolve_config
+from zoo.build import ConfigError, checked, count_params, resolve_config
+from zoo.config.budget import BUDGETS, match_params
 from zoo.registry import MODEL, POSITION
-from zoo.schema import ModelSpec
+from zoo.spec import ModelSpec
 from zoo.training import pretrained
 from zoo.training.data import build_data
 from zoo.training.run_dir import overrides
 from zoo.training.validate import check_memory, check_run
 
 
-def prepare_run(plain: dict) -> tuple[Any, dict | None]:
+def prepare_run(plain: dict) -> tuple[Any, ModelSpec, dict | None]:
     """Validate the config, load data, then size the model from it (vocab, context) and the budget: (the data, the
-    budget's record or None). plain is the run config as composed; its model becomes the resolved one, plain."""
+    model's spec, the budget's record or None). plain is the run config as composed; its model becomes the
+    resolved one, plain. The model is resolved once, before the data loads; what the data and the budget size is
+    set on that spec (dataclasses.replace), never resolved again."""
     check_run(plain)
     init = pretrained.apply(plain, overrides())  # init_from: the checkpoint's architecture and tokenizer
     model_cfg = plain["model"]
@@ -42,15 +45,16 @@ def prepare_run(plain: dict) -> tuple[Any, dict | None]:
                           "length, which addition does not fix; use data=copy, reverse or sort, or "
                           "model=decoder_only / encoder_decoder")
     need = data.required_len()
-    if model_cfg.get("max_seq_len") is None:
-        model_cfg["max_seq_len"] = need
-    elif model_cfg["max_seq_len"] < need and POSITION.get(model_cfg["position"]["name"]).hard_limit:
-        raise ConfigError(f"model.max_seq_len: {model_cfg['max_seq_len']} learned positions cannot cover sequences "
+    max_seq_len = model_cfg.get("max_seq_len")
+    if max_seq_len is None:
+        max_seq_len = need
+    elif max_seq_len < need and POSITION.get(early.position.name).hard_limit:
+        raise ConfigError(f"model.max_seq_len: {max_seq_len} learned positions cannot cover sequences "
                           f"of {need} tokens (data.context or the task's longest test example); raise it or "
                           "leave it null")
-    model_cfg["vocab_size"] = data.tokenizer.vocab_size if init is None else \
+    vocab_size = data.tokenizer.vocab_size if init is None else \
         pretrained.vocab_size(init, data.tokenizer.vocab_size)
-    spec = resolve_config(model_cfg)
+    spec = checked(dataclasses.replace(early, vocab_size=vocab_size, max_seq_len=max_seq_len))
     if init is not None and spec.parametrization != "standard":
         raise ConfigError(f"model.parametrization: {spec.parametrization} rescales the outputs and "
                           "learning rates of weights trained in the standard parametrization; valid: standard "
@@ -66,7 +70,7 @@ def prepare_run(plain: dict) -> tuple[Any, dict | None]:
     if plain.get("tokens_per_param") is not None:
         apply_token_rule(plain, spec, data)
     check_memory(spec, trainer, optim=plain["optim"])
-    return data, record
+    return data, spec, record
 
 
 def apply_token_rule(plain: dict, spec: ModelSpec, data: Any) -> None:
