@@ -168,13 +168,13 @@ def init_from(directory: Path, text: Path) -> None:
     """What train.py init_from=hf:<dir> does before training: the run config (checkpoint checked before any
     data), the data, the model, the converted weights."""
     from zoo.build import build_model
-    from zoo.config.sizing import prepare_run
-    from zoo.training.pretrained import load_weights
+    from zoo.config.plan import plan
+    from zoo.training import pretrained, runner
 
     plain = OmegaConf.to_container(compose_cfg([f"init_from=hf:{directory}", "data=text_file", f"data.path={text}",
                                                 "data.context=32"]), resolve=True)
-    prepare_run(plain)
-    load_weights(build_model(plain["model"]), str(directory))
+    run_plan, _ = plan(plain, runner.build_data, pretrained)  # as the run makes it
+    pretrained.load_weights(build_model(run_plan.model), str(directory))
 
 
 ENTRY_POINTS = {
@@ -360,11 +360,11 @@ def test_each_crafted_directory_is_one_line_from_every_entry_point(pristine, tmp
 
 
 def test_a_damaged_checkpoint_stops_init_from_before_any_data(pristine, tmp_path, monkeypatch):
-    from zoo.training import sizing
+    from zoo.training import runner
 
     directory, outside = damaged_copy(pristine, "sharded", tmp_path)
     truncated(directory / SHARD, outside)
-    monkeypatch.setattr(sizing, "build_data", lambda *a: pytest.fail("data built before the error"))
+    monkeypatch.setattr(runner, "build_data", lambda *a: pytest.fail("data built before the error"))
     with pytest.raises(ConfigError, match=rf"^init_from: 'hf:{directory}': {directory / SHARD}: not a valid "):
         init_from(directory, pristine["text"])
 

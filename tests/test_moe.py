@@ -186,11 +186,15 @@ def test_aux_losses_sum_by_name_and_clear():
     assert aux_losses(model) == {}  # collected once: never added twice
 
 
-def _module(**ffn):
+def _module():
+    from omegaconf import OmegaConf
+
+    from zoo.config.plan import plan
+    from zoo.training.data import build_data
     from zoo.training.module import ZooModule
 
-    cfg = {"seed": 0, "model": resolve_config(tiny_cfg(ffn={**MOE, **ffn}))}
-    return ZooModule(cfg)
+    over = ["ffn=moe", *(f"model.ffn.{k}={v}" for k, v in MOE.items() if k != "name"), "model.n_layers=2"]
+    return ZooModule(plan(OmegaConf.to_container(compose_cfg(TINY + over), resolve=True), build_data)[0])
 
 
 @pytest.mark.filterwarnings("ignore:You are trying to `self.log")  # a step called without a Trainer

@@ -1,17 +1,25 @@
-"""A run resolves its model once: zoo.build.resolve_config makes the ModelSpec from the composed config, and
-everything after (the data's vocabulary and context, budget=params, muP's reference widths, the module the run
-trains) works on that spec, changed with dataclasses.replace, never resolved from a dict again."""
+"""The run's plan (zoo.config.plan): made once from the composed config, typed, sized and frozen, its plain form
+kept for where a run is stored. A run resolves its model once: zoo.build.resolve_config makes the ModelSpec from
+the composed config, and everything after (the data's vocabulary and context, budget=params, muP's reference
+widths, the module the run trains) works on that spec, changed with dataclasses.replace, never resolved again."""
 
+import dataclasses
 import sys
 
 import pytest
 from omegaconf import OmegaConf
 
 import zoo.build
-from tests.helpers import TINY, compose_cfg
-from zoo.config.sizing import prepare_run
+from tests.helpers import TINY, TINY_TASK, compose_cfg
+from zoo.config.data import TaskOptions, TextOptions
+from zoo.config.plan import RunPlan, plan
 from zoo.spec import ModelSpec
+from zoo.training.data import build_data
 from zoo.training.module import ZooModule
+
+
+def composed(overrides: list[str]) -> dict:
+    return OmegaConf.to_container(compose_cfg(overrides), resolve=True)
 
 
 @pytest.fixture
@@ -39,11 +47,43 @@ def resolutions(monkeypatch):
      "model.attention.n_kv_heads=1"],
 ], ids=["budget", "mup", "budget+mup"])
 def test_a_run_resolves_its_model_once(resolutions, overrides):
-    plain = OmegaConf.to_container(compose_cfg([*TINY, *overrides]), resolve=True)
-    data, spec, _ = prepare_run(plain)  # what zoo.training.runner does before training
-    module = ZooModule(plain, spec)
+    run_plan, data = plan(composed([*TINY, *overrides]), build_data)  # as zoo.training.runner makes it
+    module = ZooModule(run_plan)
     assert len(resolutions) == 1
+    spec = run_plan.model
     assert module.model.cfg is spec and spec.vocab_size == data.tokenizer.vocab_size
-    assert spec.max_seq_len == data.required_len() and plain["model"] == spec.as_dict()
+    assert spec.max_seq_len == data.required_len() and run_plan.as_dict()["model"] == spec.as_dict()
     if "budget=params" in overrides:
-        assert plain["budget"]["d_ff"] == spec.ffn.options.d_ff and plain["budget"]["kind"] == "params"
+        assert run_plan.budget is not None and run_plan.budget["kind"] == "params"
+        assert run_plan.budget["d_ff"] == spec.ffn.options.d_ff
+
+
+def test_the_plan_is_typed_sized_and_frozen_and_keeps_its_plain_form():
+    asked = composed([*TINY, "tokens_per_param=2", "evals_per_run=2", "optim.lr=0.01"])
+    before = OmegaConf.to_container(OmegaConf.create(asked))
+    run_plan, data = plan(asked, build_data)
+    assert asked == before  # the composed config is left as it was: the plan works on its own copy
+    assert isinstance(run_plan.data, TextOptions) and run_plan.data.context == 16 and run_plan.context == 16
+    assert run_plan.optim.name == "adamw" and run_plan.optim.options.lr == 0.01
+    assert run_plan.optim.options.warmup_steps == 100  # left out: its default
+    # tokens_per_param sized the steps, and evals_per_run the evaluations, in the typed and the plain form alike
+    steps = run_plan.trainer.max_steps
+    params = zoo.build.count_params(run_plan.model)["active"]
+    assert steps == -(-2 * params // (data.batch_size * 16)) and data.steps == steps
+    stored = run_plan.as_dict()
+    assert stored["trainer"]["max_steps"] == steps == run_plan.trainer.arguments["max_steps"]
+    assert run_plan.trainer.val_check_interval == stored["trainer"]["val_check_interval"] == steps // 2
+    assert stored["data"] == asked["data"] and stored["model"] == run_plan.model.as_dict()
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        run_plan.seed = 1  # type: ignore[misc]
+    stored["seed"] = 1  # as_dict is a copy
+    assert run_plan.as_dict()["seed"] == 0
+    resumed = run_plan.resuming("last")
+    assert resumed.ckpt_path == "last" == resumed.as_dict()["ckpt_path"] and run_plan.ckpt_path is None
+
+
+def test_a_task_plan_reads_its_kinds_options():
+    run_plan, data = plan(composed([*TINY_TASK, "data=copy"]), build_data)
+    assert isinstance(run_plan.data, TaskOptions) and run_plan.data.task == "copy" and run_plan.context is None
+    assert run_plan.data.eval_examples == 16 and data.is_task
+    assert isinstance(run_plan, RunPlan) and run_plan.model.max_seq_len == data.required_len()

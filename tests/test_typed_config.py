@@ -11,7 +11,7 @@ from omegaconf import OmegaConf
 
 from tests.helpers import tiny_cfg
 from zoo import build_model, count_params, resolve_config
-from zoo.config.schema import ModelConfig, ZooConfig
+from zoo.config.schema import ModelConfig
 from zoo.layers.attention import GQAOptions
 from zoo.layers.norm import NormOptions
 from zoo.spec import ModelSpec, Part
@@ -90,16 +90,3 @@ def test_build_model_takes_every_form_it_took_and_the_typed_ones(form):
              "ModelSpec": lambda: resolve_config(cfg)}[form]()
     assert build_model(given).cfg == resolve_config(cfg)
     assert count_params(given) == count_params(cfg)
-
-
-def test_a_run_config_reads_typed_and_keeps_its_plain_form():
-    plain = {"model": resolve_config(tiny_cfg()).as_dict(), "optim": {"lr": 0.01, "min_lr": 0.001},
-             "sample": {"max_new_tokens": 0}, "data": {"kind": "text", "context": 8}, "trainer": {"max_steps": 3},
-             "seed": 3, "budget": {"kind": "params", "d_ff": 40}, "hydra": {"ignored": True}}
-    cfg = ZooConfig.from_plain(plain)
-    assert cfg.optim.options.lr == 0.01 and cfg.optim.options.warmup_steps == 100  # a key left out: its default
-    assert cfg.optim.name == "adamw" and cfg.to_plain()["optim"]["name"] == "adamw"  # saved before the optim group
-    assert cfg.sample.max_new_tokens == 0 and cfg.seed == 3 and cfg.trainer["max_steps"] == 3
-    assert cfg.budget == "params"  # a sized run's config holds budget's record; the key is its kind
-    assert resolve_config(cfg.model) == resolve_config(plain["model"])
-    assert cfg.to_plain()["model"] == plain["model"] and "hydra" not in cfg.to_plain()

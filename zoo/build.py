@@ -194,7 +194,7 @@ def _parts(cfg: dict) -> dict[str, Any]:
         _check_name(registry, f"{key}.{name_key}", node[name_key])
         values = {k: v for k, v in node.items() if k != name_key and k not in skip}
         opts = check_options(key, node[name_key], registry.options(node[name_key]), values)
-        parts[key] = Part(node[name_key], opts, node["placement"] if key == "norm" else None)
+        parts[key] = Part(node[name_key], opts, node["placement"] if key == "norm" else "")
     return parts
 
 

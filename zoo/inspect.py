@@ -83,8 +83,8 @@ def data_vocab(data: dict) -> tuple[int, str]:
 def inspect_config(overrides: list[str]) -> dict:
     """Composed config, resolved model config and its counts: params, FLOPs per token, weight bytes."""
     from zoo.build import ConfigError, count_params, flops_per_token, resolve_config
+    from zoo.config.checks import check_data
     from zoo.data.corpus import DataError
-    from zoo.training.validate import check_data
 
     plain = compose(overrides)
     model, data = dict(plain["model"]), plain["data"]

@@ -35,14 +35,14 @@ class Part(Generic[Opts]):
 
     name: str
     options: Opts
-    placement: str | None = None  # the norm's only
+    placement: str = ""  # the norm's only: "" for every other part
 
     def __post_init__(self) -> None:
         freeze(self.options)
 
     def as_dict(self) -> dict[str, Any]:
         options = dataclasses.asdict(self.options)
-        if self.placement is None:
+        if not self.placement:
             return {"name": self.name, **options}
         return {"type": self.name, "placement": self.placement, **options}
 

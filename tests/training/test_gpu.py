@@ -17,7 +17,7 @@ from tests.helpers import compose_cfg, save_pretrained_tokenizer, write_corpus
 from zoo import count_params
 from zoo.build import ConfigError
 from zoo.cli.common import config_dir
-from zoo.config.sizing import prepare_run
+from zoo.config.plan import plan
 from zoo.hardware import adamw_implementation, resolve_precision
 from zoo.prepare import prepare
 from zoo.training.data import StepLoader, build_data
@@ -25,6 +25,12 @@ from zoo.training.objectives import OBJECTIVE
 from zoo.training.runner import tf32_matmuls
 
 ROOT = Path(__file__).resolve().parents[2]
+
+
+def _tiny_plan():
+    """A small run's plan, as the run makes it: context 16, d_model 32, one layer of two heads."""
+    over = ["model.d_model=32", "model.n_layers=1", "model.n_heads=2", "data.context=16", "data.eval_batches=1"]
+    return plan(OmegaConf.to_container(compose_cfg(over), resolve=True), build_data)[0]
 GPT2_SMALL = 124_439_808  # GPT-2 small's parameters (tied head, 50,257 ids), as Hugging Face counts them
 
 
@@ -83,7 +89,7 @@ def test_tf32_leaves_cpu_float32_alone():
     ("tf32=yes", "tf32: got 'yes'; valid: true or false"),
 ])
 def test_bad_gpu_settings_are_one_line(override, error):
-    from zoo.training.validate import check_run
+    from zoo.config.checks import check_run
 
     cfg = OmegaConf.to_container(compose_cfg([]), resolve=True)
     key, value = override.split("=")
@@ -98,8 +104,8 @@ def test_gpt2_small_is_124m_on_a_prepared_corpus(corpus):
     # from the prepared corpus), counted on the meta device
     plain = OmegaConf.to_container(compose_cfg(["experiment=gpt2_small", f"data.path={corpus}", "trainer=cpu",
                                                 "data.eval_batches=1"]), resolve=True)
-    data, _, _ = prepare_run(plain)
-    m = plain["model"]
+    run_plan, data = plan(plain, build_data)
+    m = run_plan.as_dict()["model"]
     assert (m["d_model"], m["n_layers"], m["n_heads"], m["ffn"]["name"], m["position"]["name"]) == \
         (768, 12, 12, "gelu_tanh", "learned")
     vocab = data.tokenizer.vocab_size
@@ -175,10 +181,10 @@ def test_fsdp_composes_and_is_refused_on_cpu_in_one_line(corpus):
         pytest.skip("this machine has a GPU")
     plain = OmegaConf.to_container(cfg, resolve=True)
     with pytest.raises(ConfigError, match="trainer.accelerator: 'gpu' but this machine has no CUDA GPU"):
-        prepare_run(plain)
+        plan(plain, build_data)
     plain["trainer"]["accelerator"] = "cpu"
     with pytest.raises(ConfigError, match="trainer: The strategy `fsdp` requires a GPU accelerator"):
-        prepare_run(plain)
+        plan(plain, build_data)
 
 
 @pytest.mark.parametrize("overrides,nodes,tasks", [
@@ -219,9 +225,7 @@ def test_fused_adamw_clips_true_gradients_under_mixed_precision(precision):
 
     from zoo.training.module import ZooModule
 
-    cfg = OmegaConf.to_container(compose_cfg([]), resolve=True)
-    cfg["model"].update(vocab_size=37, max_seq_len=16, d_model=32, n_layers=1, n_heads=2)
-    module, reference = ZooModule(cfg), ZooModule(cfg)
+    module, reference = ZooModule(_tiny_plan()), ZooModule(_tiny_plan())
     scaler = torch.amp.GradScaler("cpu", init_scale=1024.0) if precision == "16-mixed" else None
     module._trainer = SimpleNamespace(precision_plugin=MixedPrecision(precision, "cpu", scaler=scaler),
                                       strategy=SimpleNamespace(model=module))
@@ -253,9 +257,7 @@ def test_fsdp_clips_by_the_root_modules_norm():
 
     from zoo.training.module import ZooModule
 
-    cfg = OmegaConf.to_container(compose_cfg([]), resolve=True)
-    cfg["model"].update(vocab_size=37, max_seq_len=16, d_model=32, n_layers=1, n_heads=2)
-    module, calls = ZooModule(cfg), []
+    module, calls = ZooModule(_tiny_plan()), []
     root = SimpleNamespace(clip_grad_norm_=calls.append)  # what FullyShardedDataParallel offers
     module._trainer = SimpleNamespace(precision_plugin=FSDPPrecision("bf16-mixed"),
                                       strategy=SimpleNamespace(model=root))

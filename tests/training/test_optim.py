@@ -217,9 +217,9 @@ BAD = [  # (overrides, the one-line error after "error: ")
 
 @pytest.mark.parametrize("overrides,error", BAD, ids=lambda x: " ".join(x) if isinstance(x, list) else "")
 def test_a_bad_option_is_one_line_before_data(overrides, error, tmp_path, capsys, monkeypatch):
-    import zoo.config.sizing as sizing
+    import zoo.training.runner as runner
 
-    monkeypatch.setattr(sizing, "build_data", lambda *a, **k: pytest.fail("data was loaded before the refusal"))
+    monkeypatch.setattr(runner, "build_data", lambda *a, **k: pytest.fail("data was loaded before the refusal"))
     assert main(compose_cfg(TINY + overrides), tmp_path) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith(f"error: {error}") and "\n" not in err, err
@@ -335,7 +335,7 @@ def test_the_memory_estimate_follows_the_optimizer(tmp_path, capsys, monkeypatch
     muon = sum(p.numel() for _, p in OPTIM.get("muon").takes(model)["muon"])
     assert state_numbers(model, resolve({"name": "adamw"})) == 2 * params  # two moments
     assert state_numbers(model, resolve({"name": "muon"})) == muon + 2 * (params - muon)  # one momentum buffer
-    import zoo.training.validate as validate
+    import zoo.config.checks as validate
 
     big = TINY + ["model.d_model=1024", "model.n_heads=8", "model.n_layers=8"]  # ~100M parameters
     monkeypatch.setattr(validate, "available_memory", lambda trainer=None: (1, "available RAM"))

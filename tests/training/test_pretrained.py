@@ -130,11 +130,12 @@ def hydra_run(tmp_path):
 
 def prepared(overrides: list[str]) -> dict:
     """The run config as the run sizes it (checkpoint architecture, its tokenizer's vocabulary), data built."""
-    from zoo.config.sizing import prepare_run
+    from zoo.config.plan import plan
+    from zoo.training import pretrained
+    from zoo.training.data import build_data
 
-    plain = OmegaConf.to_container(compose_cfg(overrides), resolve=True)
-    prepare_run(plain)
-    return plain
+    run_plan, _ = plan(OmegaConf.to_container(compose_cfg(overrides), resolve=True), build_data, pretrained)
+    return run_plan.as_dict()
 
 
 def pretrained_model(checkpoints, family: str):
@@ -298,9 +299,9 @@ def test_bad_init_from_is_one_line_before_any_data(hydra_run, checkpoints, tmp_p
     neo = tmp_path / "neo"
     transformers.GPTNeoConfig(vocab_size=50, hidden_size=16, num_layers=1, num_heads=2,
                               attention_types=[[["global"], 1]]).save_pretrained(str(neo))
-    from zoo.training import sizing
+    from zoo.training import runner
 
-    monkeypatch.setattr(sizing, "build_data", lambda *a: pytest.fail("data built before the error"))
+    monkeypatch.setattr(runner, "build_data", lambda *a: pytest.fail("data built before the error"))
     over = [o.format(gpt2=checkpoints["gpt2"], neo=neo) for o in overrides]
     with pytest.raises(ConfigError, match=message):
         hydra_run(over if "data=copy" in over else [*data(checkpoints), *over])

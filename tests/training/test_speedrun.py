@@ -162,14 +162,14 @@ def test_the_gpu_preset_composes_and_learns_at_toy_size_on_cpu(train):
 def test_a_ladder_of_the_study_passes_its_checks_with_muon(variant, tmp_path, monkeypatch, capsys):
     """The ladders train under muP (conf/ladder/cpu3.yaml); study=speedrun's Muon variants (add_muon, full and every
     drop_<x> but drop_muon) climb them too, not refused: the run gets past every check of its config to its data."""
-    import zoo.config.sizing as sizing
+    import zoo.training.runner as runner
     from zoo.build import ConfigError
     from zoo.training.runner import main
 
     def reached(*args, **kwargs):
         raise ConfigError("the data, past every check")
 
-    monkeypatch.setattr(sizing, "build_data", reached)
+    monkeypatch.setattr(runner, "build_data", reached)
     cfg = compose_cfg(["study=speedrun", "ladder=cpu3", "size=cpu_s", f"speedrun={variant}"])
     assert cfg.model.parametrization == "mup" and cfg.optim.name == "muon"
     assert main(cfg, tmp_path) == 2

@@ -5,7 +5,6 @@ import pytest
 import torch
 from hydra.errors import ConfigCompositionException
 
-import zoo.config.sizing as sizing
 import zoo.training.runner as runner
 from tests.helpers import TINY, TINY_TASK, compose_cfg, lineages
 from zoo.config.schema import one_line
@@ -98,7 +97,7 @@ def test_bad_value_is_one_line_exit_2_before_data(overrides, error, tmp_path, ca
     def no_data(*a, **k):
         raise AssertionError("data was loaded before the bad value was refused")
 
-    monkeypatch.setattr(sizing, "build_data", no_data)
+    monkeypatch.setattr(runner, "build_data", no_data)
     task = any(o.startswith("data=copy") for o in overrides)
     try:
         cfg = compose_cfg((TINY_TASK if task else TINY) + overrides)
@@ -112,7 +111,7 @@ def test_bad_value_is_one_line_exit_2_before_data(overrides, error, tmp_path, ca
 
 
 def test_model_too_large_says_what_it_needs_and_what_there_is(tmp_path, capsys, monkeypatch):
-    import zoo.training.validate as validate
+    import zoo.config.checks as validate
 
     monkeypatch.setattr(validate, "available_memory", lambda trainer=None: (2**30, "available RAM"))
     cfg = compose_cfg(TINY + ["model.d_model=1024", "model.n_heads=8", "model.n_layers=8"])  # ~100M params
@@ -129,7 +128,7 @@ def test_model_too_large_says_what_it_needs_and_what_there_is(tmp_path, capsys, 
 ])
 def test_valid_values_pass_the_checks(overrides):
     from zoo.build import resolve_config
-    from zoo.training.validate import check_run
+    from zoo.config.checks import check_run
 
     plain = runner.OmegaConf.to_container(compose_cfg(TINY + overrides), resolve=True)
     check_run(plain)

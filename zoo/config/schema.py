@@ -75,10 +75,10 @@ class ZooConfig:
     # Training sizes the positions to the data's context unless max_seq_len is set.
     model: ModelConfig = field(default_factory=lambda: ModelConfig(max_seq_len=None))
     # The optimizer (conf/optim/, zoo/optim/): its name and options; in a composed config the chosen preset's node.
-    # Read typed (from_plain) as a Part whose options extend zoo.optim.OptimOptions: lr, min_lr, warmup_steps, ...
+    # Read typed (zoo.config.plan) as a Part whose options extend zoo.optim.OptimOptions: lr, min_lr, warmup_steps, ...
     optim: Any = field(default_factory=lambda: {"name": "adamw"})
     sample: SampleConfig = field(default_factory=SampleConfig)
-    data: Any = field(default_factory=dict)  # conf/data/: kinds differ (text, task, hf); zoo.training.validate
+    data: Any = field(default_factory=dict)  # conf/data/: kinds differ (text, task, hf): zoo/config/data.py
     trainer: Any = field(default_factory=dict)  # conf/trainer/: Lightning Trainer arguments
     logger: Any = field(default_factory=dict)  # conf/logger/: name -> a logger to instantiate
     seed: int = 0
@@ -102,34 +102,6 @@ class ZooConfig:
     # resume); all: both with the optimizer's state; last: last.ckpt as weights only, no best.ckpt; none: neither.
     checkpoints: str = "best_weights"
     evals_per_run: int | None = None  # with tokens_per_param: trainer.val_check_interval = max_steps / evals_per_run
-
-    @classmethod
-    def from_plain(cls, plain: Any) -> ZooConfig:
-        """A checked run config as plain data (a dict, as saved in config.yaml and checkpoints) -> typed. Keys the
-        schema does not declare (hydra's own, say) are left out; a missing one takes its default."""
-        from zoo.optim import resolve  # the optimizers import torch; the schema must not
-
-        plain = json_copy(plain)
-        sections = {"model": ModelConfig, "sample": SampleConfig}
-        values: dict[str, Any] = {}
-        for f in dataclasses.fields(cls):
-            if f.name not in plain:
-                continue
-            node = sections.get(f.name)
-            values[f.name] = _section(node, plain[f.name]) if node is not None else plain[f.name]
-        values["optim"] = resolve(plain.get("optim"))  # a config saved before the optim group: AdamW's
-        if isinstance(values.get("budget"), dict):  # a sized run's config keeps budget's record: its kind is the key
-            values["budget"] = values["budget"].get("kind")
-        return cls(**values)
-
-    def to_plain(self) -> dict:
-        """The plain form: what config.yaml and checkpoints hold."""
-        return json_copy(dataclasses.asdict(self))
-
-
-def _section(node: type, plain: Any) -> Any:
-    names = {f.name for f in dataclasses.fields(node)}
-    return node(**{k: v for k, v in plain.items() if k in names})
 
 
 def json_copy(value: Any) -> Any:

@@ -1,31 +1,45 @@
 """A run's config checked, its data loaded and its model sized from them, before any training: the vocabulary and
-context from the data, d_ff from the budget (zoo.config.budget), trainer.max_steps from tokens_per_param. Works on the
-plain config as composed (any value may be wrong here: each is checked, in one line); the run reads it typed after.
+context from the data, d_ff from the budget (zoo.config.budget), trainer.max_steps from tokens_per_param. Works on
+zoo.config.plan's own copy of the config as composed (any value may be wrong here: each is checked, in one line),
+which becomes the run's stored form; the plan then reads it typed.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
 
 from zoo.build import ConfigError, checked, count_params, resolve_config
 from zoo.config.budget import BUDGETS, match_params
+from zoo.config.checks import check_memory, check_run
+from zoo.config.data import DataOptions, data_options
 from zoo.registry import MODEL, POSITION
 from zoo.spec import ModelSpec
-from zoo.training import pretrained
-from zoo.training.data import build_data
-from zoo.training.run_dir import overrides
-from zoo.training.validate import check_memory, check_run
+
+# What loads the data a run trains on: its typed data section, the seed, the steps -> the data (a Lightning data
+# module: zoo.training.data.build_data, which the runner hands over; the config does not import training)
+LoadData = Callable[[DataOptions, int, int], Any]
 
 
-def prepare_run(plain: dict) -> tuple[Any, ModelSpec, dict | None]:
+class Pretrained(Protocol):
+    """init_from's config side (zoo.training.pretrained, which the runner hands over)."""
+
+    def apply(self, plain: dict[str, Any], overrides: list[str]) -> Any: ...
+
+    def vocab_size(self, init: Any, tokenizer_vocab: int) -> int: ...
+
+
+def size_run(plain: dict[str, Any], load_data: LoadData, pretrained: Pretrained | None = None,
+             overrides: Sequence[str] = ()) -> tuple[Any, ModelSpec, dict[str, Any] | None]:
     """Validate the config, load data, then size the model from it (vocab, context) and the budget: (the data, the
-    model's spec, the budget's record or None). plain is the run config as composed; its model becomes the
-    resolved one, plain. The model is resolved once, before the data loads; what the data and the budget size is
-    set on that spec (dataclasses.replace), never resolved again."""
+    model's spec, the budget's record or None). plain is the plan's copy of the run config as composed; it becomes
+    the stored form (its model the resolved one, plain). The model is resolved once, before the data loads; what
+    the data and the budget size is set on that spec (dataclasses.replace), never resolved again."""
     check_run(plain)
-    init = pretrained.apply(plain, overrides())  # init_from: the checkpoint's architecture and tokenizer
+    # init_from: the checkpoint's architecture and tokenizer
+    init = pretrained.apply(plain, list(overrides)) if pretrained is not None else None
     model_cfg = plain["model"]
     vocab = model_cfg.get("vocab_size") or 1 + max(model_cfg.get("adaptive_cutoffs") or [0])  # the cutoffs fit
     early = resolve_config({**model_cfg, "vocab_size": vocab,
@@ -39,7 +53,7 @@ def prepare_run(plain: dict) -> tuple[Any, ModelSpec, dict | None]:
     if threads is not None and (not isinstance(threads, int) or isinstance(threads, bool) or threads <= 0):
         raise ConfigError(f"threads: must be a positive integer or null (torch's default), got {threads!r}")
     steps = trainer["max_steps"] * trainer.get("accumulate_grad_batches", 1)
-    data: Any = build_data(plain["data"], plain["seed"], steps)
+    data: Any = load_data(data_options(plain["data"]), plain["seed"], steps)
     if data.is_task and not MODEL.get(model_cfg["name"]).generates and data.task.name == "addition":
         raise ConfigError("data.task: encoder_only fills the target positions in one pass and needs the target "
                           "length, which addition does not fix; use data=copy, reverse or sort, or "
@@ -52,7 +66,7 @@ def prepare_run(plain: dict) -> tuple[Any, ModelSpec, dict | None]:
         raise ConfigError(f"model.max_seq_len: {max_seq_len} learned positions cannot cover sequences "
                           f"of {need} tokens (data.context or the task's longest test example); raise it or "
                           "leave it null")
-    vocab_size = data.tokenizer.vocab_size if init is None else \
+    vocab_size = data.tokenizer.vocab_size if init is None or pretrained is None else \
         pretrained.vocab_size(init, data.tokenizer.vocab_size)
     spec = checked(dataclasses.replace(early, vocab_size=vocab_size, max_seq_len=max_seq_len))
     if init is not None and spec.parametrization != "standard":
@@ -73,7 +87,7 @@ def prepare_run(plain: dict) -> tuple[Any, ModelSpec, dict | None]:
     return data, spec, record
 
 
-def apply_token_rule(plain: dict, spec: ModelSpec, data: Any) -> None:
+def apply_token_rule(plain: dict[str, Any], spec: ModelSpec, data: Any) -> None:
     """tokens_per_param: trainer.max_steps from the model's size, so every rung of a ladder trains on the same
     number of tokens per parameter (and evals_per_run spaces the evaluations alike). Parameters are counted as
     the budget counts them: the active ones, where experts make them fewer than all."""

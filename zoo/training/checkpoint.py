@@ -60,7 +60,7 @@ def check_weights(state: Any, model_cfg: Any, path: str | Path) -> None:
     """Refuse a checkpoint whose weights do not fit the architecture its config names: a missing or extra
     weight, or one of the wrong shape, named in one line. Also refuses a config too large for memory. The
     expected shapes come from the model built on the meta device: nothing is allocated."""
-    from zoo.training.validate import check_memory
+    from zoo.config.checks import check_memory
 
     try:
         cfg = resolve_config(model_cfg)  # registry names only; unknown names fail with the valid list

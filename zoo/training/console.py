@@ -16,9 +16,9 @@ from typing import Any
 import torch
 from lightning_utilities.core.rank_zero import rank_zero_only
 
-from zoo.config.schema import SampleConfig, ZooConfig
+from zoo.config.plan import RunPlan
+from zoo.config.schema import SampleConfig
 from zoo.io import is_secondary_rank
-from zoo.spec import ModelSpec
 
 
 class _Console(logging.Handler):
@@ -79,27 +79,28 @@ def quiet_lightning() -> None:
     warnings.filterwarnings("ignore", message=".*does not have many workers.*")  # batches are built in-process
 
 
-def banner(cfg: ZooConfig, spec: ModelSpec, data: Any, trainer: Any, run_dir: Path, ckpt: str | None,
-           ckpt_step: int, precision: dict) -> str:
+def banner(plan: RunPlan, data: Any, trainer: Any, run_dir: Path, ckpt: str | None, ckpt_step: int,
+           precision: dict) -> str:
     """What is about to run, in two lines: the model, its cost per token, and where it runs and writes."""
     from zoo.build import count_params, flops_per_token
 
+    spec = plan.model
     counts = count_params(spec)
     params = counts["total"]
     active = f" ({counts['active'] / 1e6:.2f}M active)" if counts["active"] != params else ""  # sparse: ffn=moe
-    flops = flops_per_token(spec, cfg.data.get("context") or data.required_len())["train"]
+    flops = flops_per_token(spec, plan.context or data.required_len())["train"]
     parts = "/".join((spec.attention.name, spec.position.name, f"{spec.norm.placement}-{spec.norm.name}",
                       spec.ffn.name))
     kind = trainer.strategy.root_device.type
     device = f"{trainer.num_devices}x {kind}"
     n = torch.get_num_threads()
     threads = f", {n} thread{'s' * (n > 1)}" if kind == "cpu" else ""
-    if kind == "cuda" and cfg.tf32:
+    if kind == "cuda" and plan.tf32:
         threads = ", TF32 matmuls"
     resumed = f"; resuming from {ckpt} at step {ckpt_step}" if ckpt else ""  # step read once, when checked
     how = f" ({precision['requested']}: {precision['reason']})" if precision["requested"] != precision["used"] else ""
     return (f"{spec.name} ({parts}): {params / 1e6:.2f}M parameters{active}, {flops / 1e6:.1f} MFLOPs per token "
-            f"(training), {cfg.trainer['max_steps']} steps\nprecision {precision['used']}{how} on "
+            f"(training), {plan.trainer.max_steps} steps\nprecision {precision['used']}{how} on "
             f"{device}{threads}; run directory: {run_dir}{resumed}")
 
 

@@ -12,8 +12,9 @@ import hashlib
 import json
 import math
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import Any
 
 import lightning as L
 import numpy as np
@@ -21,6 +22,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from zoo.cli.common import command, needs
+from zoo.config.data import DataOptions, TaskOptions, TextOptions, TokensOptions, WindowOptions, data_options
 from zoo.data import corpus
 from zoo.data.corpus import DataError, cache_dir, load_default_corpus, read_text_file, split_text
 from zoo.data.tasks import TASK_ALPHABET, get_task, sequence_len, task_splits
@@ -107,16 +109,18 @@ class ZooData(L.LightningDataModule):
     is_task = False
     long_val_batches: list[dict] = []  # text data with data.long_context: validation at a longer length
 
-    def __init__(self, cfg: dict, seed: int, steps: int):
+    def __init__(self, cfg: DataOptions, seed: int, steps: int):
         super().__init__()
         self.cfg, self.seed, self.steps = cfg, seed, steps
-        self.batch_size = cfg["batch_size"]
-        sizes = [k for k in ("batch_size", "context") if k in cfg]
-        if cfg.get("long_context") is not None:  # optional: null turns it off
-            sizes.append("long_context")
-        for key in sizes:
-            if not isinstance(cfg[key], int) or isinstance(cfg[key], bool) or cfg[key] <= 0:
-                raise DataError(f"data.{key}: must be a positive integer, got {cfg[key]!r}")
+        self.batch_size = cfg.batch_size
+        sizes = {"batch_size": cfg.batch_size}
+        if isinstance(cfg, WindowOptions):
+            sizes["context"] = cfg.context
+            if cfg.long_context is not None:  # optional: null turns it off
+                sizes["long_context"] = cfg.long_context
+        for key, value in sizes.items():
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise DataError(f"data.{key}: must be a positive integer, got {value!r}")
         self.objective: Objective | None = None  # set by the training run once the model is known
 
     def required_len(self) -> int:
@@ -144,15 +148,15 @@ class WindowData(ZooData):
     val_tokens: TokenSplit
     tokens_per_char: float
 
-    def _make_val_windows(self, cfg: dict) -> None:
-        self.context = cfg["context"]
+    def _make_val_windows(self, cfg: WindowOptions) -> None:
+        self.context = cfg.context
         for split, tokens in (("train", self.train_tokens), ("validation", self.val_tokens)):
             if not tokens.fits(self.context):
                 raise DataError(f"data: the {split} split has {len(tokens)} tokens, too short for one window of "
                                 f"data.context={self.context} + 1; use more text or a smaller data.context")
         g = generator(VAL_SEED, "val", 0)
-        self.val_windows = [self._windows(self.val_tokens, g) for _ in range(cfg.get("eval_batches", 20))]
-        self.long_context = cfg.get("long_context")  # also evaluated at this length: extrapolation
+        self.val_windows = [self._windows(self.val_tokens, g) for _ in range(cfg.eval_batches)]
+        self.long_context = cfg.long_context  # also evaluated at this length: extrapolation
         self.long_val_windows = []
         if self.long_context is not None:
             if not self.val_tokens.fits(self.long_context):
@@ -160,7 +164,7 @@ class WindowData(ZooData):
                                 f"({len(self.val_tokens)} tokens)")
             g = generator(VAL_SEED, "val-long", 0)
             self.long_val_windows = [self._windows(self.val_tokens, g, self.long_context)
-                                     for _ in range(cfg.get("eval_batches", 20))]
+                                     for _ in range(cfg.eval_batches)]
 
     def required_len(self) -> int:
         return max(self.context, self.long_context or 0)
@@ -186,14 +190,14 @@ class WindowData(ZooData):
 class TextData(WindowData):
     """A text split 90/10 into train and validation, tokenized in memory (data.tokenizer)."""
 
-    def __init__(self, cfg: dict, seed: int, steps: int):
+    def __init__(self, cfg: TextOptions, seed: int, steps: int):
         super().__init__(cfg, seed, steps)
         text = self.read_text()
         self.fingerprint = data_fingerprint(self.source(), text.encode("utf-8", "surrogatepass"))
-        train, val = split_text(text, cfg.get("val_fraction", 0.1))
-        name = cfg.get("tokenizer", "char")
+        train, val = split_text(text, cfg.val_fraction)
+        name = cfg.tokenizer
         if name == "bpe":
-            self.tokenizer = cached_bpe(train, self._bpe_cache_path(), cfg.get("vocab_size", 1024))
+            self.tokenizer = cached_bpe(train, self._bpe_cache_path(), cfg.vocab_size)
         else:  # char fits the whole text (as nanoGPT does), so validation has no unseen characters
             self.tokenizer = build_tokenizer(name).fit(text)
         self.train_tokens = TokenSplit([np.array(self.tokenizer.encode(train), dtype=np.int64)])
@@ -202,15 +206,15 @@ class TextData(WindowData):
         self._make_val_windows(cfg)
 
     def read_text(self) -> str:
-        path = self.cfg.get("path")
+        path = self.cfg.path
         return load_default_corpus() if path is None else read_text_file(path)
 
     def source(self) -> str:
-        path = self.cfg.get("path")
+        path = self.cfg.path
         return "the embedded corpus" if path is None else f"data.path '{path}'"
 
     def _bpe_cache_path(self) -> Path:
-        path = self.cfg.get("path")
+        path = self.cfg.path
         if path is None:
             return cache_dir() / "shakespeare.bpe.json"
         return Path(path).with_suffix(Path(path).suffix + ".bpe.json")  # cached next to the data
@@ -225,31 +229,31 @@ class HFTextData(TextData):
         except ImportError:
             raise DataError(needs("datasets", "hf", "data=hf")) from None
         bound_network()  # the hub and datasets' retries: ZOO_NET_TIMEOUT_S, not forever
-        kw = {k: v for k, v in (self.cfg.get("load_kwargs") or {}).items()}
-        name, split = self.cfg["dataset"], self.cfg.get("split", "train")
+        kw = {k: v for k, v in (self.cfg.load_kwargs or {}).items()}
+        name, split = self.cfg.dataset, self.cfg.split
         info = datasets.load_dataset_builder(name, **kw).info.splits or {}  # sizes hub datasets declare
         self._refuse_if_big(getattr(info.get(split), "num_bytes", 0) or 0)  # before downloading anything
         ds = datasets.load_dataset(name, split=split, **kw)
         self._refuse_if_big(ds.data.nbytes)  # local files declare no size: the table, memory-mapped, not read
-        column = self.cfg.get("text_column", "text")
+        column = self.cfg.text_column
         if column not in ds.column_names:
             raise DataError(f"data.text_column: '{column}' not in the dataset; valid: {', '.join(ds.column_names)}")
         text = "\n".join(ds[column])
         if not text.strip():
-            raise DataError(f"data.dataset: '{self.cfg['dataset']}' has no text in column '{column}'")
+            raise DataError(f"data.dataset: '{self.cfg.dataset}' has no text in column '{column}'")
         return text
 
     def source(self) -> str:
-        return f"data.dataset '{self.cfg['dataset']}'"
+        return f"data.dataset '{self.cfg.dataset}'"
 
     def _refuse_if_big(self, size: int) -> None:
         if size > corpus.MAX_TEXT_BYTES:
-            files = (self.cfg.get("load_kwargs") or {}).get("data_files")
-            args = f"--dataset {self.cfg['dataset']}" + (f" --data-files {files}" if isinstance(files, str) else "")
-            raise DataError(corpus.too_big(f"data.dataset: '{self.cfg['dataset']}'", size, args))
+            files = (self.cfg.load_kwargs or {}).get("data_files")
+            args = f"--dataset {self.cfg.dataset}" + (f" --data-files {files}" if isinstance(files, str) else "")
+            raise DataError(corpus.too_big(f"data.dataset: '{self.cfg.dataset}'", size, args))
 
     def _bpe_cache_path(self) -> Path:
-        return cache_dir() / f"{self.cfg['dataset'].replace('/', '_')}.bpe.json"
+        return cache_dir() / f"{self.cfg.dataset.replace('/', '_')}.bpe.json"
 
 
 @DATA.register("tokens")
@@ -257,12 +261,12 @@ class TokenData(WindowData):
     """A corpus prepared once by `zoo prepare`: windows read from memory-mapped shards, so memory does not grow
     with the corpus; the tokenizer is rebuilt from the manifest (for the sample and bits per character)."""
 
-    def __init__(self, cfg: dict, seed: int, steps: int):
+    def __init__(self, cfg: TokensOptions, seed: int, steps: int):
         super().__init__(cfg, seed, steps)
-        path = cfg.get("path")
+        path = cfg.path
         if not isinstance(path, str) or not path:
             raise DataError(f"data.path: the directory {command('prepare')} wrote (data=tokens data.path=<dir>)")
-        verify = cfg.get("verify", "once")
+        verify = cfg.verify
         check_verify(verify)
         manifest = read_manifest(path)
         # the manifest names each shard's sha256 (checked by open_shards): its hash stands for the corpus
@@ -286,20 +290,20 @@ class TaskData(ZooData):
 
     is_task = True
 
-    def __init__(self, cfg: dict, seed: int, steps: int):
+    def __init__(self, cfg: TaskOptions, seed: int, steps: int):
         super().__init__(cfg, seed, steps)
-        self.task = get_task(cfg["task"])
+        self.task = get_task(cfg.task)
         self.tokenizer = build_tokenizer("char").fit(TASK_ALPHABET)
-        splits = task_splits(cfg["task"], cfg["n_train"], cfg["n_val"], cfg["n_test"],
-                             tuple(cfg["train_len"]), tuple(cfg["test_len"]), seed=cfg.get("seed", 0))
+        splits = task_splits(cfg.task, cfg.n_train, cfg.n_val, cfg.n_test,
+                             tuple(cfg.train_len), tuple(cfg.test_len), seed=cfg.seed)
         encode = self.tokenizer.encode
         self.splits = {k: [(encode(s), encode(t)) for s, t in v] for k, v in splits.items()}
         # the examples the task's settings generate: a change of the generator is a change of the data too
-        self.fingerprint = data_fingerprint(f"data.task '{cfg['task']}'", json.dumps(self.splits).encode())
+        self.fingerprint = data_fingerprint(f"data.task '{cfg.task}'", json.dumps(self.splits).encode())
         self.tokens_per_char = 1.0
 
     def required_len(self) -> int:
-        return sequence_len(self.task.name, self.cfg["test_len"][1])
+        return sequence_len(self.task.name, self.cfg.test_len[1])
 
     def train_batch(self, g):
         pairs = self.splits["train"]
@@ -312,11 +316,13 @@ class TaskData(ZooData):
         return [self.objective.task_batch(pairs[i:i + self.batch_size]) for i in range(0, len(pairs), self.batch_size)]
 
 
-def build_data(cfg: dict, seed: int, steps: int) -> ZooData:
-    kind = cfg.get("kind")
-    if kind not in DATA:
-        raise DataError(f"data.kind: unknown '{kind}'; valid: {', '.join(DATA.names())}")
-    return DATA.get(kind)(cfg, seed, steps)
+def build_data(cfg: DataOptions | Mapping[str, Any], seed: int, steps: int) -> ZooData:
+    """The data module of cfg's kind: cfg is the run plan's typed data section, or a plain one (a stored config's,
+    a tool's), read typed first (zoo.config.data.data_options)."""
+    options = cfg if isinstance(cfg, DataOptions) else data_options(cfg)
+    if options.kind not in DATA:
+        raise DataError(f"data.kind: unknown '{options.kind}'; valid: {', '.join(DATA.names())}")
+    return DATA.get(options.kind)(options, seed, steps)
 
 
 def bits_per_char(loss: float, tokens_per_char: float) -> float:

@@ -22,6 +22,7 @@ import fcntl
 import socket
 import sys
 import urllib.parse
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -40,18 +41,19 @@ KIND_TAG, MODEL_TRAINING = "mlflow.experimentKind", "custom_model_development"
 STORE_SCHEMES = ("sqlite", "http", "https", "postgresql", "mysql", "mssql", "databricks", "file", "")  # MLflow's
 
 
-def build_loggers(plain: dict, run_dir: Path) -> list:
-    """The Lightning loggers that `plain["logger"]` asks for, writing into `run_dir`."""
+def build_loggers(nodes: Mapping[str, Mapping[str, Any]], seed: int, run_dir: Path) -> list:
+    """The Lightning loggers the run's logger section asks for (name -> its `_target_` node: RunPlan.loggers),
+    writing into `run_dir`; seed: the run's (a dashboard names the run by it)."""
     loggers = []
-    for key, cfg in (plain.get("logger") or {}).items():
+    for key, cfg in nodes.items():
         target = str(cfg.get("_target_", ""))
         extra = {}
         if target.endswith(REMOTE):
             bound_network()
         if target.endswith("WandbLogger"):
-            extra = _wandb_naming(cfg, plain["seed"])
+            extra = _wandb_naming(cfg, seed)
         elif target.endswith("MLFlowLogger"):
-            extra = _mlflow_run(cfg, f"logger.{key}", plain["seed"])
+            extra = _mlflow_run(cfg, f"logger.{key}", seed)
         logger = instantiate_allowed(cfg, f"logger.{key}", save_dir=str(run_dir), **extra)
         if target.endswith(REMOTE):
             _start(logger, cfg, f"logger.{key}")

@@ -12,24 +12,22 @@ from lightning.pytorch.callbacks import Timer
 from lightning.pytorch.plugins.precision import Precision
 from lightning.pytorch.utilities import GradClipAlgorithmType
 
-from zoo.build import build_model, spec_of
+from zoo.build import build_model
 from zoo.component import aux_losses, clear_aux_losses
-from zoo.config.schema import ZooConfig, json_copy
+from zoo.config.data import TaskOptions
+from zoo.config.plan import RunPlan
 from zoo.registry import OPTIM
-from zoo.spec import ModelSpec
 from zoo.training.objectives import OBJECTIVE
 
 
 class ZooModule(L.LightningModule):
-    def __init__(self, plain: dict, spec: ModelSpec | None = None, cfg: ZooConfig | None = None):
-        """plain: the whole resolved run config as plain data (model.vocab_size filled in), as checkpoints keep it;
-        spec and cfg: its model and the run read typed, where the caller has them (the run does), else read from
-        plain."""
+    def __init__(self, plan: RunPlan):
+        """plan: the run (zoo.config.plan); checkpoints keep its plain form as their hyper_parameters."""
         super().__init__()
-        self.save_hyperparameters({"cfg": json_copy(plain)})  # plain data: checkpoints load with weights_only=True
-        self.cfg = cfg if cfg is not None else ZooConfig.from_plain(plain)
-        self.model = build_model(spec if spec is not None else self.cfg.model, seed=self.cfg.seed)
-        spec = spec_of(self.model)
+        self.save_hyperparameters({"cfg": plan.as_dict()})  # plain data: checkpoints load with weights_only=True
+        self.plan = plan
+        self.model = build_model(plan.model, seed=plan.seed)
+        spec = plan.model
         self.objective = OBJECTIVE.get(spec.name)(spec.vocab_size)
         self.step_fn = self.objective.loss
         self.tokenizer_state: dict = {}  # set by the run before fit
@@ -57,7 +55,7 @@ class ZooModule(L.LightningModule):
             self.trainer.fit_loop.epoch_loop._batches_that_stepped = self.trainer.global_step
 
     def setup(self, stage: str) -> None:
-        if self.cfg.compile and not hasattr(self, "_compiled"):
+        if self.plan.compile and not hasattr(self, "_compiled"):
             self._compiled = torch.compile(self.model)
             self.step_fn = lambda model, batch: self.objective.loss(self._compiled, batch)
 
@@ -85,8 +83,8 @@ class ZooModule(L.LightningModule):
                 losses = [self.objective.loss(self.model, self.transfer_batch_to_device(b, self.device, 0))[0]
                           for b in data.long_val_batches]
             self.log("val_loss_long", torch.stack(losses).mean())
-        if data is not None and data.is_task:
-            n = self.cfg.data.get("eval_examples", 256)
+        if data is not None and data.is_task and isinstance(self.plan.data, TaskOptions):
+            n = self.plan.data.eval_examples
             for split, key in (("val", "exact_match"), ("test", "exact_match_long")):
                 self.log(key, self.objective.exact_match(self.model, data.splits[split][:n]), prog_bar=True)
 
@@ -113,7 +111,7 @@ class ZooModule(L.LightningModule):
             Precision.clip_gradients(plugin, optimizer, gradient_clip_val, algorithm)
 
     def configure_optimizers(self):
-        optim = self.cfg.optim  # a Part: the optimizer's name and options (zoo/optim/)
+        optim = self.plan.optim  # a Part: the optimizer's name and options (zoo/optim/)
         opt = optim.options
         optimizer = OPTIM.get(optim.name).build(self.model, opt, next(self.model.parameters()).device,
                                                 self.trainer.precision)
@@ -121,7 +119,7 @@ class ZooModule(L.LightningModule):
         # With trainer.max_time, Lightning's Timer (which a resume restores): the decay follows the clock too
         timer = next((c for c in self.trainer.callbacks if isinstance(c, Timer)), None)
         schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(
-            opt.warmup_steps, self.cfg.trainer["max_steps"], opt.min_lr / opt.lr,
+            opt.warmup_steps, self.plan.trainer.max_steps, opt.min_lr / opt.lr,
             (lambda: time_spent(timer)) if timer is not None else lambda: 0.0))
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}
 

@@ -8,9 +8,9 @@ from pathlib import Path
 
 from zoo.build import ConfigError, flatten_config, resolve_config
 from zoo.cli.common import command
+from zoo.config.checks import check_trainer
 from zoo.config.schema import default_of
 from zoo.training.checkpoint import check_weights, read_checkpoint
-from zoo.training.validate import check_trainer
 
 # Keys a resume may change: where output goes and how it is shown, or how it is computed within rounding
 # (threads, kernels: a resume says what changed); never what is computed.

@@ -1,10 +1,11 @@
 """One training run: config -> data -> model -> Lightning fit -> evaluation, sample, summary.json.
 
 This file wires the parts; each job has its own module: the run directory, its lock and overwrite
-(zoo.training.run_dir), resuming (zoo.training.resume), the config checked and the model sized from the data
-(zoo.config.sizing, zoo.config.budget), the record (zoo.training.summary) and the console (zoo.training.console).
-The config arrives as Hydra composed it; once checked and sized it is read typed (zoo.config.schema.ZooConfig), and
-kept plain only where it is stored (config.yaml, checkpoints, the loggers' hyperparameters).
+(zoo.training.run_dir), resuming (zoo.training.resume), the run's plan (zoo.config.plan: the config checked, the
+data loaded, the model sized from it), the record (zoo.training.summary) and the console (zoo.training.console).
+The config arrives as Hydra composed it and is made into a RunPlan once; everything after reads that by attribute.
+Its plain form (run_plan.as_dict()) goes only where a run is stored or shown: config.yaml, checkpoints, the
+loggers' hyperparameters, the comparison with a stored run.
 """
 
 from __future__ import annotations
@@ -22,8 +23,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import MissingMandatoryValue
 
 from zoo.build import ConfigError
-from zoo.config.schema import ZooConfig
-from zoo.config.sizing import prepare_run
+from zoo.config.plan import plan
 from zoo.data.corpus import DataError
 from zoo.hardware import precision_choice
 from zoo.io import RunDirError, WriteError, atomic_write_text, is_write_failure, owned_path, write_failure
@@ -47,6 +47,7 @@ from zoo.training.checkpoint import (
 )
 from zoo.training.checkpoint_io import AtomicCheckpointIO
 from zoo.training.console import banner, quiet_lightning, say, say_sample, warn
+from zoo.training.data import build_data
 from zoo.training.kernels import KernelsUsed
 from zoo.training.kernels import check_state as check_kernels_state
 from zoo.training.loggers import build_loggers, finish_loggers, log_config
@@ -59,6 +60,7 @@ from zoo.training.run_dir import (
     finish_checkpoints,
     finished_earlier,
     hydra_output_dir,
+    overrides,
     overwrite_choice,
     own,
     resume_command,
@@ -90,34 +92,36 @@ def run(cfg: DictConfig, run_dir: str | Path | None = None) -> int:
 
 
 def _run(composed: DictConfig, run_dir: Path, start: float, state: RunState) -> int:
-    plain = OmegaConf.to_container(composed, resolve=True)
-    assert isinstance(plain, dict)  # a run config is a mapping (train.py composes one)
-    overwrite, continuing = overwrite_choice(plain, run_dir, state)
-    data, spec, budget = prepare_run(plain)  # raises ConfigError / DataError before any training
+    asked = OmegaConf.to_container(composed, resolve=True)
+    assert isinstance(asked, dict)  # a run config is a mapping (train.py composes one)
+    overwrite, continuing = overwrite_choice(asked, run_dir, state)
+    # checked and sized once, before any training (raises ConfigError / DataError): read by attribute from here on
+    run_plan, data = plan(asked, build_data, pretrained, overrides())
     if continuing:
-        kept = finished_earlier(plain, run_dir, getattr(data, "fingerprint", None))
+        kept = finished_earlier(run_plan.as_dict(), run_dir, getattr(data, "fingerprint", None))
         if kept is not None:
             say(f"kept: {run_dir} finished earlier ({kept}); not run again")
             return EXIT_DIVERGED if kept == "diverged" else EXIT_OK
         if (run_dir / "checkpoints" / "last.ckpt").is_file():
-            plain["ckpt_path"] = "last"  # interrupted or killed: resume from its last checkpoint
+            run_plan = run_plan.resuming("last")  # interrupted or killed: resume from its last checkpoint
         else:
             overwrite = True  # stopped before its first checkpoint: start it again
-    cfg = ZooConfig.from_plain(plain)  # checked and sized: read typed from here on
-    if cfg.threads:  # e.g. 1 per run when a parallel sweep runs one run per core
-        torch.set_num_threads(cfg.threads)
-    ckpt, ckpt_step, ckpt_precision = checkpoint_path(plain, run_dir, data)
-    precision = precision_choice(cfg.trainer, ckpt_precision)  # trainer.precision=auto, resolved once
+    if run_plan.threads:  # e.g. 1 per run when a parallel sweep runs one run per core
+        torch.set_num_threads(run_plan.threads)
+    stored = run_plan.as_dict()  # what config.yaml, the checkpoints and the dashboards keep
+    ckpt, ckpt_step, ckpt_precision = checkpoint_path(stored, run_dir, data)
+    trainer_args = run_plan.trainer.arguments
+    precision = precision_choice(trainer_args, ckpt_precision)  # trainer.precision=auto, resolved once
     if state.owner and ckpt is not None:
         check_resume_keeps_history(run_dir, ckpt_step)
     if state.owner:
-        clear_for(run_dir, overwrite, cfg.ckpt_path is None and bool(state.held_run), ckpt is not None)
-    atomic_write_text(owned_path(run_dir, "config.yaml"), OmegaConf.to_yaml(OmegaConf.create(plain)))
+        clear_for(run_dir, overwrite, run_plan.ckpt_path is None and bool(state.held_run), ckpt is not None)
+    atomic_write_text(owned_path(run_dir, "config.yaml"), OmegaConf.to_yaml(OmegaConf.create(stored)))
 
-    L.seed_everything(cfg.seed, workers=True, verbose=False)
-    module = ZooModule(plain, spec, cfg)
+    L.seed_everything(run_plan.seed, workers=True, verbose=False)
+    module = ZooModule(run_plan)
     if ckpt is None:  # a resume takes its weights from its checkpoint
-        pretrained.init_weights(module.model, cfg.init_from)
+        pretrained.init_weights(module.model, run_plan.init_from)
     module.tokenizer_state = data.tokenizer.state_dict()
     module.data_fingerprint = getattr(data, "fingerprint", None)
     data.objective = module.objective
@@ -129,9 +133,9 @@ def _run(composed: DictConfig, run_dir: Path, start: float, state: RunState) -> 
     checkpoints = L.pytorch.callbacks.ModelCheckpoint(
         dirpath=run_dir / "checkpoints", filename="best", monitor="val_loss", mode="min", save_last=True,
         save_top_k=1, auto_insert_metric_name=False, enable_version_counter=False)
-    loggers = build_loggers(plain, run_dir)
+    loggers = build_loggers(run_plan.loggers, run_plan.seed, run_dir)
     history = _keep_history(loggers, ckpt_step if ckpt is not None else None)
-    trainer_cfg = {**cfg.trainer, "precision": precision["used"]}
+    trainer_cfg = {**trainer_args, "precision": precision["used"]}
     trusted = {throughput.state_key: check_throughput_state, best.state_key: check_best_metrics_state,
                checkpoints.state_key: lambda saved: model_checkpoint_state(saved, checkpoints)}
     trainer = L.Trainer(
@@ -145,17 +149,17 @@ def _run(composed: DictConfig, run_dir: Path, start: float, state: RunState) -> 
     )
     # kernels (zoo.kernels, zoo/training/kernels.py): applied to the built model where the Trainer will run it,
     # before training's clock starts; named on the banner, in summary.json and in each checkpoint
-    kernels = KernelsUsed(module.model, cfg.kernels, trainer.strategy.root_device, precision["used"])
+    kernels = KernelsUsed(module.model, run_plan.kernels, trainer.strategy.root_device, precision["used"])
     trainer.callbacks.append(kernels)
     trusted[kernels.state_key] = check_kernels_state
-    log_config(loggers, plain)
-    say(banner(cfg, spec, data, trainer, run_dir, ckpt, ckpt_step, precision))
+    log_config(loggers, stored)
+    say(banner(run_plan, data, trainer, run_dir, ckpt, ckpt_step, precision))
     say(kernels.banner)  # the banner's third line
     status = "completed"
     state.training = True
     stop.attach(trainer)
     # a signal from here to the summary only asks the run to stop: it stops at the end of a step (GracefulStop)
-    with stop, tf32_matmuls(cfg.tf32 and trainer.strategy.root_device.type == "cuda"):
+    with stop, tf32_matmuls(run_plan.tf32 and trainer.strategy.root_device.type == "cuda"):
         trainer.fit(module, datamodule=data, ckpt_path=ckpt, weights_only=True)
         if trainer.interrupted or stop.stopped_at is not None:
             status = "interrupted"
@@ -165,12 +169,12 @@ def _run(composed: DictConfig, run_dir: Path, start: float, state: RunState) -> 
             trainer.validate(module, datamodule=data, verbose=False)  # the final evaluation
 
         history.settle(trainer.global_step)  # a resume's rows of the steps it redid replace the earlier ones
-        summary = summarize(cfg, spec, data, trainer, throughput, best, status, guard.step, precision, budget,
+        summary = summarize(run_plan, data, trainer, throughput, best, status, guard.step, precision,
                             kernels.record)
         if trainer.is_global_zero:
             summary.write(run_dir)
-            if status in ("completed", "diverged") and cfg.checkpoints != "all":
-                if problem := finish_checkpoints(run_dir, cfg.checkpoints):
+            if status in ("completed", "diverged") and run_plan.checkpoints != "all":
+                if problem := finish_checkpoints(run_dir, run_plan.checkpoints):
                     warn(problem)
     if trainer.is_global_zero:
         if stop.signal is not None and status == "completed":
@@ -180,8 +184,8 @@ def _run(composed: DictConfig, run_dir: Path, start: float, state: RunState) -> 
         say(summary.result_line(run_dir))
         if status == "interrupted":
             say(f"resume with: {resume_command(run_dir)}")
-        if status == "completed" and cfg.sample.max_new_tokens > 0:
-            say_sample(module.model, module.objective, data, cfg.sample)
+        if status == "completed" and run_plan.sample.max_new_tokens > 0:
+            say_sample(module.model, module.objective, data, run_plan.sample)
     return {"completed": EXIT_OK, "diverged": EXIT_DIVERGED}.get(status, EXIT_INTERRUPTED)
 
 

@@ -15,11 +15,10 @@ from typing import Any
 import torch
 
 from zoo.build import count_params, flops_per_token
-from zoo.config.schema import ZooConfig
+from zoo.config.plan import RunPlan
 from zoo.hardware import instruction_set
 from zoo.io import RunDirError, atomic_write_json, owned_path, read_json
 from zoo.registry import MODEL
-from zoo.spec import ModelSpec
 from zoo.training.data import bits_per_char
 from zoo.training.objectives import higher_is_better
 from zoo.training.run_dir import hydra_output_dir, overrides
@@ -74,10 +73,11 @@ class Summary:
                 f"tok/s); {final}\nrun directory: {run_dir}")
 
 
-def summarize(cfg: ZooConfig, spec: ModelSpec, data: Any, trainer: Any, throughput: Any, best: Any, status: str,
-              diverged_step: int | None, precision: dict, budget: dict | None, kernels: dict) -> Summary:
-    """The record of a run that trained: cfg its typed config, spec its resolved model, budget what budget=...
-    resized (zoo.config.budget.match_params), kernels what zoo.kernels applied (zoo.kernels.kernel_record)."""
+def summarize(plan: RunPlan, data: Any, trainer: Any, throughput: Any, best: Any, status: str,
+              diverged_step: int | None, precision: dict, kernels: dict) -> Summary:
+    """The record of a run that trained: plan its config (the budget's record: what budget=... resized,
+    zoo.config.budget.match_params), kernels what zoo.kernels applied (zoo.kernels.kernel_record)."""
+    spec = plan.model
     final = {k: v for k, v in best.final.items() if k != "step"}
     if "val_loss" in final and not data.is_task and MODEL.get(spec.name).next_token_lm:  # per-token LM loss only
         final["val_ppl"] = math.exp(final["val_loss"])
@@ -90,13 +90,13 @@ def summarize(cfg: ZooConfig, spec: ModelSpec, data: Any, trainer: Any, throughp
                       "norm": spec.norm.name, "placement": spec.norm.placement, "ffn": spec.ffn.name,
                       "window": getattr(spec.attention.options, "window", None)},  # none: a convolution
         model=spec.as_dict(),
-        optim=cfg.optim.as_dict(),
-        data=dict(cfg.data),
+        optim=plan.optim.as_dict(),
+        data=plan.as_dict()["data"],
         data_fingerprint=getattr(data, "fingerprint", None),
-        seed=cfg.seed,
+        seed=plan.seed,
         precision=precision,
         params=count_params(spec),
-        flops_per_token=flops_per_token(spec, cfg.data.get("context") or data.required_len()),
+        flops_per_token=flops_per_token(spec, plan.context or data.required_len()),
         steps=trainer.global_step,
         tokens_seen=throughput.tokens,
         wall_time_s=throughput.wall_time,
@@ -109,7 +109,7 @@ def summarize(cfg: ZooConfig, spec: ModelSpec, data: Any, trainer: Any, throughp
         best=best.best,
         directions={k: d for k, d in best.directions.items() if k in final or k in best.best},
         history=best.history,
-        budget=budget,
+        budget=dict(plan.budget) if plan.budget is not None else None,
         overrides=overrides(),
         torch=torch.__version__,
         load={"loadavg": list(os.getloadavg()), "cpu_count": os.cpu_count()},
