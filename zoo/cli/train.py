@@ -85,6 +85,13 @@ def check_arguments(args: list[str]) -> str | None:
         or check_run_dir_free(args) or check_output_dirs(args)
 
 
+def preflight(args: list[str]) -> str | None:
+    """Every check before Hydra starts, torch not loaded (tests/test_preflight.py): the command line's mistakes,
+    then a class the config names that is not allowed, before Hydra instantiates hydra.callbacks, the launcher or
+    the sweeper. The first problem as one line, else None."""
+    return check_arguments(args) or check_argv(args, __file__, config_search_path())
+
+
 def run_hydra(args: list[str]) -> None:
     """Hydra's main on these arguments, as @hydra.main runs it on sys.argv. The arguments are passed rather than
     read from sys.argv, which stays as the user typed it (`zoo train ...`): a process Lightning starts for
@@ -111,9 +118,7 @@ def main(argv: list[str] | None = None, command: str = "zoo train", doc: str = _
             if text := help_text(args, config_dir(), doc, command):
                 print(text)
                 return EXIT_OK
-        # then a class the config names that is not allowed, before Hydra instantiates hydra.callbacks, the
-        # launcher or the sweeper
-        error = check_arguments(args) or check_argv(args, __file__, config_search_path())
+        error = preflight(args)
     except ConfigError as e:  # no configs at all
         error = str(e)
     if error:

@@ -262,21 +262,28 @@ def component_node(kind: str, name: str, rows: list) -> type:
 
 def register(conf_dir: Path | None = None) -> None:
     """Put the schema and every component's node in Hydra's ConfigStore; call before composing. `conf_dir`: the
-    configs' folder (default zoo.cli.common.config_dir: the clone's conf/, else the wheel's)."""
+    configs' folder (default zoo.cli.common.config_dir: the clone's conf/, else the wheel's). Stored once per
+    process and folder while the registered options stay the same (`--help` asks once per group)."""
     from hydra.core.config_store import ConfigStore
 
     from zoo.cli.common import config_dir
 
     conf_dir = config_dir() if conf_dir is None else conf_dir
-
+    specs = option_specs()
+    if _REGISTERED.get(conf_dir) == specs:
+        return
     cs = ConfigStore.instance()
     cs.store(name="zoo_schema", node=ZooConfig)
-    for kind, components in option_specs().items():
+    for kind, components in specs.items():
         for name, rows in components.items():
             node = component_node(kind, name, rows)
             cs.store(group=f"{BASE}/{kind}", name=name, node=node)
             if kind != "norm" and not (conf_dir / kind / f"{name}.yaml").exists():
                 cs.store(group=kind, name=name, node=node, package=package(kind))
+    _REGISTERED[conf_dir] = copy.deepcopy(specs)
+
+
+_REGISTERED: dict[Path, Any] = {}  # conf_dir -> the options register() stored for it
 
 
 def package(kind: str) -> str:

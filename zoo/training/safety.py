@@ -12,6 +12,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from zoo.component import ConfigError  # torch-free: train.py's checks run before torch loads
+
 # Exact dotted paths, no prefixes: a prefix such as "zoo." also admits whatever a zoo module imports
 # (zoo.report.np.savez writes files). To allow another class, add its full path to the right group below.
 ALLOWED_TARGETS: tuple[str, ...] = (
@@ -63,8 +65,6 @@ LOGGING_SECTIONS = ("hydra.job_logging", "hydra.hydra_logging")
 
 
 def check_target(target: Any, key: str = "_target_") -> None:
-    from zoo.build import ConfigError  # imported here: train.py's --help must not wait for torch
-
     if not isinstance(target, str) or target not in ALLOWED_TARGETS:
         raise ConfigError(f"{key}: '{target}' is not allowed; valid: a class listed in zoo.training.safety."
                           "ALLOWED_TARGETS (Lightning loggers and callbacks, Hydra launchers and sweepers, "
@@ -73,8 +73,6 @@ def check_target(target: Any, key: str = "_target_") -> None:
 
 def check_targets(node: Any, path: str = "") -> None:
     """Raise ConfigError at the first `_target_` (anywhere in `node`) or logging class that is not allowed."""
-    from zoo.build import ConfigError
-
     logging_section = path.startswith(LOGGING_SECTIONS)
     if isinstance(node, dict):
         for k, v in node.items():
@@ -121,8 +119,6 @@ def check_argv(argv: list[str], app_file: str, config_path: str = "conf", config
     from hydra.types import RunMode
     from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
-
-    from zoo.build import ConfigError
 
     try:
         args = get_args_parser().parse_args(argv)
@@ -236,7 +232,6 @@ def check_search(sweeper: dict, parsed: list) -> str | None:
 def _check_report_callbacks(callbacks: dict) -> None:
     """The report callback's own arguments, checked before Hydra creates it (imported here: it loads the report's
     statistics, which a single run without callbacks need not wait for)."""
-    from zoo.build import ConfigError
     from zoo.report.callback import check_callbacks
     from zoo.report.runs import ReportError
 

@@ -1,0 +1,47 @@
+"""The checks before Hydra starts (zoo.cli.train.preflight) answer without torch: a good command passes them and a
+bad one is refused in one line, and neither imports torch (nor Lightning)."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+CODE = """
+import sys
+from zoo.cli.train import preflight
+print(repr(preflight(sys.argv[1:])))
+print(sorted(m for m in ("torch", "lightning") if m in sys.modules))
+"""
+
+
+def _python(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True, timeout=600,
+                          env={**__import__("os").environ, "PYTHONPATH": str(ROOT)})
+
+
+@pytest.fixture(scope="module")
+def warm_options():
+    """The components' options read once from the registries (importing torch), as the first command after an
+    edit does, and kept (zoo.config.schema.option_specs): every later command reads that copy."""
+    assert _python("-c", "from zoo.config.schema import option_specs; option_specs()").returncode == 0
+
+
+@pytest.mark.parametrize("args,error", [
+    (["trainer.max_steps=3", "model.attention.n_kv_heads=2", "attention=gqa"], None),
+    (["-m", "ffn=gelu,swiglu", "seed=0,1"], None),
+    (["model.d_modl=3"], "model.d_modl: unknown key (did you mean model.d_model?)"),
+    (["trainer.max_steps=abc"], "trainer.max_steps: got 'abc'; valid: an integer"),
+    (["hydra.callbacks.x._target_=os.system"], "hydra.callbacks.x._target_: 'os.system' is not allowed"),
+], ids=["good", "sweep", "bad-key", "bad-type", "bad-target"])
+def test_the_preflight_answers_without_torch(warm_options, args, error):
+    proc = _python("-c", CODE, *args)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    answer, loaded = proc.stdout.splitlines()[-2:]
+    assert loaded == "[]", proc.stdout
+    if error is None:
+        assert answer == "None"
+    else:
+        assert answer.startswith(repr(error)[:-1]) and "\\n" not in answer, answer
