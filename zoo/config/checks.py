@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from typing import Any, NoReturn
 
-from zoo.build import ConfigError, ModelInput, is_int, is_number
+from zoo.build import ModelInput
+from zoo.component import ConfigError, is_int, is_number
 from zoo.hardware import AUTO, resolve_precision
 from zoo.hardware import on_gpu as _on_gpu
 from zoo.io import first_line
@@ -41,7 +42,7 @@ def check_seed(v: Any) -> None:
         _fail("seed", v, "an integer in [0, 2^32)")
 
 
-def check_optim(plain: dict) -> None:
+def check_optim(plain: dict[str, Any]) -> None:
     """The optimizer (optim=<name>, zoo/optim/): its options, and the run settings it cannot train with."""
     from zoo.optim import check
 
@@ -59,7 +60,7 @@ RUN_SETS = ("logger", "callbacks", "plugins", "num_sanity_val_steps", "enable_mo
             "check_val_every_n_epoch", "use_distributed_sampler")
 
 
-def check_trainer(trainer: dict) -> None:
+def check_trainer(trainer: dict[str, Any]) -> None:
     import inspect
 
     import lightning as L
@@ -115,7 +116,7 @@ def check_trainer(trainer: dict) -> None:
         _fail("trainer.gradient_clip_val", clip, "a finite number >= 0, or null")
 
 
-def check_trainer_accepts(trainer: dict) -> None:
+def check_trainer_accepts(trainer: dict[str, Any]) -> None:
     """Let Lightning judge the remaining Trainer arguments (max_epochs, limit_val_batches, ...): build a
     Trainer from them, which allocates nothing and launches no process, so its error is one line now
     instead of a traceback after the model is built."""
@@ -160,7 +161,7 @@ def _check_devices(devices: Any, available: int | None, on_gpu: bool) -> None:
         _fail("trainer.devices", devices, valid)
 
 
-def check_data(data: dict) -> None:
+def check_data(data: dict[str, Any]) -> None:
     kind = data.get("kind")
     if data.get("path") is not None and not isinstance(data["path"], str):
         _fail("data.path", data["path"], "a file path, or null for the embedded corpus")
@@ -186,9 +187,9 @@ def check_data(data: dict) -> None:
         _int_at_least("data.vocab_size", data.get("vocab_size"), BPETokenizer.MIN_VOCAB)  # specials + 256 bytes
 
 
-def check_sample(sample: dict) -> None:
+def check_sample(sample: dict[str, Any]) -> None:
     """The config's sample.* keys: what the run prints after training."""
-    from zoo.generate import sampling_error
+    from zoo.spec import sampling_error
 
     if not isinstance(sample.get("prompt", ""), str):
         _fail("sample.prompt", sample.get("prompt"), "text")
@@ -198,7 +199,7 @@ def check_sample(sample: dict) -> None:
         raise ConfigError(error)
 
 
-def available_memory(trainer: dict | None = None) -> tuple[int, str]:
+def available_memory(trainer: dict[str, Any] | None = None) -> tuple[int, str]:
     """(bytes free, where): the smallest free memory of the GPUs a run would use, else MemAvailable."""
     if trainer is not None and _on_gpu(trainer) and _cuda_count() > 0:
         import torch
@@ -226,8 +227,8 @@ def _gib(n: float) -> str:
     return f"{n / 2**30:.1f} GiB"
 
 
-def check_memory(model_cfg: ModelInput, trainer: dict | None = None, training: bool = True, key: str = "model",
-                 optim: dict | None = None) -> None:
+def check_memory(model_cfg: ModelInput, trainer: dict[str, Any] | None = None, training: bool = True,
+                 key: str = "model", optim: dict[str, Any] | None = None) -> None:
     """Refuse a model whose weights (and, to train, gradients and the state of `optim`, the run's optim section:
     AdamW's two moments, Muon's one momentum buffer for the matrices it takes) cannot fit in memory, from the
     parameters alone, before anything is allocated. Activations come on top."""
@@ -261,14 +262,14 @@ def check_token_rule(tokens_per_param: Any, evals_per_run: Any) -> None:
     _optional_int_at_least("evals_per_run", evals_per_run, 1)
 
 
-def check_kernels(policy) -> None:
+def check_kernels(policy: Any) -> None:
     """kernels: auto, none or a list of registered kernel names (zoo.kernels), before any data is read."""
     from zoo.kernels import check_policy  # imports the kernels and the components they serve
 
     check_policy(policy)
 
 
-def check_run(plain: dict) -> None:
+def check_run(plain: dict[str, Any]) -> None:
     """Every value of a run config that the architecture check does not cover, in config order."""
     for section in ("model", "data", "trainer", "optim", "sample"):
         if not isinstance(plain.get(section), dict):

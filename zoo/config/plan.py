@@ -77,7 +77,8 @@ class RunPlan:
 
     def as_dict(self) -> dict[str, Any]:
         """The plain form (a copy): what config.yaml, checkpoints and dashboards hold."""
-        return json_copy(self.stored)  # type: ignore[no-any-return]
+        plain: dict[str, Any] = json_copy(self.stored)
+        return plain
 
     def resuming(self, ckpt_path: str) -> RunPlan:
         """This plan, resuming from ckpt_path (a sweep's run continued from its own last checkpoint)."""

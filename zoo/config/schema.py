@@ -73,7 +73,7 @@ class ZooConfig:
     """What `python train.py` composes, less Hydra's own section."""
 
     # Training sizes the positions to the data's context unless max_seq_len is set.
-    model: ModelConfig = field(default_factory=lambda: ModelConfig(max_seq_len=None))
+    model: ModelConfig = field(default_factory=lambda: ModelConfig(max_seq_len=None))  # type: ignore[valid-type]
     # The optimizer (conf/optim/, zoo/optim/): its name and options; in a composed config the chosen preset's node.
     # Read typed (zoo.config.plan) as a Part whose options extend zoo.optim.OptimOptions: lr, min_lr, warmup_steps, ...
     optim: Any = field(default_factory=lambda: {"name": "adamw"})
@@ -134,7 +134,7 @@ def default_of(key: str, missing: Any = None) -> Any:
     return dataclasses.asdict(node) if dataclasses.is_dataclass(node) and not isinstance(node, type) else node
 
 
-def component_defaults(kind: str, name: str) -> dict:
+def component_defaults(kind: str, name: str) -> dict[str, Any]:
     """A registered component's (or optimizer's) options at their dataclass defaults, plain."""
     from zoo.registry import REGISTRIES
 
@@ -183,11 +183,11 @@ def _spec_type(t: Any) -> str:
     return f"{word} | None" if optional else word
 
 
-def _live_specs() -> dict:
+def _live_specs() -> dict[str, Any]:
     """{kind: {name: [[option, type, default], ...]}} from the registries (imports the components: torch)."""
     from zoo.registry import REGISTRIES
 
-    specs: dict = {}
+    specs: dict[str, Any] = {}
     for kind, (registry_kind, _) in {**KINDS, **RUN_KINDS}.items():
         registry = REGISTRIES[registry_kind]
         for name in registry.names():
@@ -210,7 +210,7 @@ def _cache_path() -> Path:
     return root / "__pycache__" / f"zoo-options-{hashlib.sha1(' '.join(stamp).encode()).hexdigest()[:16]}.json"
 
 
-def option_specs() -> dict:
+def option_specs() -> dict[str, Any]:
     """The components' options for the Hydra nodes. Read from the registries when they are loaded (and kept in
     zoo/__pycache__), else from that copy while no source under zoo/ has changed since: the command line's
     checks then answer without importing torch."""
@@ -229,7 +229,8 @@ def option_specs() -> dict:
         path = None
     if fresh and path is not None and path.is_file():
         try:
-            return read_json(path)
+            specs: dict[str, Any] = read_json(path)
+            return specs
         except (OSError, ValueError):  # damaged (FileFormatError too): read the sources live
             pass
     specs = _live_specs()
@@ -247,9 +248,9 @@ def option_specs() -> dict:
     return specs
 
 
-def component_node(kind: str, name: str, rows: list) -> type:
+def component_node(kind: str, name: str, rows: list[Any]) -> type:
     """A dataclass for Hydra: the component's name and its options, typed, with their dataclass defaults."""
-    fields: list = [({**KINDS, **RUN_KINDS}[kind][1], str, field(default=name))]
+    fields: list[Any] = [({**KINDS, **RUN_KINDS}[kind][1], str, field(default=name))]
     for option, type_text, default in rows:
         word, optional = type_text.removesuffix(" | None"), type_text.endswith(" | None")
         t = _TYPES[word] | None if optional else _TYPES[word]

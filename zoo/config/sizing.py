@@ -11,7 +11,8 @@ import math
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
-from zoo.build import ConfigError, checked, count_params, resolve_config
+from zoo.build import checked, count_params, resolve_config
+from zoo.component import ConfigError
 from zoo.config.budget import BUDGETS, match_params
 from zoo.config.checks import check_memory, check_run
 from zoo.config.data import DataOptions, data_options

@@ -4,6 +4,7 @@ schedule."""
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 import lightning as L
@@ -20,7 +21,7 @@ from zoo.registry import OPTIM
 from zoo.training.objectives import OBJECTIVE
 
 
-class ZooModule(L.LightningModule):
+class ZooModule(L.LightningModule):  # type: ignore[misc]  # Lightning is read untyped (pyproject.toml)
     def __init__(self, plan: RunPlan):
         """plan: the run (zoo.config.plan); checkpoints keep its plain form as their hyper_parameters."""
         super().__init__()
@@ -30,10 +31,10 @@ class ZooModule(L.LightningModule):
         spec = plan.model
         self.objective = OBJECTIVE.get(spec.name)(spec.vocab_size)
         self.step_fn = self.objective.loss
-        self.tokenizer_state: dict = {}  # set by the run before fit
-        self.data_fingerprint: dict | None = None  # likewise: what it trains on (zoo.training.data)
+        self.tokenizer_state: dict[str, Any] = {}  # set by the run before fit
+        self.data_fingerprint: dict[str, str] | None = None  # likewise: what it trains on (zoo.training.data)
 
-    def on_save_checkpoint(self, checkpoint: dict) -> None:
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         # The tokenizer travels with the weights, as plain data, so a checkpoint can sample on its own;
         # the random state too, so a resumed run draws the same dropout masks as an uninterrupted one.
         checkpoint["tokenizer"] = self.tokenizer_state
@@ -41,10 +42,10 @@ class ZooModule(L.LightningModule):
         checkpoint["rng_state"] = torch.get_rng_state()
         checkpoint["precision"] = self.trainer.precision  # as run (auto resolved): a resume keeps it
 
-    def on_load_checkpoint(self, checkpoint: dict) -> None:
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         self._resumed_rng_state = checkpoint.get("rng_state")
 
-    def on_train_batch_start(self, batch: dict, batch_idx: int) -> None:
+    def on_train_batch_start(self, batch: dict[str, Any], batch_idx: int) -> None:
         state = getattr(self, "_resumed_rng_state", None)
         if state is not None:  # the first step after a resume
             # Restored here, not on load: Lightning draws random numbers in between.
@@ -59,7 +60,7 @@ class ZooModule(L.LightningModule):
             self._compiled = torch.compile(self.model)
             self.step_fn = lambda model, batch: self.objective.loss(self._compiled, batch)
 
-    def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
+    def training_step(self, batch: dict[str, Any], batch_idx: int) -> torch.Tensor:
         clear_aux_losses(self.model)  # only this forward's auxiliary losses are added (zoo.component)
         loss, logs = self.step_fn(self.model, batch)
         aux = aux_losses(self.model)
@@ -70,7 +71,7 @@ class ZooModule(L.LightningModule):
             self.log(f"train_{k}", v)
         return loss + sum(aux.values())
 
-    def validation_step(self, batch: dict, batch_idx: int) -> None:
+    def validation_step(self, batch: dict[str, Any], batch_idx: int) -> None:
         loss, logs = self.objective.loss(self.model, batch)
         self.log("val_loss", loss, prog_bar=True)
         for k, v in logs.items():
@@ -88,7 +89,8 @@ class ZooModule(L.LightningModule):
             for split, key in (("val", "exact_match"), ("test", "exact_match_long")):
                 self.log(key, self.objective.exact_match(self.model, data.splits[split][:n]), prog_bar=True)
 
-    def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None) -> None:
+    def configure_gradient_clipping(self, optimizer: Any, gradient_clip_val: float | None = None,
+                                    gradient_clip_algorithm: str | None = None) -> None:
         """trainer.gradient_clip_val where Lightning's own clipping refuses:
         - a fused AdamW (trainer=gpu's default) under mixed precision: Lightning leaves its gradients scaled for
           its step() to unscale. bf16 has no scaler, so they are true gradients; float16's scaler unscales them
@@ -99,7 +101,8 @@ class ZooModule(L.LightningModule):
         fsdp = hasattr(root, "clip_grad_norm_") and gradient_clip_algorithm in (None, "norm")
         fused = getattr(optimizer, "_step_supports_amp_scaling", False)
         if not gradient_clip_val or not (fsdp or fused):
-            return self.clip_gradients(optimizer, gradient_clip_val, gradient_clip_algorithm)
+            self.clip_gradients(optimizer, gradient_clip_val, gradient_clip_algorithm)
+            return
         plugin: Any = self.trainer.precision_plugin
         if fused and getattr(plugin, "scaler", None) is not None:
             plugin.scaler.unscale_(optimizer)
@@ -110,7 +113,7 @@ class ZooModule(L.LightningModule):
             algorithm = GradClipAlgorithmType(gradient_clip_algorithm or "norm")
             Precision.clip_gradients(plugin, optimizer, gradient_clip_val, algorithm)
 
-    def configure_optimizers(self):
+    def configure_optimizers(self) -> dict[str, Any]:
         optim = self.plan.optim  # a Part: the optimizer's name and options (zoo/optim/)
         opt = optim.options
         optimizer = OPTIM.get(optim.name).build(self.model, opt, next(self.model.parameters()).device,
@@ -133,7 +136,8 @@ def time_spent(timer: Timer) -> float:
     return min(1.0, spent / (spent + left)) if spent + left > 0 else 1.0
 
 
-def lr_lambda(warmup: int, total: int, min_ratio: float, time_spent=lambda: 0.0):
+def lr_lambda(warmup: int, total: int, min_ratio: float,
+              time_spent: Callable[[], float] = lambda: 0.0) -> Callable[[int], float]:
     """Linear warm-up to the peak, then cosine decay to min_ratio * peak at `total` steps, or sooner by the clock:
     the decay's progress is the larger of the steps' share and time_spent() (the share of a time budget used)."""
 

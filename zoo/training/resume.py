@@ -90,7 +90,7 @@ def _with_defaults(model_cfg: dict | None) -> dict | None:
     """A saved architecture with the options added since it was saved at their defaults (the parametrization,
     say), so an older run's architecture compares equal to the same one written out today."""
     try:
-        return resolve_config(model_cfg).as_dict()  # type: ignore[arg-type]  # None: refused below
+        return resolve_config(model_cfg).as_dict()  # None: refused below
     except Exception:  # not a config this zoo can resolve: compared as it is, and refused below
         return model_cfg
 

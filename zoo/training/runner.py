@@ -15,14 +15,16 @@ import signal
 import sys
 import time
 import traceback
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import lightning as L
 import torch
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import MissingMandatoryValue
 
-from zoo.build import ConfigError
+from zoo.component import ConfigError
 from zoo.config.plan import plan
 from zoo.data.corpus import DataError
 from zoo.hardware import precision_choice
@@ -92,7 +94,7 @@ def run(cfg: DictConfig, run_dir: str | Path | None = None) -> int:
 
 
 def _run(composed: DictConfig, run_dir: Path, start: float, state: RunState) -> int:
-    asked = OmegaConf.to_container(composed, resolve=True)
+    asked: dict[str, Any] = OmegaConf.to_container(composed, resolve=True)  # type: ignore[assignment]
     assert isinstance(asked, dict)  # a run config is a mapping (train.py composes one)
     overwrite, continuing = overwrite_choice(asked, run_dir, state)
     # checked and sized once, before any training (raises ConfigError / DataError): read by attribute from here on
@@ -111,7 +113,7 @@ def _run(composed: DictConfig, run_dir: Path, start: float, state: RunState) -> 
     stored = run_plan.as_dict()  # what config.yaml, the checkpoints and the dashboards keep
     ckpt, ckpt_step, ckpt_precision = checkpoint_path(stored, run_dir, data)
     trainer_args = run_plan.trainer.arguments
-    precision = precision_choice(trainer_args, ckpt_precision)  # trainer.precision=auto, resolved once
+    precision = precision_choice(dict(trainer_args), ckpt_precision)  # trainer.precision=auto, resolved once
     if state.owner and ckpt is not None:
         check_resume_keeps_history(run_dir, ckpt_step)
     if state.owner:
@@ -125,7 +127,7 @@ def _run(composed: DictConfig, run_dir: Path, start: float, state: RunState) -> 
     module.tokenizer_state = data.tokenizer.state_dict()
     module.data_fingerprint = getattr(data, "fingerprint", None)
     data.objective = module.objective
-    throughput, guard = Throughput(start), DivergenceGuard()
+    throughput, guard = Throughput(start), DivergenceGuard()  # type: ignore[no-untyped-call]
     best = BestMetrics(clock=lambda: throughput.wall_time)
     stop = GracefulStop(str(run_dir / "checkpoints" / "last.ckpt"))
     # best.ckpt and last.ckpt while training, whatever cfg.checkpoints says: Lightning writes last.ckpt only beside
@@ -190,7 +192,7 @@ def _run(composed: DictConfig, run_dir: Path, start: float, state: RunState) -> 
 
 
 @contextlib.contextmanager
-def tf32_matmuls(enabled: bool):
+def tf32_matmuls(enabled: bool) -> Iterator[None]:
     """tf32=true on a CUDA GPU: float32 matrix products use TF32 tensor cores (10-bit mantissa inputs, float32
     sums), several times faster on Ampere and later. Only the CUDA flag is set: torch.set_float32_matmul_precision
     would also switch oneDNN's CPU matmuls, and CPU runs must keep their float32 results. (cuDNN convolutions
@@ -204,7 +206,7 @@ def tf32_matmuls(enabled: bool):
         torch.backends.cuda.matmul.allow_tf32 = before
 
 
-def _keep_history(loggers: list, resume_step: int | None) -> KeepHistory:
+def _keep_history(loggers: list[Any], resume_step: int | None) -> KeepHistory:
     """CSV loggers append to metrics.csv (Lightning's writer would delete it first) and flush before
     every checkpoint; a resume's writer keeps the rows after its checkpoint until it has logged them again."""
     writers = []
