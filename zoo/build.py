@@ -23,7 +23,6 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.overrides import TorchFunctionMode
 
 import zoo.layers  # noqa: F401  (registers the components)
 import zoo.models  # noqa: F401  (registers the lineages)
@@ -37,6 +36,7 @@ from zoo.component import (
     need,
     option_fields,
 )
+from zoo.meta import on_meta, spec_of
 from zoo.models.stack import applications, flops_shares
 from zoo.mup import FIXED, init_scale, roles, width_mult
 from zoo.mup import check as check_parametrization
@@ -206,34 +206,9 @@ def build_model(model_cfg: ModelInput, seed: int = 0) -> nn.Module:
     return model
 
 
-def spec_of(model: nn.Module) -> ModelSpec:
-    """The resolved config a zoo model was built from (its `cfg`)."""
-    spec = getattr(model, "cfg", None)
-    if not isinstance(spec, ModelSpec):
-        raise TypeError(f"{type(model).__name__} is not a zoo model (it has no ModelSpec in .cfg)")
-    return spec
-
-
 def meta_model(model_cfg: ModelInput) -> nn.Module:
     """The model built on the meta device: every shape and component, no memory, no initialisation."""
     return on_meta(resolve_config(model_cfg))
-
-
-class _SkipInit(TorchFunctionMode):
-    """torch.nn.init's functions do nothing: on the meta device there are no values to set, and torch's meta
-    normal_ imports torch._dynamo into a process that may never compile (python -m zoo.sample; what that costs:
-    docs/benchmarks.md, "Start-up and exit")."""
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        if getattr(func, "__module__", None) == "torch.nn.init":  # each takes the tensor first, by name or not
-            return args[0] if args else kwargs["tensor"]
-        return func(*args, **(kwargs or {}))
-
-
-def on_meta(cfg: ModelSpec) -> nn.Module:
-    """meta_model for a config resolve_config has already resolved (and validated, by building it so)."""
-    with torch.device("meta"), _SkipInit():
-        return MODEL.get(cfg.name)(cfg)
 
 
 def has_final_norm(cfg: ModelSpec) -> bool:

@@ -30,14 +30,12 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Collection
-from typing import TYPE_CHECKING
 
 from torch import nn
 
 from zoo.component import ConfigError, need
-
-if TYPE_CHECKING:  # zoo.spec's ModelSpec: imported by the models, which this module serves
-    from zoo.spec import ModelSpec
+from zoo.meta import on_meta, spec_of
+from zoo.spec import ModelSpec
 
 PARAMETRIZATIONS = ("standard", "mup")
 MAX_BASE_D_MODEL = 65536  # above any model's width (5x GPT-3's); the base and twice it are built (on meta) to check
@@ -84,8 +82,6 @@ def at_width(cfg: ModelSpec, d_model: int) -> ModelSpec:
 
 def _reference_models(cfg: ModelSpec) -> tuple[nn.Module, nn.Module]:
     """The model at the base width and at twice it, on the meta device (shapes only)."""
-    from zoo.build import on_meta
-
     base = cfg.mup_base_d_model
     models = []
     for d in (base, 2 * base):
@@ -127,8 +123,6 @@ def param_groups(model: nn.Module, lr: float, weight_decay: float, skip: Collect
     and learned positions are not decayed), and under muP hidden weights at lr / width_mult with weight decay
     * width_mult. A plain PyTorch user: `torch.optim.AdamW(param_groups(model, lr=1e-3, weight_decay=0.1))`.
     skip: parameters another optimizer updates (optim=muon's matrices), left out."""
-    from zoo.build import spec_of  # zoo.build imports this module
-
     cfg = spec_of(model)
     mult = width_mult(cfg)
     role = roles(cfg) if mult != 1 else {}

@@ -7,17 +7,16 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from functools import cache
 from pathlib import Path
 
 from zoo.component import ConfigError  # no torch
+from zoo.config.files import CONFIG_PACKAGE, clone_config_dir, config_dir
 from zoo.io import first_line
 
 EXIT_OK, EXIT_ERROR = 0, 2
 # Each job's exit code, of the sweep this process launched: train.py's task adds its own; zoo's parallel launcher
 # adds those its job processes send back. main reads them to exit 2 when every job was refused.
 JOB_CODES: list[int] = []
-CONFIG_PACKAGE = "zoo.conf"  # conf/ inside an installed wheel (setup.py maps it)
 
 _command: str | None = None  # what the user typed to start the tool (`zoo sample`, `python train.py`): run_as
 # ... also in the environment, for the processes a run starts (a parallel sweep's jobs print resume lines too)
@@ -53,34 +52,7 @@ class OneLineParser(argparse.ArgumentParser):
         sys.exit(EXIT_ERROR)
 
 
-# ----------------------------------------------------------------------------------------------
-# Where the configs are
-# ----------------------------------------------------------------------------------------------
-
-def clone_config_dir() -> Path | None:
-    """The clone's conf/, beside the zoo package with train.py (what `python train.py` reads, edits included), or
-    None when zoo is installed from a wheel."""
-    root = Path(__file__).resolve().parents[2]
-    return root / "conf" if (root / "conf" / "config.yaml").is_file() and (root / "train.py").is_file() else None
-
-
-@cache
-def config_dir() -> Path:
-    """The folder every command composes its config from: the clone's conf/ when there is one, else the copy the
-    wheel carries as the package zoo.conf."""
-    if (clone := clone_config_dir()) is not None:
-        return clone
-    from importlib.resources import files
-
-    try:
-        packaged = Path(str(files(CONFIG_PACKAGE)))
-    except ModuleNotFoundError:
-        packaged = None
-    if packaged is None or not (packaged / "config.yaml").is_file():
-        raise ConfigError(f"no configs: neither a conf/ beside '{Path(__file__).resolve().parents[1]}' (a clone) "
-                          f"nor the package {CONFIG_PACKAGE} (an installed wheel); reinstall zoo")
-    return packaged
-
+# Where the configs are: zoo.config.files (clone_config_dir, config_dir), imported above for every tool.
 
 def command(tool: str, *, as_installed: bool = False) -> str:
     """How the user in front of this install runs `tool` (train, sample, eval, prepare, report, ...): the one

@@ -24,13 +24,22 @@ from __future__ import annotations
 import copy
 import dataclasses
 import functools
+import hashlib
+import json
+import sys
 import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from hydra.core.config_store import ConfigStore
+from omegaconf.errors import ValidationError
+
 from zoo.component import Options
+from zoo.config.files import config_dir
+from zoo.io import atomic_write_text, read_json
+from zoo.registry import REGISTRIES, plugins
 from zoo.spec import COMPONENT_DEFAULTS, ModelSpec, Part
 
 
@@ -136,8 +145,6 @@ def default_of(key: str, missing: Any = None) -> Any:
 
 def component_defaults(kind: str, name: str) -> dict[str, Any]:
     """A registered component's (or optimizer's) options at their dataclass defaults, plain."""
-    from zoo.registry import REGISTRIES
-
     return dataclasses.asdict(REGISTRIES[kind].options(name)())
 
 
@@ -185,8 +192,6 @@ def _spec_type(t: Any) -> str:
 
 def _live_specs() -> dict[str, Any]:
     """{kind: {name: [[option, type, default], ...]}} from the registries (imports the components: torch)."""
-    from zoo.registry import REGISTRIES
-
     specs: dict[str, Any] = {}
     for kind, (registry_kind, _) in {**KINDS, **RUN_KINDS}.items():
         registry = REGISTRIES[registry_kind]
@@ -203,8 +208,6 @@ def _live_specs() -> dict[str, Any]:
 
 def _cache_path() -> Path:
     """Where the specs are kept between runs, named by the sources of zoo/: any edit there makes a new name."""
-    import hashlib
-
     root = Path(__file__).resolve().parent
     stamp = sorted(f"{p.relative_to(root)}:{p.stat().st_mtime_ns}:{p.stat().st_size}" for p in root.rglob("*.py"))
     return root / "__pycache__" / f"zoo-options-{hashlib.sha1(' '.join(stamp).encode()).hexdigest()[:16]}.json"
@@ -214,12 +217,6 @@ def option_specs() -> dict[str, Any]:
     """The components' options for the Hydra nodes. Read from the registries when they are loaded (and kept in
     zoo/__pycache__), else from that copy while no source under zoo/ has changed since: the command line's
     checks then answer without importing torch."""
-    import json
-    import sys
-
-    from zoo.io import read_json
-    from zoo.registry import plugins
-
     # Not loaded yet, the registries will hold today's sources; parts from ZOO_PLUGINS are outside zoo/, which
     # names the copy, so with plugins the options are always read live.
     fresh = "zoo.layers" not in sys.modules and not plugins()
@@ -239,8 +236,6 @@ def option_specs() -> dict[str, Any]:
     # new sources' name.
     if fresh and path is not None and path == _cache_path():
         try:
-            from zoo.io import atomic_write_text
-
             path.parent.mkdir(exist_ok=True)
             atomic_write_text(path, json.dumps(specs))  # a default JSON cannot hold raises TypeError: not kept
         except (OSError, TypeError, ValueError):
@@ -265,10 +260,6 @@ def register(conf_dir: Path | None = None) -> None:
     """Put the schema and every component's node in Hydra's ConfigStore; call before composing. `conf_dir`: the
     configs' folder (default zoo.cli.common.config_dir: the clone's conf/, else the wheel's). Stored once per
     process and folder while the registered options stay the same (`--help` asks once per group)."""
-    from hydra.core.config_store import ConfigStore
-
-    from zoo.cli.common import config_dir
-
     conf_dir = config_dir() if conf_dir is None else conf_dir
     specs = option_specs()
     if _REGISTERED.get(conf_dir) == specs:
@@ -294,8 +285,6 @@ def package(kind: str) -> str:
 
 def generated_options(group: str) -> list[str]:
     """The options of a config group that come from the ConfigStore (components with no preset file)."""
-    from hydra.core.config_store import ConfigStore
-
     try:
         names = ConfigStore.instance().list(group)
     except (OSError, KeyError):
@@ -306,8 +295,6 @@ def generated_options(group: str) -> list[str]:
 def one_line(error: BaseException) -> str | None:
     """OmegaConf's validation error (found in the cause chain of Hydra's) as one line naming the key:
     `model.d_model: got 'abc'; valid: an integer`. None when the error is not a typed value's."""
-    from omegaconf.errors import ValidationError
-
     seen: BaseException | None = error
     while seen is not None and not isinstance(seen, ValidationError):
         seen = seen.__cause__ or seen.__context__
