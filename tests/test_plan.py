@@ -82,6 +82,14 @@ def test_the_plan_is_typed_sized_and_frozen_and_keeps_its_plain_form():
     assert resumed.ckpt_path == "last" == resumed.as_dict()["ckpt_path"] and run_plan.ckpt_path is None
 
 
+def test_the_plan_has_a_typed_field_for_every_key_of_the_schema():
+    """RunPlan (the typed record) and ZooConfig (what Hydra composes, each key's default) name the same keys."""
+    from zoo.config.schema import ZooConfig
+
+    schema = [f.name for f in dataclasses.fields(ZooConfig)]
+    assert sorted(schema) == sorted(f.name for f in dataclasses.fields(RunPlan) if f.name != "stored")
+
+
 def test_a_task_plan_reads_its_kinds_options():
     run_plan, data = plan(composed([*TINY_TASK, "data=copy"]), build_data)
     assert isinstance(run_plan.data, TaskOptions) and run_plan.data.task == "copy" and run_plan.context is None

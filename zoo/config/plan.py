@@ -54,7 +54,7 @@ class RunPlan:
     data: DataOptions
     trainer: TrainerOptions
     sample: SampleConfig
-    loggers: Mapping[str, Mapping[str, Any]]  # name -> the Lightning logger's `_target_` node (conf/logger/)
+    logger: Mapping[str, Mapping[str, Any]]  # name -> the Lightning logger's `_target_` node (conf/logger/)
     seed: int
     threads: int | None
     compile: bool
@@ -98,7 +98,7 @@ def plan(composed: Mapping[str, Any], load_data: LoadData, pretrained: Pretraine
         model=spec, optim=resolve(stored.get("optim")), data=data_options(stored["data"]),
         trainer=TrainerOptions.from_plain(stored["trainer"]),
         sample=SampleConfig(**{k: v for k, v in sample.items() if k in names}),
-        loggers={name: dict(node) for name, node in (stored.get("logger") or {}).items()},
+        logger={name: dict(node) for name, node in (stored.get("logger") or {}).items()},
         seed=stored["seed"], threads=stored.get("threads"), compile=stored.get("compile", False),
         kernels=stored.get("kernels", "auto"), init_from=stored.get("init_from"), tf32=stored.get("tf32", True),
         ckpt_path=stored.get("ckpt_path"), overwrite=stored.get("overwrite", False), budget=record,

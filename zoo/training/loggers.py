@@ -42,7 +42,7 @@ STORE_SCHEMES = ("sqlite", "http", "https", "postgresql", "mysql", "mssql", "dat
 
 
 def build_loggers(nodes: Mapping[str, Mapping[str, Any]], seed: int, run_dir: Path) -> list:
-    """The Lightning loggers the run's logger section asks for (name -> its `_target_` node: RunPlan.loggers),
+    """The Lightning loggers the run's logger section asks for (name -> its `_target_` node: RunPlan.logger),
     writing into `run_dir`; seed: the run's (a dashboard names the run by it)."""
     loggers = []
     for key, cfg in nodes.items():

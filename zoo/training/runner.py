@@ -135,7 +135,7 @@ def _run(composed: DictConfig, run_dir: Path, start: float, state: RunState) -> 
     checkpoints = L.pytorch.callbacks.ModelCheckpoint(
         dirpath=run_dir / "checkpoints", filename="best", monitor="val_loss", mode="min", save_last=True,
         save_top_k=1, auto_insert_metric_name=False, enable_version_counter=False)
-    loggers = build_loggers(run_plan.loggers, run_plan.seed, run_dir)
+    loggers = build_loggers(run_plan.logger, run_plan.seed, run_dir)
     history = _keep_history(loggers, ckpt_step if ckpt is not None else None)
     trainer_cfg = {**trainer_args, "precision": precision["used"]}
     trusted = {throughput.state_key: check_throughput_state, best.state_key: check_best_metrics_state,
