@@ -117,15 +117,17 @@ def test_configs_come_from_the_clone():
 
 
 def test_no_configs_anywhere_is_one_line(monkeypatch):
-    monkeypatch.setattr(cli_common, "clone_config_dir", lambda: None)
-    monkeypatch.setattr(cli_common, "CONFIG_PACKAGE", "zoo.no_such_conf")
-    cli_common.config_dir.cache_clear()
+    import zoo.config.files as files  # where the configs are (cli_common.config_dir is this one)
+
+    monkeypatch.setattr(files, "clone_config_dir", lambda: None)
+    monkeypatch.setattr(files, "CONFIG_PACKAGE", "zoo.no_such_conf")
+    files.config_dir.cache_clear()
     try:
         with pytest.raises(ConfigError, match=r"^no configs: neither a conf/ beside '.*zoo' \(a clone\) nor the "
                                               r"package zoo.no_such_conf \(an installed wheel\); reinstall zoo$"):
             cli_common.config_dir()
     finally:
-        cli_common.config_dir.cache_clear()
+        files.config_dir.cache_clear()
 
 
 # ----------------------------------------------------------------------------------------------
