@@ -32,6 +32,7 @@ from zoo.cli.common import (
     needs,
 )
 from zoo.component import ConfigError
+from zoo.config.data import data_options
 from zoo.io import checkpoint_file_error, collect_once_at_exit
 
 HF_PREFIX = "hf:"
@@ -124,8 +125,8 @@ def split_tokens(data: dict, split: str, encode, tokenizer_state: dict | None):
     try:
         if issubclass(cls, TextData):
             reader = cls.__new__(cls)  # only its read_text: no tokenizer is fitted, nothing else is read
-            reader.cfg = data
-            train, val = split_text(reader.read_text(), data.get("val_fraction", 0.1))
+            reader.cfg = options = data_options(data)  # the data modules read their kind's typed options
+            train, val = split_text(reader.read_text(), options.val_fraction)
             text = val if split == "val" else train
             ids = np.array(encode(text), dtype=np.int64)
             return TokenSplit([ids]), len(text.encode("utf-8")) / len(ids), len(text) / len(ids)
