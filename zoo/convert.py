@@ -898,7 +898,7 @@ def _transformers() -> Any:
     try:
         import transformers
     except ImportError as err:  # the optional `hf` extra
-        from zoo.cli.common import needs
+        from zoo.commands import needs
 
         raise ImportError(needs("transformers", "hf", "zoo.convert.from_pretrained")) from err
     return transformers

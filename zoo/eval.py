@@ -22,15 +22,8 @@ import math
 import sys
 from pathlib import Path
 
-from zoo.cli.common import (
-    EXIT_ERROR,
-    EXIT_OK,
-    OneLineParser,
-    command,
-    compose,
-    missing_module,
-    needs,
-)
+from zoo.cli.common import compose
+from zoo.commands import EXIT_ERROR, EXIT_OK, OneLineParser, command, missing_module, needs
 from zoo.component import ConfigError
 from zoo.io import checkpoint_file_error, collect_once_at_exit
 

@@ -21,7 +21,8 @@ import re
 import sys
 from pathlib import Path
 
-from zoo.cli.common import EXIT_ERROR, EXIT_OK, OneLineParser, compose
+from zoo.cli.common import compose
+from zoo.commands import EXIT_ERROR, EXIT_OK, OneLineParser
 from zoo.component import ConfigError
 from zoo.io import atomic_write
 

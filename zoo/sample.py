@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import sys
 
-from zoo.cli.common import EXIT_ERROR, OneLineParser
+from zoo.commands import EXIT_ERROR, OneLineParser
 from zoo.io import checkpoint_file_error, collect_once_at_exit
 from zoo.schema import sampling_error
 

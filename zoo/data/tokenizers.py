@@ -23,7 +23,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
-from zoo.cli.common import needs
+from zoo.commands import needs
 from zoo.data.corpus import DataError
 from zoo.io import atomic_write_text, first_line, read_json
 

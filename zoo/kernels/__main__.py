@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from zoo.cli.common import OneLineParser
+from zoo.commands import OneLineParser
 from zoo.component import ConfigError
 
 

@@ -6,7 +6,7 @@ import math
 import sys
 from pathlib import Path
 
-from zoo.cli.common import EXIT_ERROR, EXIT_OK, OneLineParser
+from zoo.commands import EXIT_ERROR, EXIT_OK, OneLineParser
 from zoo.io import WriteError, atomic_write_text
 from zoo.report.ladder import build_ladder
 from zoo.report.plots import plot_curves, plot_final, plot_ladder

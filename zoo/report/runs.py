@@ -9,7 +9,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from zoo.io import (
-    MAX_SWEEP_JOBS,
     READ_LIMITS,
     FileFormatError,
     first_line,
@@ -18,15 +17,14 @@ from zoo.io import (
     read_json,
     read_text_bounded,
     read_yaml,
-    sweep_size,
 )
 from zoo.report.stats import higher_is_better
+from zoo.sweep import not_a_file, parse_overrides, planned_jobs
 
 # Run statuses: completed | diverged | interrupted | failed (the summary says so) | killed (no summary.json,
 # nobody holds run.lock) | running (no summary.json yet, run.lock held) | unreadable (a broken summary.json, or
 # summary.json / metrics.csv a link or not a file: the report reads nothing through a link).
 FAILED = ("failed", "interrupted", "killed", "unreadable")  # counted in the table's `failed` column
-BASIC_SWEEPER = "hydra._internal.core_plugins.basic_sweeper.BasicSweeper"
 
 
 OPTIM = "optim"  # the factor naming a run's optimizer, which summary.json records whatever chose it
@@ -169,19 +167,6 @@ def find_run_dirs(root: Path) -> list[Path]:
     return sorted(outer, key=_natural_key)
 
 
-def parse_overrides(items) -> dict[str, str]:
-    """['ffn=relu', '+x=1', '~y'] -> {'ffn': 'relu', 'x': '1', 'y': '(deleted)'}."""
-    out = {}
-    for item in items or []:
-        item = str(item).strip()
-        key, sep, value = item.partition("=")
-        if key.startswith("~"):
-            out[key[1:]] = "(deleted)" if not sep else f"(deleted {value})"
-        elif sep:
-            out[key.lstrip("+")] = value
-    return out
-
-
 def _optimizer(summary: dict | None, path: Path) -> str | None:
     """The optimizer's name a run records: summary.json's `optim`, else the config Hydra saved when it started
     (a run that died before its summary); None for a run from before the optim group, or unreadable."""
@@ -297,15 +282,6 @@ def check_summary(s) -> str | None:
     return None
 
 
-def not_a_file(path: Path) -> str | None:
-    """Why the report will not read `path` (a link, a directory, not a regular file), or None (a file or absent)."""
-    if path.is_symlink():
-        return f"{path.name} is a symbolic link"
-    if os.path.lexists(path) and not path.is_file():
-        return f"{path.name} is {'a directory' if path.is_dir() else 'not a regular file'}"
-    return None
-
-
 def _said(e: FileFormatError | str, run_dir: Path) -> str:
     """A file's one-line error as the job list says it: the file by its name in the run directory."""
     text = e if isinstance(e, str) else first_line(e)
@@ -404,36 +380,6 @@ class Plan:
 
     def count(self, state: str) -> int:
         return sum(j.state == state for j in self.jobs)
-
-
-def planned_jobs(root: Path) -> tuple[list[list[str]] | None, str]:
-    """The sweep's job list from its multirun.yaml, expanded as Hydra's BasicSweeper does (its own
-    override parser and split_arguments); (None, why) when there is no plan to read."""
-    path = root / "multirun.yaml"
-    if problem := not_a_file(path):
-        return None, f"{problem}, not read: the jobs found on disk"
-    if not path.is_file():
-        return None, "no multirun.yaml: the jobs found on disk"
-    try:
-        from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
-        from hydra.core.override_parser.overrides_parser import OverridesParser
-        from omegaconf import OmegaConf
-
-        cfg = OmegaConf.create(read_yaml(path))
-        sweeper = OmegaConf.select(cfg, "hydra.sweeper._target_", default=None)
-        if sweeper != BASIC_SWEEPER:  # Optuna and other searches decide their jobs as they go
-            return None, f"sweeper {sweeper}: the jobs found on disk"
-        params = OmegaConf.to_container(cfg.hydra.sweeper.get("params") or OmegaConf.create({}), resolve=False)
-        task = [str(o) for o in OmegaConf.to_container(cfg.hydra.overrides.task, resolve=False)]
-        # as BasicSweeper.sweep: the config's sweeper params first, then the command line's overrides
-        arguments = [f"{k}={v}" for k, v in params.items()] + task
-        overrides = OverridesParser.create().parse_overrides(arguments)
-        if sweep_size(overrides) > MAX_SWEEP_JOBS:
-            return None, f"'{path}' plans more than {MAX_SWEEP_JOBS} jobs, not expanded: the jobs found on disk"
-        batches = BasicSweeper.split_arguments(overrides, None)
-    except Exception as e:  # an unreadable plan is no reason to withhold the report
-        return None, f"multirun.yaml unreadable ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})"
-    return [list(job) for batch in batches for job in batch], "multirun.yaml"
 
 
 def match_jobs(root: Path, runs: list[Run]) -> Plan:

@@ -20,10 +20,10 @@ from zoo.report.runs import (
     ReportError,
     Run,
     instruction_sets,
-    parse_overrides,
     variant_label,
 )
 from zoo.report.stats import ALPHA, confidence_interval, mean_std, steps_to_target, welch_test
+from zoo.sweep import parse_overrides
 
 # ----------------------------------------------------------------------------------------------
 # Variants

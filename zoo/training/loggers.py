@@ -28,8 +28,9 @@ from typing import Any
 from hydra.experimental.callback import Callback
 
 from zoo.build import ConfigError, flatten_config
-from zoo.cli.common import pip_install
+from zoo.commands import pip_install
 from zoo.net import RETRIES, bound_network, timeout_s
+from zoo.sweep import parse_overrides, planned_jobs
 from zoo.training.console import say, warn
 from zoo.training.safety import instantiate_allowed
 
@@ -229,8 +230,6 @@ def job_factors() -> dict[str, str]:
 
 def _varying_keys(sweep_dir: Path) -> set[str] | None:
     """The override keys whose value differs between the jobs a sweep planned; None if its plan is unknown."""
-    from zoo.report.runs import parse_overrides, planned_jobs
-
     planned, _ = planned_jobs(sweep_dir)
     if not planned:
         return None

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from zoo.cli.common import command
+from zoo.commands import command
 from zoo.component import ConfigError
 from zoo.io import (
     RunDirError,
