@@ -104,9 +104,9 @@ def _reasoned(lines: list[str], body: list[ast.stmt], i: int) -> bool:
     node = body[i]
     if any(REASON.search(lines[n - 1]) for n in range(node.lineno, (node.end_lineno or node.lineno) + 1)):
         return True
-    while i > 0 and isinstance(body[i - 1], ast.Import | ast.ImportFrom) and body[i - 1].end_lineno == \
-            body[i].lineno - 1:
-        i -= 1
+    while i > 0 and isinstance(body[i - 1], ast.Import | ast.ImportFrom) and \
+            not any(line.strip() for line in lines[body[i - 1].end_lineno or 0:body[i].lineno - 1]):
+        i -= 1  # imports one after the other, or apart by blank lines (ruff's sections): one group
     return bool(REASON.search(lines[body[i].lineno - 2])) if body[i].lineno > 1 else False
 
 
@@ -202,7 +202,7 @@ def test_the_checks_can_fail(tmp_path):
     edges = [Import(a, b, 1, False, False), Import(b, c, 1, False, False)]
     assert find_cycle(edges) is None
     assert find_cycle([*edges, Import(c, a, 1, True, False)]) == [a, b, c, a]
-    lines = ["def f():", "    # lazy: torch-free --help (torch 2.7 s)", "    import torch", "    import zoo.io",
+    lines = ["def f():", "    # lazy: torch-free --help (torch 2.7 s)", "    import torch", "", "    import zoo.io",
              "    x = 1", "    import lightning", "    import hydra  # optional: sweeps"]
     body = ast.parse("\n".join(lines)).body[0].body
     assert [_reasoned(lines, body, i) for i in (0, 1, 3, 4)] == [True, True, False, True]

@@ -39,6 +39,7 @@ def main(argv: list[str] | None = None) -> int:
                                flags) or checkpoint_file_error(args.checkpoint):
         print(f"error: {error}", file=sys.stderr)
         return EXIT_ERROR
+    # lazy: torch ({TORCH}): --help and usage errors answer before it
     import torch
 
     from zoo.build import ConfigError
@@ -73,6 +74,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def print_window_note(model, total: int) -> None:
     """Say once (on stderr, so the text on stdout stays clean) when sampling slides past the position limit."""
+    # lazy: torch ({TORCH}), as main
     from zoo.generate import position_limit
 
     limit = position_limit(model)

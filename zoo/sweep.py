@@ -42,7 +42,7 @@ def planned_jobs(root: Path) -> tuple[list[list[str]] | None, str]:
         return None, f"{problem}, not read: the jobs found on disk"
     if not path.is_file():
         return None, "no multirun.yaml: the jobs found on disk"
-    try:
+    try:  # lazy: Hydra's sweeper and parser ({HYDRA_SWEEP}), only where a sweep's plan is read
         from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
         from hydra.core.override_parser.overrides_parser import OverridesParser
         from omegaconf import OmegaConf

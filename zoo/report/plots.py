@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 
 from zoo.io import atomic_write
+from zoo.report.ladder import compute
 from zoo.report.stats import confidence_interval
 from zoo.report.tables import Row, fmt
 
@@ -15,6 +16,7 @@ MIN_EVALS = 3  # fewer evaluations than this make no curve: plot the training lo
 
 
 def _figure(w: float, h: float):
+    # lazy: matplotlib ({MPL}): zoo report --help and the tables answer without it
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
@@ -104,9 +106,7 @@ def plot_final(rows: list[Row], metric: str, path: Path) -> str:
 def plot_ladder(ladder, path: Path) -> str:
     """Final metric against training compute, log-log: per variant the mean at each size with its 95% interval,
     the seeds as dots, and the fitted power law."""
-    from matplotlib.ticker import FormatStrFormatter
-
-    from zoo.report.ladder import compute
+    from matplotlib.ticker import FormatStrFormatter  # lazy: matplotlib ({MPL}), as _figure
 
     fig = _figure(7.5, 4.8)
     ax = fig.add_subplot()

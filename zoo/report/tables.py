@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from zoo.io import read_yaml
 from zoo.report.ladder import Ladder
 from zoo.report.runs import (
     FAILED,
@@ -132,8 +133,7 @@ def _params_from_config(run: Run) -> tuple[float | None, float | None]:
     if not path.is_file():
         return None, None
     try:
-        from zoo.build import count_params, flops_per_token
-        from zoo.io import read_yaml
+        from zoo.build import count_params, flops_per_token  # lazy: torch ({TORCH}), for old runs only
 
         cfg = read_yaml(path)
         model = cfg["model"]
