@@ -5,14 +5,16 @@ does. Below training and the report, which both read it: a run names itself by w
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 from zoo.io import MAX_SWEEP_JOBS, read_yaml, sweep_size
 
 BASIC_SWEEPER = "hydra._internal.core_plugins.basic_sweeper.BasicSweeper"
 
 
-def parse_overrides(items) -> dict[str, str]:
+def parse_overrides(items: Iterable[Any] | None) -> dict[str, str]:
     """['ffn=relu', '+x=1', '~y'] -> {'ffn': 'relu', 'x': '1', 'y': '(deleted)'}."""
     out = {}
     for item in items or []:
@@ -52,9 +54,12 @@ def planned_jobs(root: Path) -> tuple[list[list[str]] | None, str]:
         if sweeper != BASIC_SWEEPER:  # Optuna and other searches decide their jobs as they go
             return None, f"sweeper {sweeper}: the jobs found on disk"
         params = OmegaConf.to_container(cfg.hydra.sweeper.get("params") or OmegaConf.create({}), resolve=False)
-        task = [str(o) for o in OmegaConf.to_container(cfg.hydra.overrides.task, resolve=False)]
+        task = OmegaConf.to_container(cfg.hydra.overrides.task, resolve=False)
+        if not isinstance(params, dict) or not isinstance(task, list):
+            raise ValueError("hydra.sweeper.params is not a mapping, or hydra.overrides.task not a list")
+        task = [str(o) for o in task]
         # as BasicSweeper.sweep: the config's sweeper params first, then the command line's overrides
-        arguments = [f"{k}={v}" for k, v in params.items()] + task
+        arguments = [str(k) + "=" + str(v) for k, v in params.items()] + task
         overrides = OverridesParser.create().parse_overrides(arguments)
         if sweep_size(overrides) > MAX_SWEEP_JOBS:
             return None, f"'{path}' plans more than {MAX_SWEEP_JOBS} jobs, not expanded: the jobs found on disk"

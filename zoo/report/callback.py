@@ -6,6 +6,7 @@ import re
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from hydra.experimental.callback import Callback
 
@@ -13,6 +14,9 @@ from zoo.io import WriteError
 from zoo.report.cli import build_report, console_summary, write_report
 from zoo.report.runs import ReportError
 from zoo.report.tables import Report
+
+if TYPE_CHECKING:
+    from omegaconf import DictConfig
 
 
 class ReportAfterSweep(Callback):
@@ -26,7 +30,7 @@ class ReportAfterSweep(Callback):
     report."""
 
     def __init__(self, metrics: Sequence[str] = ("val_loss",), baseline: str | None = None,
-                 also: Mapping[str, str | Mapping] | None = None, target: float | None = None):
+                 also: Mapping[str, str | Mapping[str, Any]] | None = None, target: float | None = None):
         self.metrics, self.baseline, self.target = _metrics(metrics), _baseline("baseline", baseline), \
             _target("target", target)
         if also is not None and not isinstance(also, Mapping):
@@ -34,7 +38,7 @@ class ReportAfterSweep(Callback):
                               f"{also!r}")
         self.also = {_name(name): _also(name, v) for name, v in (also or {}).items()}
 
-    def on_multirun_end(self, config, **kwargs) -> None:
+    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         root = Path(config.hydra.sweep.dir)
         for i, metric in enumerate(self.metrics):
             self._write(root, root if i == 0 else root / f"report_{metric}", metric, self.baseline, metric,
@@ -71,37 +75,37 @@ class ReportAfterSweep(Callback):
 PLAIN_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,99}")
 
 
-def _plain(where: str, value, what: str) -> str:
+def _plain(where: str, value: object, what: str) -> str:
     if not isinstance(value, str) or not PLAIN_NAME.fullmatch(value) or set(value) == {"."}:
         raise ReportError(f"hydra.callbacks.report.{where}: expected {what} (letters, digits, _ . -; no '/' or "
                           f"'..'), got {value!r}")
     return value
 
 
-def _metrics(value) -> list[str]:
+def _metrics(value: object) -> list[str]:
     if isinstance(value, str) or not isinstance(value, Sequence) or not value:
         raise ReportError(f"hydra.callbacks.report.metrics: expected a non-empty list of metric names "
                           f"([val_loss]), got {value!r}")
     return [_plain(f"metrics[{i}]", m, "a metric's name (val_loss)") for i, m in enumerate(value)]
 
 
-def _name(value) -> str:
+def _name(value: object) -> str:
     return _plain(f"also.{value}", value, "a report's name, a directory inside the sweep's")
 
 
-def _baseline(where: str, value) -> str | None:
+def _baseline(where: str, value: object) -> str | None:
     if value is None or (isinstance(value, str) and value.strip()):
         return value
     raise ReportError(f"hydra.callbacks.report.{where}: expected a variant ('ffn=gelu') or null, got {value!r}")
 
 
-def _target(where: str, value) -> float | None:
+def _target(where: str, value: object) -> float | None:
     if value is None or (isinstance(value, int | float) and not isinstance(value, bool)):
         return value
     raise ReportError(f"hydra.callbacks.report.{where}: expected a number or null, got {value!r}")
 
 
-def _also(name: str, value) -> dict:
+def _also(name: str, value: object) -> dict[str, Any]:
     """An `also` entry as {baseline, target}: a baseline alone, or a mapping of those two keys."""
     where = f"also.{name}"
     if isinstance(value, str):
@@ -118,7 +122,7 @@ def _also(name: str, value) -> dict:
 _NAMES = ("zoo.report.ReportAfterSweep", f"{__name__}.ReportAfterSweep")  # as the configs name it, and in full
 
 
-def check_callbacks(callbacks: Mapping) -> None:
+def check_callbacks(callbacks: Mapping[str, Any]) -> None:
     """Raise ReportError for the first ReportAfterSweep in `hydra.callbacks` whose arguments are bad: train.py's
     check before Hydra creates the callbacks (which would fail with its own traceback)."""
     for spec in callbacks.values():

@@ -7,6 +7,7 @@ import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from zoo.io import (
     READ_LIMITS,
@@ -39,13 +40,13 @@ class Run:
     path: Path
     status: str
     overrides: dict[str, str]
-    summary: dict | None = None
+    summary: dict[str, Any] | None = None
     metrics_csv: Path | None = None  # read when first needed: summary.json holds the history of most runs
     detail: str = ""  # why a run is not completed, for the job list
     optim: str | None = None  # the optimizer it trained with (summary.json, else .hydra/config.yaml); None: unknown
-    _csv: tuple[list[dict], list[tuple[float, float]]] | None = field(default=None, repr=False)
+    _csv: tuple[list[dict[str, Any]], list[tuple[float, float]]] | None = field(default=None, repr=False)
 
-    def _metrics(self) -> tuple[list[dict], list[tuple[float, float]]]:
+    def _metrics(self) -> tuple[list[dict[str, Any]], list[tuple[float, float]]]:
         if self._csv is None:
             evals, train, damage = _read_metrics_csv(self.metrics_csv) if self.metrics_csv else ([], [], None)
             if damage:  # read as far as it goes; the run stands, said in its detail
@@ -54,7 +55,7 @@ class Run:
         return self._csv
 
     @property
-    def csv_history(self) -> list[dict]:
+    def csv_history(self) -> list[dict[str, Any]]:
         """metrics.csv's evaluation rows, {metric: value, step}."""
         return self._metrics()[0]
 
@@ -115,8 +116,8 @@ class Run:
             return self.overrides[factor]
         return self.optim if factor == OPTIM and self.optim else "(default)"
 
-    def get(self, *keys):
-        d = self.summary or {}
+    def get(self, *keys: str) -> Any:
+        d: Any = self.summary or {}
         for k in keys:
             if not isinstance(d, dict) or k not in d:
                 return None
@@ -145,7 +146,7 @@ def variant_label(key: tuple[tuple[str, str], ...]) -> str:
     return ", ".join(f"{f}={val}" for f, val in key)
 
 
-def _natural_key(path: Path) -> list:
+def _natural_key(path: Path) -> list[int | str]:
     return [int(p) if p.isdigit() else p for part in path.parts for p in re.split(r"(\d+)", part) if p]
 
 
@@ -167,7 +168,7 @@ def find_run_dirs(root: Path) -> list[Path]:
     return sorted(outer, key=_natural_key)
 
 
-def _optimizer(summary: dict | None, path: Path) -> str | None:
+def _optimizer(summary: dict[str, Any] | None, path: Path) -> str | None:
     """The optimizer's name a run records: summary.json's `optim`, else the config Hydra saved when it started
     (a run that died before its summary); None for a run from before the optim group, or unreadable."""
     recorded = (summary or {}).get(OPTIM)
@@ -196,12 +197,12 @@ def _read_overrides_yaml(path: Path) -> list[str]:
         return []
 
 
-def _read_metrics_csv(path: Path) -> tuple[list[dict], list[tuple[float, float]], str | None]:
+def _read_metrics_csv(path: Path) -> tuple[list[dict[str, Any]], list[tuple[float, float]], str | None]:
     """(evaluation rows as {metric: value, step}, (step, train_loss) pairs, what is wrong or None) of metrics.csv,
     read as far as it goes: up to a row whose step is out of range, nothing if it is not a CSV zoo reads. Lightning logs
     an evaluation during fit at the 0-based index of the last batch, one less than summary.json's global
     step: add 1 (training rows likewise)."""
-    rows: list[dict] = []
+    rows: list[dict[str, Any]] = []
     train: list[tuple[float, float]] = []
     try:
         for row in read_csv(path)[1]:
@@ -243,7 +244,7 @@ def _step(text: str, path: Path) -> int:
     return int(x) + 1
 
 
-def _number(x) -> bool:
+def _number(x: object) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool)
 
 
@@ -251,7 +252,7 @@ JSON_TYPES = {list: "an array", str: "a string", int: "a number", float: "a numb
               type(None): "null"}
 
 
-def check_summary(s) -> str | None:
+def check_summary(s: object) -> str | None:
     """Why a parsed summary.json cannot be read (None when it can): the report uses these fields as numbers."""
     if not isinstance(s, dict):
         return f"summary.json holds {JSON_TYPES.get(type(s), type(s).__name__)}, not a JSON object"
@@ -387,7 +388,7 @@ def match_jobs(root: Path, runs: list[Run]) -> Plan:
     planned, source = planned_jobs(root)
     if planned is None:
         return Plan([Job([f"{k}={v}" for k, v in r.overrides.items()], r) for r in runs], source)
-    by_overrides: dict[tuple, list[Run]] = {}
+    by_overrides: dict[tuple[tuple[str, str], ...], list[Run]] = {}
     for r in runs:
         by_overrides.setdefault(tuple(sorted(r.overrides.items())), []).append(r)
     jobs = []
