@@ -177,9 +177,18 @@ def test_every_module_has_a_layer():
     assert set(PLACES.values()) <= set(RANK)
 
 
+def circles(edges: list[Import], most: int = 20) -> list[list[str]]:
+    """Circles one after another, each found with the closing edge of those before it taken out."""
+    found = []
+    while len(found) < most and (cycle := find_cycle(edges)):
+        found.append(cycle)
+        edges = [e for e in edges if (e.source, e.target) != (cycle[-2], cycle[-1])]
+    return found
+
+
 def test_no_import_circle():
-    cycle = find_cycle(EDGES)
-    assert cycle is None, "import circle: " + " -> ".join(cycle or [])
+    found = circles(EDGES)
+    assert found == [], "import circles:\n" + "\n".join(" -> ".join(c) for c in found)
 
 
 def test_the_layers_hold():

@@ -49,7 +49,7 @@ def load_model(source: str):
     if source.startswith(HF_PREFIX):
         name = source[len(HF_PREFIX):]
         try:
-            # optional: hf (transformers); zoo.convert loads torch ({TORCH}) only for hf:<model>
+            # optional: hf (transformers); zoo.convert loads torch (2.7 s) only for hf:<model>
             from transformers import AutoTokenizer
 
             from zoo.convert import ConversionError, first_line, from_pretrained
@@ -66,7 +66,7 @@ def load_model(source: str):
         except Exception as e:  # not on the hub, or a damaged tokenizer file: one line, whatever the library raised
             raise EvalError(f"{source}: cannot load {what} ({first_line(e)})") from None
         return model.eval(), lambda text: tok(text, verbose=False)["input_ids"], None, None
-    # lazy: torch ({TORCH}): --help and usage errors answer before it
+    # lazy: torch (2.7 s): --help and usage errors answer before it
     from zoo.kernels import apply_kernels
     from zoo.training.checkpoint import CheckpointError, load_checkpoint
 
@@ -111,7 +111,7 @@ def data_config(overrides: list[str], run_cfg: dict | None) -> dict:
 
 def split_tokens(data: dict, split: str, encode, tokenizer_state: dict | None):
     """(TokenSplit, bytes per token, characters per token) of one split of the data."""
-    # lazy: Lightning ({LIGHTNING}) and torch ({TORCH}) after the flags are checked
+    # lazy: Lightning (7 s after torch) and torch (2.7 s) after the flags are checked
     import numpy as np
 
     from zoo.training.data import TextData, TokenData, TokenSplit
@@ -144,7 +144,7 @@ def split_tokens(data: dict, split: str, encode, tokenizer_state: dict | None):
 
 def text_source(data: dict, split: str) -> type:
     """The data's class, if it is running text (a text or a prepared corpus) and has `split`."""
-    # lazy: Lightning ({LIGHTNING}), as split_tokens
+    # lazy: Lightning (7 s after torch), as split_tokens
     from zoo.training.data import DATA, TextData, TokenData
 
     kind = data.get("kind")
@@ -166,7 +166,7 @@ def text_source(data: dict, split: str) -> type:
 def evaluate(source: str, overrides: list[str] | None = None, split: str = "val", max_windows: int | None = None,
              progress: bool = True) -> dict:
     """Mean next-token loss, perplexity and bits per byte (and character) of `source` on the data's windows."""
-    # lazy: torch ({TORCH}): --help and usage errors answer before it
+    # lazy: torch (2.7 s): --help and usage errors answer before it
     import torch
     import torch.nn.functional as F
     from tqdm import tqdm

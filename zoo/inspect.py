@@ -79,7 +79,7 @@ def data_vocab(data: dict) -> tuple[int, str]:
 
 def inspect_config(overrides: list[str]) -> dict:
     """Composed config, resolved model config and its counts: params, FLOPs per token, weight bytes."""
-    # lazy: torch ({TORCH}): --help and usage errors answer before it
+    # lazy: torch (2.7 s): --help and usage errors answer before it
     from zoo.build import ConfigError, count_params, flops_per_token, resolve_config
     from zoo.training.validate import check_data
 
@@ -172,7 +172,7 @@ def format_single(info: dict) -> str:
 
 def config_changes(a: dict, b: dict) -> list[str]:
     """'key: A -> B' for every setting that differs (the resolved model config and the rest of the run)."""
-    # lazy: torch ({TORCH}), as inspect_config
+    # lazy: torch (2.7 s), as inspect_config
     from zoo.build import flatten_config
 
     fa = flatten_config({**a["config"], "model": a["model"]})
@@ -244,7 +244,7 @@ def ordered_maps(maps: dict) -> list[tuple[str, object]]:
 
 def attention_figure(checkpoint: str | Path, text: str, out: str | Path, max_labels: int = 32) -> Path:
     """Write a PNG grid of a checkpoint's attention maps on `text`: rows = layers, columns = heads."""
-    # lazy: torch ({TORCH}) and matplotlib ({MPL}) only for --attention
+    # lazy: torch (2.7 s) and matplotlib (1.0 s) only for --attention
     import torch
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
@@ -311,7 +311,7 @@ def loss_by_position(checkpoint: str | Path, length: int, buckets: int = 8) -> d
     """Mean next-token loss of a decoder-only checkpoint at each position of `length`-token validation
     windows, the same windows as training's val_loss_long with data.long_context=length. Returns
     {"context": the training context, "length", "windows", "rows": [(first, last, mean loss), ...]}."""
-    # lazy: torch ({TORCH}): --help and usage errors answer before it
+    # lazy: torch (2.7 s): --help and usage errors answer before it
     import torch
     import torch.nn.functional as F
 
@@ -329,7 +329,7 @@ def loss_by_position(checkpoint: str | Path, length: int, buckets: int = 8) -> d
     if not model.next_token_lm or data_cfg.get("kind") not in ("text", "hf"):
         raise InspectError(f"--loss-by-position: needs a decoder_only model trained on text; this checkpoint is "
                            f"{lineage} on data.kind={data_cfg.get('kind')}")
-    # lazy: torch ({TORCH}), as loss_by_position
+    # lazy: torch (2.7 s), as loss_by_position
     from zoo.generate import position_limit
 
     limit = position_limit(model)
@@ -391,7 +391,7 @@ def main(argv: list[str] | None = None) -> int:
                 raise InspectError("--loss-by-position takes no config overrides, --vs or --attention")
             length = args.length
             if length is None:
-                # lazy: torch ({TORCH}) only for --loss-by-position
+                # lazy: torch (2.7 s) only for --loss-by-position
                 from zoo.training.checkpoint import CheckpointError, read_checkpoint
 
                 try:

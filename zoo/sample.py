@@ -39,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
                                flags) or checkpoint_file_error(args.checkpoint):
         print(f"error: {error}", file=sys.stderr)
         return EXIT_ERROR
-    # lazy: torch ({TORCH}): --help and usage errors answer before it
+    # lazy: torch (2.7 s): --help and usage errors answer before it
     import torch
 
     from zoo.build import ConfigError
@@ -74,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def print_window_note(model, total: int) -> None:
     """Say once (on stderr, so the text on stdout stays clean) when sampling slides past the position limit."""
-    # lazy: torch ({TORCH}), as main
+    # lazy: torch (2.7 s), as main
     from zoo.generate import position_limit
 
     limit = position_limit(model)

@@ -9,6 +9,10 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from omegaconf import OmegaConf
+
 from zoo.io import MAX_SWEEP_JOBS, read_yaml, sweep_size
 
 BASIC_SWEEPER = "hydra._internal.core_plugins.basic_sweeper.BasicSweeper"
@@ -44,11 +48,7 @@ def planned_jobs(root: Path) -> tuple[list[list[str]] | None, str]:
         return None, f"{problem}, not read: the jobs found on disk"
     if not path.is_file():
         return None, "no multirun.yaml: the jobs found on disk"
-    try:  # lazy: Hydra's sweeper and parser ({HYDRA_SWEEP}), only where a sweep's plan is read
-        from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
-        from hydra.core.override_parser.overrides_parser import OverridesParser
-        from omegaconf import OmegaConf
-
+    try:
         cfg = OmegaConf.create(read_yaml(path))
         sweeper = OmegaConf.select(cfg, "hydra.sweeper._target_", default=None)
         if sweeper != BASIC_SWEEPER:  # Optuna and other searches decide their jobs as they go

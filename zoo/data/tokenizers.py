@@ -385,7 +385,7 @@ class HFTokenizer(Tokenizer):
         if source.startswith(("/", ".", "~")) and not local.is_dir():
             raise DataError(f"tokenizer: 'hf:{source}': no such directory (a save_pretrained folder or a hub name)")
         if local.is_dir():  # as for init_from: no file read through a link out of it, no FIFO where a file belongs
-            from zoo.convert import ConversionError, check_directory  # lazy: torch ({TORCH}); prepare runs without
+            from zoo.convert import ConversionError, check_directory  # lazy: torch (2.7 s); prepare runs without
 
             try:
                 check_directory(local)

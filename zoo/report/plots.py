@@ -17,7 +17,7 @@ MIN_EVALS = 3  # fewer evaluations than this make no curve: plot the training lo
 
 
 def _figure(w: float, h: float) -> Any:  # a matplotlib Figure
-    # lazy: matplotlib ({MPL}): zoo report --help and the tables answer without it
+    # lazy: matplotlib (1.0 s): zoo report --help and the tables answer without it
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
@@ -107,7 +107,7 @@ def plot_final(rows: list[Row], metric: str, path: Path) -> str:
 def plot_ladder(ladder: Ladder, path: Path) -> str:
     """Final metric against training compute, log-log: per variant the mean at each size with its 95% interval,
     the seeds as dots, and the fitted power law."""
-    from matplotlib.ticker import FormatStrFormatter  # lazy: matplotlib ({MPL}), as _figure
+    from matplotlib.ticker import FormatStrFormatter  # lazy: matplotlib (1.0 s), as _figure
 
     fig = _figure(7.5, 4.8)
     ax = fig.add_subplot()

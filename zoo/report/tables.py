@@ -138,7 +138,7 @@ def _params_from_config(run: Run) -> tuple[float | None, float | None]:
     if not path.is_file():
         return None, None
     try:
-        from zoo.build import count_params, flops_per_token  # lazy: torch ({TORCH}), for old runs only
+        from zoo.build import count_params, flops_per_token  # lazy: torch (2.7 s), for old runs only
 
         cfg = read_yaml(path)
         model = cfg["model"]

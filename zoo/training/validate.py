@@ -65,7 +65,7 @@ RUN_SETS = ("logger", "callbacks", "plugins", "num_sanity_val_steps", "enable_mo
 def check_trainer(trainer: dict) -> None:
     import inspect
 
-    # lazy: Lightning ({LIGHTNING}): sample and eval load checkpoints through this module
+    # lazy: Lightning (7 s after torch): sample and eval load checkpoints through this module
     import lightning as L
 
     params = sorted(set(inspect.signature(L.Trainer.__init__).parameters) - {"self"} - set(RUN_SETS))
@@ -79,7 +79,7 @@ def check_trainer(trainer: dict) -> None:
             raise ConfigError(f"trainer.{key}: {what}{hint}; valid: {', '.join(params)}")
     strategy = trainer.get("strategy", "auto")
     if isinstance(strategy, str):
-        # lazy: Lightning ({LIGHTNING}), as above
+        # lazy: Lightning (7 s after torch), as above
         from lightning.pytorch.strategies import StrategyRegistry
 
         valid = ["auto", "ddp", "ddp_spawn", "fsdp", "deepspeed", *StrategyRegistry.available_strategies()]
@@ -122,7 +122,7 @@ def check_trainer_accepts(trainer: dict) -> None:
     """Let Lightning judge the remaining Trainer arguments (max_epochs, limit_val_batches, ...): build a
     Trainer from them, which allocates nothing and launches no process, so its error is one line now
     instead of a traceback after the model is built."""
-    # lazy: Lightning ({LIGHTNING}), as above
+    # lazy: Lightning (7 s after torch), as above
     import lightning as L
     from lightning.fabric.utilities.exceptions import MisconfigurationException
 
