@@ -50,7 +50,7 @@ RANK = {name: row for row, names in enumerate(LAYERS) for name in names}
 
 # A function-local import of one of these (or of a zoo module) says why it waits, on its line or the line above
 # its group of imports: `# lazy: <why> (<cost, measured>)`, or `# optional: <the extra>` for a package that may
-# be missing. Costs are measured with `python -X importtime -c "import X"` (docs/benchmarks.md, "Imports").
+# be missing. The costs: docs/benchmarks.md, "Imports (AVX-512 BF16)".
 HEAVY = ("torch", "lightning", "hydra", "transformers", "wandb", "matplotlib")
 REASON = re.compile(r"#\s*(?:lazy:.*\d(?:\.\d+)?\s*m?s\b|optional:\s*\S+)")
 
