@@ -20,6 +20,7 @@ from zoo.io import (
     read_yaml,
 )
 from zoo.report.stats import higher_is_better
+from zoo.sweep import ReportError as ReportError  # the report's error: zoo.report.runs.ReportError too
 from zoo.sweep import not_a_file, parse_overrides, planned_jobs
 
 # Run statuses: completed | diverged | interrupted | failed (the summary says so) | killed (no summary.json,
@@ -29,10 +30,6 @@ FAILED = ("failed", "interrupted", "killed", "unreadable")  # counted in the tab
 
 
 OPTIM = "optim"  # the factor naming a run's optimizer, which summary.json records whatever chose it
-
-
-class ReportError(ValueError):
-    """Bad input to the report (no runs, unknown metric, unknown baseline), reported as one line."""
 
 
 @dataclass
