@@ -6,12 +6,11 @@ from typing import TYPE_CHECKING
 
 import zoo
 from zoo.bench.contenders.base import lm_loss
+from zoo.bench.settings import Settings, Shape
 from zoo.kernels import apply_kernels
 
 if TYPE_CHECKING:
     from torch import nn
-
-    from zoo.bench.settings import Settings, Shape
 
 
 def zoo_config(shape: Shape, family: str, max_seq_len: int | None = None) -> dict:
