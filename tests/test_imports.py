@@ -15,9 +15,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 
-# The layers, lowest first: a module may import its own layer and the layers listed above it, never one below
-# it. Two layers on one row sit beside each other and import neither (training and report). A module belongs to
-# the longest name below that is it or a package holding it; a module no name covers fails the test (place it).
+# The layers, lowest first: a module may import its own layer and the rows before its own, never a later row.
+# Two layers on one row sit beside each other and import neither (training and report). A module belongs to the
+# longest name in PLACES that is it or a package holding it; a module no name covers fails the test (place it).
 LAYERS: list[tuple[str, ...]] = [
     ("base",),        # the registry, the contract, files, the machine, how the tools talk, a sweep's plan
     ("layers",),      # one file per part: its PyTorch formula
