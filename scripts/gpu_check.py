@@ -47,7 +47,7 @@ def check_train(device: str, tiny: bool, compile_: bool, out: Path, lineages: li
     import torch
     from hydra import compose, initialize_config_dir
 
-    from zoo.cli.common import config_dir
+    from zoo.commands import config_dir
     from zoo.registry import MODEL
     from zoo.training import run
 

@@ -29,8 +29,8 @@ def _seed():
 @pytest.fixture(autouse=True)
 def _started_by_nobody(monkeypatch):
     """Each test starts as a plain `python -m` process would: a test that ran `zoo <command>` in this process
-    (zoo.cli.common.run_as) must not change the hints a later test reads."""
-    from zoo.cli import common
+    (zoo.commands.run_as) must not change the hints a later test reads."""
+    from zoo import commands
 
-    monkeypatch.setattr(common, "_command", None)
-    monkeypatch.delenv(common.COMMAND_ENV, raising=False)
+    monkeypatch.setattr(commands, "_command", None)
+    monkeypatch.delenv(commands.COMMAND_ENV, raising=False)

@@ -134,7 +134,7 @@ PARSE_CASES = [
      "from zoo.data.tokens import read_manifest\nout = repr(read_manifest(tmp / 'sweep' / '0'))",
      "(400 digits) is out of range"),
     ("verification-cache-deep", lambda d: None,
-     "from zoo.data.tokens import _VerifiedRecord\nfrom zoo.data.corpus import cache_dir\n"
+     "from zoo.data.tokens import _VerifiedRecord\nfrom zoo.io import cache_dir\n"
      "rec = _VerifiedRecord(tmp / 'sweep')\nrec.file.parent.mkdir(parents=True)\nrec.file.write_text('" + "[" * 5000
      + "')\nout = 'verify again' if _VerifiedRecord(tmp / 'sweep').shards == {} else 'trusted'", "verify again"),
     ("saved-tokenizer-deep", lambda d: (d / "tok.json").write_text(DEEP_JSON),

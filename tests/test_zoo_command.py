@@ -1,5 +1,5 @@
 """The `zoo` command (zoo.cli): its subcommands, its help before torch loads, one-line mistakes, and `zoo train`
-being train.py; where the configs come from (zoo.cli.common.config_dir). The installed wheel: test_wheel.py."""
+being train.py; where the configs come from (zoo.commands.config_dir). The installed wheel: test_wheel.py."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from zoo import commands
 from zoo.cli import COMMANDS, main
-from zoo.cli import common as cli_common
 from zoo.component import ConfigError
 from zoo.registry import FFN
 
@@ -23,7 +23,7 @@ VALID = "valid: train, sample, eval, inspect, prepare, report, bench"
 @pytest.fixture(autouse=True)
 def _plain_names(monkeypatch):
     """zoo.cli.main names the tool it starts (`zoo sample`) for the rest of the process: not past one test."""
-    monkeypatch.setattr(cli_common, "_command", None)
+    monkeypatch.setattr(commands, "_command", None)
 
 
 def _run(*args: str) -> subprocess.CompletedProcess:
@@ -111,27 +111,25 @@ def test_zoo_train_ddp_ranks_run_zoo_train_again(tmp_path):
 
 
 def test_configs_come_from_the_clone():
-    assert cli_common.config_dir() == ROOT / "conf"
-    assert cli_common.config_search_path() == str(ROOT / "conf")
-    assert cli_common.train_command() == "python train.py"
+    assert commands.config_dir() == ROOT / "conf"
+    assert commands.config_search_path() == str(ROOT / "conf")
+    assert commands.train_command() == "python train.py"
 
 
 def test_no_configs_anywhere_is_one_line(monkeypatch):
-    import zoo.config.files as files  # where the configs are (cli_common.config_dir is this one)
-
-    monkeypatch.setattr(files, "clone_config_dir", lambda: None)
-    monkeypatch.setattr(files, "CONFIG_PACKAGE", "zoo.no_such_conf")
-    files.config_dir.cache_clear()
+    monkeypatch.setattr(commands, "clone_config_dir", lambda: None)
+    monkeypatch.setattr(commands, "CONFIG_PACKAGE", "zoo.no_such_conf")
+    commands.config_dir.cache_clear()
     try:
         with pytest.raises(ConfigError, match=r"^no configs: neither a conf/ beside '.*zoo' \(a clone\) nor the "
                                               r"package zoo.no_such_conf \(an installed wheel\); reinstall zoo$"):
-            cli_common.config_dir()
+            commands.config_dir()
     finally:
-        files.config_dir.cache_clear()
+        commands.config_dir.cache_clear()
 
 
 # ----------------------------------------------------------------------------------------------
-# Hints that fit the install and the command (zoo.cli.common.command, pip_install)
+# Hints that fit the install and the command (zoo.commands.command, pip_install)
 
 
 @pytest.mark.parametrize("clone, started, tool, expected", [
@@ -144,19 +142,19 @@ def test_no_configs_anywhere_is_one_line(monkeypatch):
     (False, None, "prepare", "zoo prepare"),
 ])
 def test_every_hint_names_the_command_as_this_user_runs_it(monkeypatch, clone, started, tool, expected):
-    monkeypatch.setattr(cli_common, "clone_config_dir", lambda: ROOT / "conf" if clone else None)
+    monkeypatch.setattr(commands, "clone_config_dir", lambda: ROOT / "conf" if clone else None)
     if started:
-        cli_common.run_as(started)
-    assert cli_common.command(tool) == expected
+        commands.run_as(started)
+    assert commands.command(tool) == expected
 
 
 def test_a_missing_extra_is_installed_as_zoo_was(monkeypatch, tmp_path):
     monkeypatch.chdir(ROOT)
-    assert cli_common.pip_install("mlflow") == 'pip install -e ".[mlflow]"'
+    assert commands.pip_install("mlflow") == 'pip install -e ".[mlflow]"'
     monkeypatch.chdir(tmp_path)  # elsewhere, the clone's own path
-    assert cli_common.pip_install("hf") == f'pip install -e "{ROOT}[hf]"'
-    monkeypatch.setattr(cli_common, "clone_config_dir", lambda: None)
-    assert cli_common.pip_install("mlflow") == 'pip install "zoo[mlflow]"'
+    assert commands.pip_install("hf") == f'pip install -e "{ROOT}[hf]"'
+    monkeypatch.setattr(commands, "clone_config_dir", lambda: None)
+    assert commands.pip_install("mlflow") == 'pip install "zoo[mlflow]"'
 
 
 def test_every_flag_of_every_tool_says_what_it_does(monkeypatch):

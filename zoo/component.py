@@ -174,6 +174,7 @@ def option_values(opts: Any) -> dict:
 
 def linear_flops(module: Any) -> int:
     """2 FLOPs per weight of every linear layer in module (an nn.Module): its matrix products, per token."""
+    # lazy: the contract stays torch-free, so train.py's refusals answer before torch (2.7 s)
     from torch import nn
 
     return sum(2 * m.weight.numel() for m in module.modules() if isinstance(m, nn.Linear))

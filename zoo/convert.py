@@ -83,6 +83,7 @@ import torch
 from torch import nn
 
 from zoo.build import resolve_config
+from zoo.commands import needs
 from zoo.io import (
     FileFormatError,
     first_line,  # noqa: F401 (zoo.eval and init_from import it from here)
@@ -896,10 +897,8 @@ _DIRECT_KWARGS = {"local_files_only", "attn_implementation"}  # nothing to do wh
 
 def _transformers() -> Any:
     try:
-        import transformers
+        import transformers  # optional: hf
     except ImportError as err:  # the optional `hf` extra
-        from zoo.cli.common import needs
-
         raise ImportError(needs("transformers", "hf", "zoo.convert.from_pretrained")) from err
     return transformers
 

@@ -22,18 +22,15 @@ import math
 import sys
 from pathlib import Path
 
-from zoo.cli.common import (
-    EXIT_ERROR,
-    EXIT_OK,
-    OneLineParser,
-    command,
-    compose,
-    missing_module,
-    needs,
-)
+from zoo.cli.common import compose
+from zoo.commands import EXIT_ERROR, EXIT_OK, OneLineParser, command, missing_module, needs
 from zoo.component import ConfigError
 from zoo.config.data import data_options
+from zoo.data.corpus import DataError, split_text
+from zoo.data.tokenizers import tokenizer_from_state
+from zoo.data.tokens import open_shards, read_manifest
 from zoo.io import checkpoint_file_error, collect_once_at_exit
+from zoo.net import bound_network
 
 HF_PREFIX = "hf:"
 SPLITS = ("val", "train")  # every text source splits into these two; none holds a separate test split
@@ -53,10 +50,10 @@ def load_model(source: str):
     if source.startswith(HF_PREFIX):
         name = source[len(HF_PREFIX):]
         try:
+            # optional: hf (transformers); zoo.convert loads torch (2.7 s) only for hf:<model>
             from transformers import AutoTokenizer
 
             from zoo.convert import ConversionError, first_line, from_pretrained
-            from zoo.net import bound_network
         except ImportError:
             raise EvalError(needs("transformers", "hf", "hf:<name>")) from None
         what = "it"
@@ -70,6 +67,7 @@ def load_model(source: str):
         except Exception as e:  # not on the hub, or a damaged tokenizer file: one line, whatever the library raised
             raise EvalError(f"{source}: cannot load {what} ({first_line(e)})") from None
         return model.eval(), lambda text: tok(text, verbose=False)["input_ids"], None, None
+    # lazy: torch (2.7 s): --help and usage errors answer before it
     from zoo.kernels import apply_kernels
     from zoo.training.checkpoint import CheckpointError, load_checkpoint
 
@@ -114,11 +112,9 @@ def data_config(overrides: list[str], run_cfg: dict | None) -> dict:
 
 def split_tokens(data: dict, split: str, encode, tokenizer_state: dict | None):
     """(TokenSplit, bytes per token, characters per token) of one split of the data."""
+    # lazy: Lightning (7 s after torch) and torch (2.7 s) after the flags are checked
     import numpy as np
 
-    from zoo.data.corpus import DataError, split_text
-    from zoo.data.tokenizers import tokenizer_from_state
-    from zoo.data.tokens import open_shards, read_manifest
     from zoo.training.data import TextData, TokenData, TokenSplit
 
     cls = text_source(data, split)
@@ -149,6 +145,7 @@ def split_tokens(data: dict, split: str, encode, tokenizer_state: dict | None):
 
 def text_source(data: dict, split: str) -> type:
     """The data's class, if it is running text (a text or a prepared corpus) and has `split`."""
+    # lazy: Lightning (7 s after torch), as split_tokens
     from zoo.training.data import DATA, TextData, TokenData
 
     kind = data.get("kind")
@@ -170,6 +167,7 @@ def text_source(data: dict, split: str) -> type:
 def evaluate(source: str, overrides: list[str] | None = None, split: str = "val", max_windows: int | None = None,
              progress: bool = True) -> dict:
     """Mean next-token loss, perplexity and bits per byte (and character) of `source` on the data's windows."""
+    # lazy: torch (2.7 s): --help and usage errors answer before it
     import torch
     import torch.nn.functional as F
     from tqdm import tqdm

@@ -16,10 +16,8 @@ from __future__ import annotations
 import contextlib
 from functools import lru_cache
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    import torch
+import torch
 
 AUTO = "auto"
 
@@ -42,8 +40,6 @@ def cpu_kind() -> str:
     if flags:
         amx, avx = "amx_bf16" in flags, "avx512_bf16" in flags
     else:  # no /proc/cpuinfo (macOS, Windows): torch's own probe of the CPU
-        import torch
-
         amx, avx = torch.cpu._is_amx_tile_supported(), torch.cpu._is_avx512_bf16_supported()
     return "amx" if amx else "avx512_bf16" if avx else "none"
 
@@ -56,8 +52,6 @@ def instruction_set() -> str:
     instruction set; on another, oneDNN and torch take other code paths and the digits differ within seed noise
     (docs/reliability.md, "Reproducibility across machines"). summary.json records it; the report says when a
     sweep mixes them."""
-    import torch
-
     capability, kind = torch.backends.cpu.get_cpu_capability().lower(), cpu_kind()
     return capability if kind == "none" else f"{capability}+{kind}"
 
@@ -66,8 +60,6 @@ CPU_BF16 = {"amx": "AMX", "avx512_bf16": "AVX-512 BF16"}  # cpu_kind -> the unit
 
 
 def on_gpu(trainer: dict) -> bool:
-    import torch
-
     acc = trainer.get("accelerator", "auto")
     return acc in ("gpu", "cuda") or (acc == "auto" and torch.cuda.is_available())
 
@@ -75,8 +67,6 @@ def on_gpu(trainer: dict) -> bool:
 def native_bf16(trainer: dict) -> str | None:
     """What computes bf16 natively where this run trains, in words ('AMX', 'NVIDIA A100 ...'), or None."""
     if on_gpu(trainer):
-        import torch
-
         native = torch.cuda.is_available() and torch.cuda.is_bf16_supported(including_emulation=False)
         return torch.cuda.get_device_name() if native else None
     if trainer.get("accelerator") == "mps":  # no rows for Apple GPUs: float32

@@ -21,9 +21,14 @@ import re
 import sys
 from pathlib import Path
 
-from zoo.cli.common import EXIT_ERROR, EXIT_OK, OneLineParser, compose
+from zoo.cli.common import compose
+from zoo.commands import EXIT_ERROR, EXIT_OK, OneLineParser
 from zoo.component import ConfigError
+from zoo.data.corpus import DataError, read_text_file
+from zoo.data.tasks import TASK_ALPHABET, sequence_len
+from zoo.data.tokenizers import N_SPECIAL, build_tokenizer
 from zoo.io import atomic_write
+from zoo.registry import MODEL
 
 DEFAULT_CHAR_VOCAB = 102  # the char tokenizer fitted on the embedded corpus: 20 specials + 82 characters
 COMPONENTS = (("embedding", "embeddings"), ("position", "positions"), ("attention", "attention"), ("ffn", "FFN"),
@@ -50,8 +55,6 @@ def merge_overrides(base: list[str], extra: list[str]) -> list[str]:
 def data_context(data: dict) -> int:
     """The longest sequence training would feed the model (sizes a null max_seq_len)."""
     if data.get("kind") == "task":
-        from zoo.data.tasks import sequence_len
-
         return sequence_len(data["task"], data["test_len"][1])
     return data["context"]
 
@@ -59,12 +62,8 @@ def data_context(data: dict) -> int:
 def data_vocab(data: dict) -> tuple[int, str]:
     """(vocab size, where it came from) of the data's tokenizer, without loading data where a cheaper answer
     exists."""
-    from zoo.data.tokenizers import N_SPECIAL, build_tokenizer
-
     kind, name = data.get("kind"), data.get("tokenizer", "char")
     if kind == "task":
-        from zoo.data.tasks import TASK_ALPHABET
-
         return build_tokenizer("char").fit(TASK_ALPHABET).vocab_size, f"{data['task']} task alphabet"
     if name == "byte":
         return N_SPECIAL + 256, "byte tokenizer"
@@ -73,8 +72,6 @@ def data_vocab(data: dict) -> tuple[int, str]:
     if kind == "text" and data.get("path") is None:
         return DEFAULT_CHAR_VOCAB, "char tokenizer on the embedded corpus"
     if kind == "text" and data.get("path") not in (None, "???"):
-        from zoo.data.corpus import read_text_file
-
         return build_tokenizer("char").fit(read_text_file(data["path"])).vocab_size, f"char on {data['path']}"
     raise InspectError("model.vocab_size: cannot tell the vocabulary of this data without loading it; "
                        "pass model.vocab_size=N")
@@ -82,6 +79,7 @@ def data_vocab(data: dict) -> tuple[int, str]:
 
 def inspect_config(overrides: list[str]) -> dict:
     """Composed config, resolved model config and its counts: params, FLOPs per token, weight bytes."""
+    # lazy: torch (2.7 s): --help and usage errors answer before it
     from zoo.build import ConfigError, count_params, flops_per_token, resolve_config
     from zoo.config.checks import check_data
     from zoo.data.corpus import DataError
@@ -112,8 +110,6 @@ def inspect_config(overrides: list[str]) -> dict:
 
 
 def describe(model: dict) -> str:
-    from zoo.registry import MODEL
-
     ffn = model["ffn"]
     d_ff = f" d_ff {ffn['d_ff']}" if ffn.get("d_ff") else ""
     att = model["attention"]
@@ -177,6 +173,7 @@ def format_single(info: dict) -> str:
 
 def config_changes(a: dict, b: dict) -> list[str]:
     """'key: A -> B' for every setting that differs (the resolved model config and the rest of the run)."""
+    # lazy: torch (2.7 s), as inspect_config
     from zoo.build import flatten_config
 
     fa = flatten_config({**a["config"], "model": a["model"]})
@@ -248,6 +245,7 @@ def ordered_maps(maps: dict) -> list[tuple[str, object]]:
 
 def attention_figure(checkpoint: str | Path, text: str, out: str | Path, max_labels: int = 32) -> Path:
     """Write a PNG grid of a checkpoint's attention maps on `text`: rows = layers, columns = heads."""
+    # lazy: torch (2.7 s) and matplotlib (1.0 s) only for --attention
     import torch
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
@@ -314,10 +312,10 @@ def loss_by_position(checkpoint: str | Path, length: int, buckets: int = 8) -> d
     """Mean next-token loss of a decoder-only checkpoint at each position of `length`-token validation
     windows, the same windows as training's val_loss_long with data.long_context=length. Returns
     {"context": the training context, "length", "windows", "rows": [(first, last, mean loss), ...]}."""
+    # lazy: torch (2.7 s): --help and usage errors answer before it
     import torch
     import torch.nn.functional as F
 
-    from zoo.data.corpus import DataError
     from zoo.training.checkpoint import CheckpointError, load_checkpoint
     from zoo.training.data import build_data
     from zoo.training.objectives import OBJECTIVE
@@ -332,6 +330,7 @@ def loss_by_position(checkpoint: str | Path, length: int, buckets: int = 8) -> d
     if not model.next_token_lm or data_cfg.get("kind") not in ("text", "hf"):
         raise InspectError(f"--loss-by-position: needs a decoder_only model trained on text; this checkpoint is "
                            f"{lineage} on data.kind={data_cfg.get('kind')}")
+    # lazy: torch (2.7 s), as loss_by_position
     from zoo.generate import position_limit
 
     limit = position_limit(model)
@@ -393,6 +392,7 @@ def main(argv: list[str] | None = None) -> int:
                 raise InspectError("--loss-by-position takes no config overrides, --vs or --attention")
             length = args.length
             if length is None:
+                # lazy: torch (2.7 s) only for --loss-by-position
                 from zoo.training.checkpoint import CheckpointError, read_checkpoint
 
                 try:

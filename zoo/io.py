@@ -24,6 +24,12 @@ from typing import IO, Any
 from zoo.component import ConfigError  # no torch
 
 
+def cache_dir() -> Path:
+    """zoo's per-user cache: `$ZOO_CACHE`, else `$XDG_CACHE_HOME/zoo`, else `~/.cache/zoo`."""
+    root = os.environ.get("ZOO_CACHE") or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "zoo"
+    return Path(root).expanduser()
+
+
 class RunDirError(ConfigError):
     """A directory zoo will not read or write as it stands (a link, a look-alike run, a file where a directory
     belongs), or a write that failed (full disk, read-only location): one line, exit code 2 from the CLIs."""

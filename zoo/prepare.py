@@ -47,7 +47,7 @@ from typing import Any
 
 import numpy as np
 
-from zoo.cli.common import OneLineParser, command, needs
+from zoo.commands import OneLineParser, command, needs
 from zoo.data.corpus import DataError
 from zoo.data.tokenizers import HF_PREFIX, Tokenizer, build_tokenizer, tokenizer_from_state
 from zoo.data.tokens import FORMAT, MANIFEST, SPLITS, dtype_for, write_shard

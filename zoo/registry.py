@@ -20,6 +20,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from zoo.component import ConfigError, Options
+from zoo.io import first_line
+
 _COMPONENT_KINDS = ("attention", "position", "norm", "residual", "ffn", "model")
 
 
@@ -76,8 +79,6 @@ class Registry:
 
     def options(self, name: str) -> type:
         """The dataclass declaring the component's options (typed, with defaults)."""
-        from zoo.component import Options
-
         self.get(name)
         return self._options.get(name, Options)
 
@@ -106,9 +107,6 @@ def plugins() -> list[str]:
 def load_plugins() -> None:
     """Import each ZOO_PLUGINS module once (a .py file by its path), so its parts register; a module that fails
     to import is one line naming it."""
-    from zoo.component import ConfigError
-    from zoo.io import first_line
-
     for plugin in plugins():
         is_file = plugin.endswith(".py")
         # a file's module is named for its full path: two files of one name (a/parts.py, b/parts.py) are two modules

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import sys
 
-from zoo.cli.common import EXIT_ERROR, OneLineParser
+from zoo.commands import EXIT_ERROR, OneLineParser
 from zoo.io import checkpoint_file_error, collect_once_at_exit
 from zoo.spec import sampling_error
 
@@ -39,6 +39,7 @@ def main(argv: list[str] | None = None) -> int:
                                flags) or checkpoint_file_error(args.checkpoint):
         print(f"error: {error}", file=sys.stderr)
         return EXIT_ERROR
+    # lazy: torch (2.7 s): --help and usage errors answer before it
     import torch
 
     from zoo.build import ConfigError
@@ -73,6 +74,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def print_window_note(model, total: int) -> None:
     """Say once (on stderr, so the text on stdout stays clean) when sampling slides past the position limit."""
+    # lazy: torch (2.7 s), as main
     from zoo.generate import position_limit
 
     limit = position_limit(model)

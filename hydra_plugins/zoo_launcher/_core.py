@@ -33,7 +33,7 @@ from hydra.core.singleton import Singleton
 from hydra.core.utils import JobReturn, JobStatus, configure_log, filter_overrides, run_job, setup_globals
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from zoo.cli.common import JOB_CODES
+from zoo.commands import JOB_CODES
 from zoo.io import CONSOLE_LOG
 
 log = logging.getLogger(__name__)

@@ -26,14 +26,15 @@ from zoo.bench.sections.ttt import TTT_RUNS
 from zoo.bench.session import Session
 from zoo.bench.settings import SHAPES, Settings
 from zoo.build import ConfigError
-from zoo.cli.common import OneLineParser
+from zoo.commands import OneLineParser
 from zoo.io import atomic_write_text
+
+# --help's description: the first line of the package's docstring (zoo/bench/__init__.py, which imports this module)
+DESCRIPTION = "`python -m zoo.bench`: zoo's speed and memory against peer implementations, written to Markdown."
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    import zoo.bench  # its docstring, the help's description (this module is imported by the package's)
-
-    p = OneLineParser("bench", description=zoo.bench.__doc__.split("\n\n")[0],
+    p = OneLineParser("bench", description=DESCRIPTION,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     names = ",".join(SECTIONS.names())
     p.add_argument("--only", default=names, help=f"comma-separated sections: {names}")

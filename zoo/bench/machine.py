@@ -14,6 +14,7 @@ from pathlib import Path
 
 import torch
 
+from zoo import hardware
 from zoo.bench.settings import Settings
 
 
@@ -30,8 +31,6 @@ def kind_label(s: Settings) -> str:
     bf16')."""
     if s.device != "cpu":
         return torch.cuda.get_device_name(torch.device(s.device))
-    from zoo import hardware
-
     return hardware.CPU_BF16.get(hardware.cpu_kind(), "no native bf16")
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from zoo.bench.machine import load_average
 from zoo.bench.settings import Settings
-from zoo.cli.common import clone_config_dir, train_command
+from zoo.commands import clone_config_dir, train_command
 
 # What the sections train with: `zoo train` in this interpreter, so a clone and a wheel install run the same code
 # (train.py is a clone's alias of it). A test may put a stand-in's command in its place.

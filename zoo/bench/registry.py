@@ -6,12 +6,9 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
+from zoo.bench.session import Session
 from zoo.registry import Registry
-
-if TYPE_CHECKING:
-    from zoo.bench.session import Session
 
 
 class SectionRegistry(Registry):

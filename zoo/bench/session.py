@@ -13,6 +13,7 @@ from torch import nn
 from zoo.bench.contenders import BUILDERS, NotInstalled
 from zoo.bench.settings import Settings, Shape
 from zoo.bench.timing import Stats, interleave, matmul_peak, time_call
+from zoo.hardware import adamw_implementation
 
 
 @dataclass(frozen=True)
@@ -60,8 +61,6 @@ def make_train_run(shape: Shape, v: Variant, s: Settings) -> TrainRun:
     model, loss_of = BUILDERS[v.peer](shape, v.family, s)
     model.to(s.device).train()
     params = n_params(model)
-    from zoo.hardware import adamw_implementation
-
     # AdamW as train.py takes it with optim.fused=null, for every contender: fused on a GPU, and on CPU in bf16
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.1, **adamw_implementation(
         None, torch.device(s.device), "bf16-mixed" if v.bf16 else "32-true"))

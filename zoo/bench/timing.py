@@ -9,12 +9,10 @@ import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 
-if TYPE_CHECKING:
-    from zoo.bench.settings import Settings
+from zoo.bench.settings import Settings
 
 
 @dataclass

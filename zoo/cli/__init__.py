@@ -4,7 +4,8 @@
     zoo sample <checkpoint> --prompt "ROMEO:"     # each tool's own arguments: zoo <command> --help
 
 This module only picks the tool, whose own `main` reads the rest of the arguments, so `zoo --help` answers before
-torch loads. The tools' shared helpers are in zoo.cli.common, `zoo train` in zoo.cli.train.
+torch loads. The tools' shared helpers are in zoo.commands, the composed config in zoo.cli.common, `zoo train`
+in zoo.cli.train.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import difflib
 import importlib
 import sys
 
-from zoo.cli.common import EXIT_ERROR, EXIT_OK, run_as
+from zoo.commands import EXIT_ERROR, EXIT_OK, run_as
 
 # command -> (the module whose main(argv) runs it, one line for `zoo --help`); each also runs as `python -m <module>`
 COMMANDS = {

@@ -1,110 +1,27 @@
-"""What zoo's command-line tools share: exit codes, a parser whose mistakes are one line, where the configs are, and
-a config composed as train.py composes it. Nothing here imports torch: `zoo --help` and a tool's usage errors
-answer at once."""
+"""What zoo's command-line tools share: a config composed as train.py composes it, and (from zoo.commands, where
+the modules below the tools find them) exit codes, a parser whose mistakes are one line and where the configs are.
+Nothing here imports torch: `zoo --help` and a tool's usage errors answer at once."""
 
 from __future__ import annotations
 
-import argparse
-import os
-import sys
-from pathlib import Path
-
+from zoo.commands import (  # noqa: F401 - re-exported for the tools that import them from here
+    CONFIG_PACKAGE,
+    EXIT_ERROR,
+    EXIT_OK,
+    JOB_CODES,
+    OneLineParser,
+    clone_config_dir,
+    command,
+    config_dir,
+    config_search_path,
+    missing_module,
+    needs,
+    pip_install,
+    run_as,
+    train_command,
+)
 from zoo.component import ConfigError  # no torch
-from zoo.config.files import CONFIG_PACKAGE, clone_config_dir, config_dir
 from zoo.io import first_line
-
-EXIT_OK, EXIT_ERROR = 0, 2
-# Each job's exit code, of the sweep this process launched: train.py's task adds its own; zoo's parallel launcher
-# adds those its job processes send back. main reads them to exit 2 when every job was refused.
-JOB_CODES: list[int] = []
-
-_command: str | None = None  # what the user typed to start the tool (`zoo sample`, `python train.py`): run_as
-# ... also in the environment, for the processes a run starts (a parallel sweep's jobs print resume lines too)
-COMMAND_ENV = "ZOO_COMMAND"
-
-
-def run_as(command: str) -> None:
-    """Name the running tool after the command that started it (`zoo sample`): its usage and error lines say so,
-    and so does every hint it prints (command())."""
-    global _command
-    _command = command
-    os.environ[COMMAND_ENV] = command
-
-
-class OneLineParser(argparse.ArgumentParser):
-    """argparse whose usage errors are one line (`error: <what>; see --help`) and exit code 2. Its name is how
-    the user runs the tool (command(tool)): `python -m zoo.sample` in a clone, `zoo sample` through `zoo`."""
-
-    REQUIRED = "the following arguments are required: "
-
-    def __init__(self, tool: str | None = None, **kwargs):
-        # prog given: a subcommand's parser (argparse makes those), or a tool `zoo` has no subcommand for
-        if tool is not None:
-            kwargs.setdefault("prog", command(tool))
-        super().__init__(**kwargs)
-
-    def error(self, message: str):
-        if message.startswith(self.REQUIRED):  # argparse also names positionals that may be left out (nargs *)
-            optional = {a.dest for a in self._actions if a.nargs in ("*", "?")}
-            message = self.REQUIRED + ", ".join(n for n in message[len(self.REQUIRED):].split(", ")
-                                                if n not in optional)
-        print(f"error: {message}; see {self.prog} --help", file=sys.stderr)
-        sys.exit(EXIT_ERROR)
-
-
-# Where the configs are: zoo.config.files (clone_config_dir, config_dir), imported above for every tool.
-
-def command(tool: str, *, as_installed: bool = False) -> str:
-    """How the user in front of this install runs `tool` (train, sample, eval, prepare, report, ...): the one
-    source of every command zoo prints in a hint or a usage line. Started through `zoo` (`zoo train`), it is `zoo
-    <tool>`; started with Python (`python train.py`, `python -m zoo.sample`) in a clone, the clone's documented
-    commands, `python train.py` and `python -m zoo.<tool>`; from a wheel, which has no train.py, `zoo <tool>`.
-    as_installed: the install's documented way whatever started this process (what the benchmark's tables name)."""
-    started = None if as_installed else _command or os.environ.get(COMMAND_ENV)
-    if clone_config_dir() is None or (started is not None and started.startswith("zoo ")):
-        return f"zoo {tool}"
-    return "python train.py" if tool == "train" else f"python -m zoo.{tool}"
-
-
-def train_command() -> str:
-    """The install's training command, as the benchmark's tables name it: `python train.py` in a clone, `zoo
-    train` from a wheel."""
-    return command("train", as_installed=True)
-
-
-def pip_install(extra: str) -> str:
-    """The command that adds one of zoo's extras (mlflow, hf, ...) to this install: `pip install -e ".[mlflow]"`
-    in a clone (its root named unless it is the working directory), `pip install "zoo[mlflow]"` for a wheel."""
-    if (conf := clone_config_dir()) is None:
-        return f'pip install "zoo[{extra}]"'
-    root = conf.parent
-    where = "." if Path.cwd().resolve() == root else str(root)
-    return f'pip install -e "{where}[{extra}]"'
-
-
-def missing_module(name: str) -> bool:
-    """Whether the package `name` cannot be imported, found without importing it (no torch, no seconds): an
-    extra checked before a run starts."""
-    from importlib.util import find_spec
-
-    if name in sys.modules:  # None there: an import that is blocked
-        return sys.modules[name] is None
-    try:
-        return find_spec(name) is None
-    except (ImportError, ValueError):
-        return True
-
-
-def needs(package: str, extra: str, what: str) -> str:
-    """The one line for a missing extra: `<what> needs the 'mlflow' package: pip install ...`."""
-    return f"{what} needs the '{package}' package: {pip_install(extra)}"
-
-
-def config_search_path() -> str:
-    """Hydra's name for config_dir(): the clone's folder, or pkg://zoo.conf for the wheel's copy (a run's
-    .hydra/hydra.yaml then names the package, not a path inside one environment)."""
-    return str(config_dir()) if clone_config_dir() is not None else f"pkg://{CONFIG_PACKAGE}"
-
 
 # ----------------------------------------------------------------------------------------------
 # A config, composed as train.py would

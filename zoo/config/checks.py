@@ -8,11 +8,18 @@ from __future__ import annotations
 
 from typing import Any, NoReturn
 
-from zoo.build import ModelInput
+import torch
+
+from zoo.build import ModelInput, count_params, meta_model
 from zoo.component import ConfigError, is_int, is_number
+from zoo.data.tokenizers import BPETokenizer
 from zoo.hardware import AUTO, resolve_precision
 from zoo.hardware import on_gpu as _on_gpu
 from zoo.io import first_line
+from zoo.kernels import check_policy  # imports the kernels and the components they serve
+from zoo.optim import check, resolve, state_numbers
+from zoo.registry import OPTIM
+from zoo.spec import sampling_error
 
 # auto: bf16-mixed where the hardware computes bf16 natively, else 32-true (zoo.hardware.resolve_precision)
 PRECISIONS = (AUTO, None, "32-true", "32", 32, "bf16-mixed", "bf16", "16-mixed", "16", 16, "bf16-true", "16-true",
@@ -44,14 +51,10 @@ def check_seed(v: Any) -> None:
 
 def check_optim(plain: dict[str, Any]) -> None:
     """The optimizer (optim=<name>, zoo/optim/): its options, and the run settings it cannot train with."""
-    from zoo.optim import check
-
     check(plain.get("optim") or {}, plain)
 
 
 def _cuda_count() -> int:
-    import torch
-
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
@@ -63,6 +66,7 @@ RUN_SETS = ("logger", "callbacks", "plugins", "num_sanity_val_steps", "enable_mo
 def check_trainer(trainer: dict[str, Any]) -> None:
     import inspect
 
+    # lazy: Lightning (7 s after torch): sample and eval load checkpoints through this module
     import lightning as L
 
     params = sorted(set(inspect.signature(L.Trainer.__init__).parameters) - {"self"} - set(RUN_SETS))
@@ -76,6 +80,7 @@ def check_trainer(trainer: dict[str, Any]) -> None:
             raise ConfigError(f"trainer.{key}: {what}{hint}; valid: {', '.join(params)}")
     strategy = trainer.get("strategy", "auto")
     if isinstance(strategy, str):
+        # lazy: Lightning (7 s after torch), as above
         from lightning.pytorch.strategies import StrategyRegistry
 
         valid = ["auto", "ddp", "ddp_spawn", "fsdp", "deepspeed", *StrategyRegistry.available_strategies()]
@@ -96,8 +101,6 @@ def check_trainer(trainer: dict[str, Any]) -> None:
         raise ConfigError(f"trainer.accelerator: '{acc}' but this machine has no CUDA GPU; valid here: cpu, auto "
                           "(trainer=cpu)")
     if acc == "mps":
-        import torch
-
         if not torch.backends.mps.is_available():
             raise ConfigError("trainer.accelerator: 'mps' but this machine has no Apple GPU; valid here: cpu, auto")
     on_gpu = _on_gpu(trainer)
@@ -120,6 +123,7 @@ def check_trainer_accepts(trainer: dict[str, Any]) -> None:
     """Let Lightning judge the remaining Trainer arguments (max_epochs, limit_val_batches, ...): build a
     Trainer from them, which allocates nothing and launches no process, so its error is one line now
     instead of a traceback after the model is built."""
+    # lazy: Lightning (7 s after torch), as above
     import lightning as L
     from lightning.fabric.utilities.exceptions import MisconfigurationException
 
@@ -182,15 +186,11 @@ def check_data(data: dict[str, Any]) -> None:
     if "eval_batches" in data:
         _int_at_least("data.eval_batches", data["eval_batches"], 1)  # 0: no validation, an empty `final`
     if data.get("tokenizer") == "bpe":
-        from zoo.data.tokenizers import BPETokenizer
-
         _int_at_least("data.vocab_size", data.get("vocab_size"), BPETokenizer.MIN_VOCAB)  # specials + 256 bytes
 
 
 def check_sample(sample: dict[str, Any]) -> None:
     """The config's sample.* keys: what the run prints after training."""
-    from zoo.spec import sampling_error
-
     if not isinstance(sample.get("prompt", ""), str):
         _fail("sample.prompt", sample.get("prompt"), "text")
     keys = ("max_new_tokens", "temperature", "top_k", "top_p")
@@ -202,8 +202,6 @@ def check_sample(sample: dict[str, Any]) -> None:
 def available_memory(trainer: dict[str, Any] | None = None) -> tuple[int, str]:
     """(bytes free, where): the smallest free memory of the GPUs a run would use, else MemAvailable."""
     if trainer is not None and _on_gpu(trainer) and _cuda_count() > 0:
-        import torch
-
         if any(w in str(trainer.get("strategy", "")) for w in ("fork", "notebook")):
             return 1 << 62, "unknown"  # asking would initialise CUDA, which a forking strategy forbids
 
@@ -232,14 +230,9 @@ def check_memory(model_cfg: ModelInput, trainer: dict[str, Any] | None = None, t
     """Refuse a model whose weights (and, to train, gradients and the state of `optim`, the run's optim section:
     AdamW's two moments, Muon's one momentum buffer for the matrices it takes) cannot fit in memory, from the
     parameters alone, before anything is allocated. Activations come on top."""
-    from zoo.build import count_params, meta_model
-
     params = count_params(model_cfg)["total"]
     numbers = params
     if training:
-        from zoo.optim import resolve, state_numbers
-        from zoo.registry import OPTIM
-
         optimizer = resolve(optim)
         numbers = TRAINING_COPIES * params + state_numbers(meta_model(model_cfg), optimizer)
     precision = (trainer or {}).get("precision", "32-true")
@@ -264,8 +257,6 @@ def check_token_rule(tokens_per_param: Any, evals_per_run: Any) -> None:
 
 def check_kernels(policy: Any) -> None:
     """kernels: auto, none or a list of registered kernel names (zoo.kernels), before any data is read."""
-    from zoo.kernels import check_policy  # imports the kernels and the components they serve
-
     check_policy(policy)
 
 

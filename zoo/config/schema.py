@@ -36,8 +36,8 @@ from typing import Any
 from hydra.core.config_store import ConfigStore
 from omegaconf.errors import ValidationError
 
+from zoo.commands import config_dir
 from zoo.component import Options
-from zoo.config.files import config_dir
 from zoo.io import atomic_write_text, read_json
 from zoo.registry import REGISTRIES, plugins
 from zoo.spec import COMPONENT_DEFAULTS, ModelSpec, Part

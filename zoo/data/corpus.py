@@ -12,6 +12,9 @@ import os
 import shlex
 from pathlib import Path
 
+from zoo.commands import command
+from zoo.io import special_file
+
 DEFAULT_CORPUS = Path(__file__).resolve().parent / "shakespeare.txt.gz"
 """The 37 Shakespeare plays from Project Gutenberg (public domain); see scripts/build_corpus.py."""
 
@@ -22,17 +25,9 @@ MAX_TEXT_BYTES = 200 * 10**6
 
 def too_big(what: str, size: int, prepare_args: str) -> str:
     """The one-line refusal for a corpus past MAX_TEXT_BYTES, with the command that prepares it."""
-    from zoo.cli.common import command  # zoo.cli imports this module's DataError
-
     return (f"{what} is {size / 1e6:,.0f} MB, more than the {MAX_TEXT_BYTES / 1e6:.0f} MB a run reads into memory; "
             f"prepare it once with `{command('prepare')} {prepare_args} --out corpus.tokens` and train with "
             "data=tokens data.path=corpus.tokens")
-
-
-def cache_dir() -> Path:
-    """zoo's per-user cache: `$ZOO_CACHE`, else `$XDG_CACHE_HOME/zoo`, else `~/.cache/zoo`."""
-    root = os.environ.get("ZOO_CACHE") or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "zoo"
-    return Path(root).expanduser()
 
 
 class DataError(ValueError):
@@ -54,8 +49,6 @@ def load_default_corpus() -> str:
 def check_text_file(path: str | os.PathLike[str]) -> Path:
     """The path of an existing regular file for data.path (not a directory, FIFO, device or socket: reading one
     would block or never end), else a one-line DataError."""
-    from zoo.io import special_file
-
     p = Path(path).expanduser()
     if kind := special_file(p):
         raise DataError(f"data.path: '{p}' is {kind}, not a regular file; point it at a text file")

@@ -23,9 +23,10 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
-from zoo.cli.common import needs
+from zoo.commands import needs
 from zoo.data.corpus import DataError
 from zoo.io import atomic_write_text, first_line, read_json
+from zoo.net import bound_network
 
 SPECIALS: list[str] = ["<pad>", "<bos>", "<eos>", "<mask>"] + [f"<extra_{i}>" for i in range(16)]
 N_SPECIAL = len(SPECIALS)
@@ -384,18 +385,16 @@ class HFTokenizer(Tokenizer):
         if source.startswith(("/", ".", "~")) and not local.is_dir():
             raise DataError(f"tokenizer: 'hf:{source}': no such directory (a save_pretrained folder or a hub name)")
         if local.is_dir():  # as for init_from: no file read through a link out of it, no FIFO where a file belongs
-            from zoo.convert import ConversionError, check_directory
+            from zoo.convert import ConversionError, check_directory  # lazy: torch (2.7 s); prepare runs without
 
             try:
                 check_directory(local)
             except ConversionError as e:
                 raise DataError(f"tokenizer: 'hf:{source}': {e}") from None
         try:
-            from transformers import AutoTokenizer
+            from transformers import AutoTokenizer  # optional: hf
         except ImportError:
             raise DataError(needs("transformers", "hf", "tokenizer: hf:<name>")) from None
-        from zoo.net import bound_network
-
         bound_network()  # a hub that never answers: ZOO_NET_TIMEOUT_S, not forever
         try:
             pretrained = AutoTokenizer.from_pretrained(str(Path(source).expanduser()))

@@ -27,9 +27,9 @@ from typing import Any
 
 import numpy as np
 
-from zoo.cli.common import command
-from zoo.data.corpus import DataError, cache_dir
-from zoo.io import atomic_write, atomic_write_json, read_json
+from zoo.commands import command
+from zoo.data.corpus import DataError
+from zoo.io import atomic_write, atomic_write_json, cache_dir, read_json
 
 FORMAT = "zoo-tokens/1"
 MANIFEST = "manifest.json"

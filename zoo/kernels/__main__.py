@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import sys
 
-from zoo.cli.common import OneLineParser
+from zoo.commands import OneLineParser
 from zoo.component import ConfigError
+from zoo.hardware import cpu_kind
+from zoo.kernels import KERNELS, build, check_policy
 
 
 def _list() -> int:
-    from zoo.hardware import cpu_kind
-    from zoo.kernels import KERNELS, build
-
     print(f"CPU kind {cpu_kind()}; C++ compiler: {build.compiler() or 'none (c++ or $CXX)'}; "
           f"build cache: {build.cache_dir()}")
     for name in KERNELS.names():
@@ -26,8 +25,6 @@ def _list() -> int:
 
 
 def _build(names: list[str]) -> int:
-    from zoo.kernels import KERNELS, check_policy
-
     names = check_policy(names) if names else KERNELS.names()
     failed = []
     for name in names:

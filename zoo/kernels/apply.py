@@ -18,6 +18,7 @@ from torch import nn
 
 from zoo import hardware
 from zoo.component import ConfigError
+from zoo.kernels import build
 from zoo.registry import Registry
 
 AUTO, NONE = "auto", "none"
@@ -45,8 +46,6 @@ class Kernel:
 
     def load(self) -> bool:
         """Whether the kernel can run in this process: built and loaded (said on one line when it is not)."""
-        from zoo.kernels import build
-
         if self.source is None:
             return True
         if not build.load(self.source):

@@ -23,6 +23,7 @@ from pathlib import Path
 import torch
 
 from zoo.hardware import cpu_flags
+from zoo.io import cache_dir as zoo_cache
 from zoo.io import first_line
 
 SOURCES = Path(__file__).resolve().parent
@@ -34,8 +35,6 @@ FLAGS = ("-O3", "-march=native", "-ffp-contract=off", "-fno-math-errno", "-fopen
 
 
 def cache_dir() -> Path:
-    from zoo.data.corpus import cache_dir as zoo_cache
-
     return zoo_cache() / "native"
 
 

@@ -13,7 +13,7 @@ from torch import nn
 from zoo.component import is_number
 from zoo.hardware import adamw_implementation
 from zoo.mup import param_groups
-from zoo.optim import OptimOptions, check_schedule, refuse
+from zoo.optim.base import OptimOptions, check_schedule, refuse
 from zoo.registry import OPTIM
 
 

@@ -19,8 +19,8 @@ import torch
 from torch import nn
 
 from zoo.component import ConfigError, is_int, is_number
-from zoo.optim import Combined, check_schedule, refuse
 from zoo.optim.adamw import AdamWOptions, adamw, check_adamw
+from zoo.optim.base import Combined, check_schedule, refuse
 from zoo.registry import OPTIM
 
 MAX_NS_STEPS = 99  # torch.optim.Muon refuses 100 or more

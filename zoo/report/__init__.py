@@ -20,8 +20,9 @@ Modules: runs (finding and reading runs, the sweep's plan), stats, tables (rows,
 callback (ReportAfterSweep, for hydra.callbacks), cli (build_report, write_report, main).
 """
 
+from zoo.commands import EXIT_ERROR, EXIT_OK
 from zoo.report.callback import ReportAfterSweep
-from zoo.report.cli import EXIT_ERROR, EXIT_OK, build_report, console_summary, main, write_report
+from zoo.report.cli import build_report, console_summary, main, write_report
 from zoo.report.runs import FAILED, Job, Plan, ReportError, Run, find_run_dirs, load_run, load_runs, match_jobs
 from zoo.report.stats import confidence_interval, higher_is_better, mean_std, steps_to_target, welch_test
 from zoo.report.tables import Report, Variant, group_variants

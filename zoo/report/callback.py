@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import re
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from hydra.experimental.callback import Callback
 
@@ -13,6 +13,11 @@ from zoo.io import WriteError
 from zoo.report.cli import build_report, console_summary, write_report
 from zoo.report.runs import ReportError
 from zoo.report.tables import Report
+from zoo.sweep import check_callbacks as check_callbacks  # train.py's check, where it was
+from zoo.sweep import report_arguments
+
+if TYPE_CHECKING:
+    from omegaconf import DictConfig
 
 
 class ReportAfterSweep(Callback):
@@ -26,15 +31,11 @@ class ReportAfterSweep(Callback):
     report."""
 
     def __init__(self, metrics: Sequence[str] = ("val_loss",), baseline: str | None = None,
-                 also: Mapping[str, str | Mapping] | None = None, target: float | None = None):
-        self.metrics, self.baseline, self.target = _metrics(metrics), _baseline("baseline", baseline), \
-            _target("target", target)
-        if also is not None and not isinstance(also, Mapping):
-            raise ReportError(f"hydra.callbacks.report.also: expected a mapping of report names to baselines, got "
-                              f"{also!r}")
-        self.also = {_name(name): _also(name, v) for name, v in (also or {}).items()}
+                 also: Mapping[str, str | Mapping[str, Any]] | None = None, target: float | None = None):
+        args = report_arguments(metrics, baseline, also, target)  # checked: one ReportError line
+        self.metrics, self.baseline, self.target, self.also = args.metrics, args.baseline, args.target, args.also
 
-    def on_multirun_end(self, config, **kwargs) -> None:
+    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         root = Path(config.hydra.sweep.dir)
         for i, metric in enumerate(self.metrics):
             self._write(root, root if i == 0 else root / f"report_{metric}", metric, self.baseline, metric,
@@ -64,63 +65,3 @@ class ReportAfterSweep(Callback):
             if not fallback or baseline is None or not str(e).startswith("--baseline"):
                 raise
             return build_report(root, metric, target)
-
-
-# Checked when Hydra creates the callback, before the first run: a typo would otherwise surface after the sweep.
-# A metric and an `also` name each name a directory inside the sweep's (report_<metric>/, <name>/): a plain name.
-PLAIN_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,99}")
-
-
-def _plain(where: str, value, what: str) -> str:
-    if not isinstance(value, str) or not PLAIN_NAME.fullmatch(value) or set(value) == {"."}:
-        raise ReportError(f"hydra.callbacks.report.{where}: expected {what} (letters, digits, _ . -; no '/' or "
-                          f"'..'), got {value!r}")
-    return value
-
-
-def _metrics(value) -> list[str]:
-    if isinstance(value, str) or not isinstance(value, Sequence) or not value:
-        raise ReportError(f"hydra.callbacks.report.metrics: expected a non-empty list of metric names "
-                          f"([val_loss]), got {value!r}")
-    return [_plain(f"metrics[{i}]", m, "a metric's name (val_loss)") for i, m in enumerate(value)]
-
-
-def _name(value) -> str:
-    return _plain(f"also.{value}", value, "a report's name, a directory inside the sweep's")
-
-
-def _baseline(where: str, value) -> str | None:
-    if value is None or (isinstance(value, str) and value.strip()):
-        return value
-    raise ReportError(f"hydra.callbacks.report.{where}: expected a variant ('ffn=gelu') or null, got {value!r}")
-
-
-def _target(where: str, value) -> float | None:
-    if value is None or (isinstance(value, int | float) and not isinstance(value, bool)):
-        return value
-    raise ReportError(f"hydra.callbacks.report.{where}: expected a number or null, got {value!r}")
-
-
-def _also(name: str, value) -> dict:
-    """An `also` entry as {baseline, target}: a baseline alone, or a mapping of those two keys."""
-    where = f"also.{name}"
-    if isinstance(value, str):
-        return {"baseline": _baseline(where, value), "target": None}
-    if not isinstance(value, Mapping) or not isinstance(value.get("baseline"), str) \
-            or set(value) - {"baseline", "target"}:
-        got = dict(value) if isinstance(value, Mapping) else value
-        raise ReportError(f"hydra.callbacks.report.{where}: expected a baseline ('ffn=gelu') or a mapping with "
-                          f"baseline and, optionally, target; got {got!r}")
-    return {"baseline": _baseline(f"{where}.baseline", value["baseline"]),
-            "target": _target(f"{where}.target", value.get("target"))}
-
-
-_NAMES = ("zoo.report.ReportAfterSweep", f"{__name__}.ReportAfterSweep")  # as the configs name it, and in full
-
-
-def check_callbacks(callbacks: Mapping) -> None:
-    """Raise ReportError for the first ReportAfterSweep in `hydra.callbacks` whose arguments are bad: train.py's
-    check before Hydra creates the callbacks (which would fail with its own traceback)."""
-    for spec in callbacks.values():
-        if isinstance(spec, Mapping) and spec.get("_target_") in _NAMES:
-            ReportAfterSweep(**{k: v for k, v in spec.items() if k != "_target_"})

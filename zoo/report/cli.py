@@ -6,11 +6,11 @@ import math
 import sys
 from pathlib import Path
 
-from zoo.cli.common import EXIT_ERROR, EXIT_OK, OneLineParser
+from zoo.commands import EXIT_ERROR, EXIT_OK, OneLineParser
 from zoo.io import WriteError, atomic_write_text
 from zoo.report.ladder import build_ladder
 from zoo.report.plots import plot_curves, plot_final, plot_ladder
-from zoo.report.runs import ReportError, load_runs, match_jobs, metric_direction
+from zoo.report.runs import ReportError, Run, load_runs, match_jobs, metric_direction
 from zoo.report.stats import mean_std
 from zoo.report.tables import (
     Report,
@@ -59,7 +59,7 @@ def build_report(root: Path, metric: str = "val_loss", target: float | None = No
                   intro, sentences, len(runs), match_jobs(root, runs), ladder=ladder, ref=ref)
 
 
-def _non_finite(runs: list, metric: str) -> str:
+def _non_finite(runs: list[Run], metric: str) -> str:
     """How the runs' final values of `metric` read, counted: '3 nan, 1 inf'."""
     from collections import Counter
 

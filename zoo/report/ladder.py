@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -49,7 +50,7 @@ class Fit:
     e_ci: tuple[float, float] | None = None
     n: int = 0  # points (runs) fitted
 
-    def __call__(self, c):
+    def __call__(self, c: Any) -> Any:  # c: a float or an array of them
         return self.e + self.a * np.power(c, -self.alpha)
 
 
@@ -105,7 +106,7 @@ class Verdict:
     why: str
 
 
-def _change_of_gap(a_small, b_small, a_large, b_large) -> Gap:
+def _change_of_gap(a_small: list[float], b_small: list[float], a_large: list[float], b_large: list[float]) -> Gap:
     """(gap_large - gap_small) and its two-sided p from a t-test over the four groups' variances."""
     groups = [mean_std(g) for g in (a_small, b_small, a_large, b_large)]
     diff = (groups[2][0] - groups[3][0]) - (groups[0][0] - groups[1][0])
@@ -123,9 +124,13 @@ def verdict(small: Gap, large: Gap, change: Gap, higher: bool) -> tuple[str, str
     """(verdict, the reason in words) for one arm against the baseline; see the module docstring."""
     if small.p is None or large.p is None or change.p is None:
         return "inconclusive", "fewer than two seeds at an end of the ladder: seed noise cannot be estimated"
-    sign = lambda g: (1 if g.diff > 0 else -1) if g.p < ALPHA and g.diff else 0
+    def sign(g: Gap) -> int:
+        return (1 if g.diff > 0 else -1) if g.p is not None and g.p < ALPHA and g.diff else 0
+
+    def word(g: Gap) -> str:
+        return "better" if (g.diff > 0) == higher else "worse"
+
     s, l_ = sign(small), sign(large)
-    word = lambda g: ("better" if (g.diff > 0) == higher else "worse")
     if s and l_ and s != l_:
         return "flips", f"{word(small)} at the smallest size and {word(large)} at the largest, both beyond noise"
     if change.p < ALPHA:
@@ -152,14 +157,14 @@ class Ladder:
     verdicts: list[Verdict]
 
     def values(self, arm: str, rung: str) -> list[float]:
-        return [r.final(self.metric) for r in self.cells.get((arm, rung), [])]
+        return [v for r in self.cells.get((arm, rung), []) if (v := r.final(self.metric)) is not None]
 
     def ranking_table(self) -> pd.DataFrame:
         """One row per size: each arm's mean final metric, its 95% interval and its rank at that size."""
         body = []
         for rung in self.rungs:
             means = {a: mean_std(self.values(a, rung))[0] for a in self.arms}
-            order = sorted((a for a in self.arms if math.isfinite(means[a])), key=means.get,
+            order = sorted((a for a in self.arms if math.isfinite(means[a])), key=means.__getitem__,
                            reverse=self.higher)
             cells = []
             for a in self.arms:
@@ -225,7 +230,8 @@ def build_ladder(runs: list[Run], factors: list[str], metric: str, higher: bool,
                    key=lambda k: (mean_params.get(k, math.inf), k))
     fits = {}
     for a in arms:
-        pts = [(c, r.final(metric)) for g in rungs for r in cells.get((a, g), []) if (c := compute(r))]
+        pts = [(c, v) for g in rungs for r in cells.get((a, g), [])
+               if (c := compute(r)) and (v := r.final(metric)) is not None]
         fits[a] = fit_power_law(pts, len({g for g in rungs if cells.get((a, g))}))
     ladder = Ladder(metric, higher, rungs, arms, cells, mean_params, fits, None, [])
     base = _baseline_arm(ladder, runs, others, baseline)

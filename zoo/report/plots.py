@@ -4,17 +4,20 @@ against compute."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from zoo.io import atomic_write
+from zoo.report.ladder import Ladder, compute
 from zoo.report.stats import confidence_interval
 from zoo.report.tables import Row, fmt
 
 MIN_EVALS = 3  # fewer evaluations than this make no curve: plot the training loss instead
 
 
-def _figure(w: float, h: float):
+def _figure(w: float, h: float) -> Any:  # a matplotlib Figure
+    # lazy: matplotlib (1.0 s): zoo report --help and the tables answer without it
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
@@ -23,7 +26,7 @@ def _figure(w: float, h: float):
     return fig
 
 
-def _band(ax, histories: list[list[tuple[float, float]]], color: str, label: str) -> None:
+def _band(ax: Any, histories: list[list[tuple[float, float]]], color: str, label: str) -> None:
     """Mean over runs on the union of their steps, and a min-max band when there are several."""
     grid = np.array(sorted({s for h in histories for s, _ in h}))
     ys = np.array([np.interp(grid, [s for s, _ in h], [v for _, v in h], left=np.nan, right=np.nan)
@@ -101,12 +104,10 @@ def plot_final(rows: list[Row], metric: str, path: Path) -> str:
     return f"Final {metric}: mean per variant, error bars = 95% CI (Student t), dots = seeds."
 
 
-def plot_ladder(ladder, path: Path) -> str:
+def plot_ladder(ladder: Ladder, path: Path) -> str:
     """Final metric against training compute, log-log: per variant the mean at each size with its 95% interval,
     the seeds as dots, and the fitted power law."""
-    from matplotlib.ticker import FormatStrFormatter
-
-    from zoo.report.ladder import compute
+    from matplotlib.ticker import FormatStrFormatter  # lazy: matplotlib (1.0 s), as _figure
 
     fig = _figure(7.5, 4.8)
     ax = fig.add_subplot()
@@ -114,7 +115,7 @@ def plot_ladder(ladder, path: Path) -> str:
         color, xs, ys, errs = f"C{i % 10}", [], [], []
         for rung in ladder.rungs:
             runs = ladder.cells.get((arm, rung), [])
-            pts = [(c, r.final(ladder.metric)) for r in runs if (c := compute(r))]
+            pts = [(c, v) for r in runs if (c := compute(r)) and (v := r.final(ladder.metric)) is not None]
             if not pts:
                 continue
             ax.scatter([p[0] for p in pts], [p[1] for p in pts], color=color, s=10, alpha=0.5)

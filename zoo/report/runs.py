@@ -7,9 +7,9 @@ import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from zoo.io import (
-    MAX_SWEEP_JOBS,
     READ_LIMITS,
     FileFormatError,
     first_line,
@@ -18,22 +18,18 @@ from zoo.io import (
     read_json,
     read_text_bounded,
     read_yaml,
-    sweep_size,
 )
 from zoo.report.stats import higher_is_better
+from zoo.sweep import ReportError as ReportError  # the report's error: zoo.report.runs.ReportError too
+from zoo.sweep import not_a_file, parse_overrides, planned_jobs
 
 # Run statuses: completed | diverged | interrupted | failed (the summary says so) | killed (no summary.json,
 # nobody holds run.lock) | running (no summary.json yet, run.lock held) | unreadable (a broken summary.json, or
 # summary.json / metrics.csv a link or not a file: the report reads nothing through a link).
 FAILED = ("failed", "interrupted", "killed", "unreadable")  # counted in the table's `failed` column
-BASIC_SWEEPER = "hydra._internal.core_plugins.basic_sweeper.BasicSweeper"
 
 
 OPTIM = "optim"  # the factor naming a run's optimizer, which summary.json records whatever chose it
-
-
-class ReportError(ValueError):
-    """Bad input to the report (no runs, unknown metric, unknown baseline), reported as one line."""
 
 
 @dataclass
@@ -41,13 +37,13 @@ class Run:
     path: Path
     status: str
     overrides: dict[str, str]
-    summary: dict | None = None
+    summary: dict[str, Any] | None = None
     metrics_csv: Path | None = None  # read when first needed: summary.json holds the history of most runs
     detail: str = ""  # why a run is not completed, for the job list
     optim: str | None = None  # the optimizer it trained with (summary.json, else .hydra/config.yaml); None: unknown
-    _csv: tuple[list[dict], list[tuple[float, float]]] | None = field(default=None, repr=False)
+    _csv: tuple[list[dict[str, Any]], list[tuple[float, float]]] | None = field(default=None, repr=False)
 
-    def _metrics(self) -> tuple[list[dict], list[tuple[float, float]]]:
+    def _metrics(self) -> tuple[list[dict[str, Any]], list[tuple[float, float]]]:
         if self._csv is None:
             evals, train, damage = _read_metrics_csv(self.metrics_csv) if self.metrics_csv else ([], [], None)
             if damage:  # read as far as it goes; the run stands, said in its detail
@@ -56,7 +52,7 @@ class Run:
         return self._csv
 
     @property
-    def csv_history(self) -> list[dict]:
+    def csv_history(self) -> list[dict[str, Any]]:
         """metrics.csv's evaluation rows, {metric: value, step}."""
         return self._metrics()[0]
 
@@ -117,8 +113,8 @@ class Run:
             return self.overrides[factor]
         return self.optim if factor == OPTIM and self.optim else "(default)"
 
-    def get(self, *keys):
-        d = self.summary or {}
+    def get(self, *keys: str) -> Any:
+        d: Any = self.summary or {}
         for k in keys:
             if not isinstance(d, dict) or k not in d:
                 return None
@@ -147,7 +143,7 @@ def variant_label(key: tuple[tuple[str, str], ...]) -> str:
     return ", ".join(f"{f}={val}" for f, val in key)
 
 
-def _natural_key(path: Path) -> list:
+def _natural_key(path: Path) -> list[int | str]:
     return [int(p) if p.isdigit() else p for part in path.parts for p in re.split(r"(\d+)", part) if p]
 
 
@@ -169,20 +165,7 @@ def find_run_dirs(root: Path) -> list[Path]:
     return sorted(outer, key=_natural_key)
 
 
-def parse_overrides(items) -> dict[str, str]:
-    """['ffn=relu', '+x=1', '~y'] -> {'ffn': 'relu', 'x': '1', 'y': '(deleted)'}."""
-    out = {}
-    for item in items or []:
-        item = str(item).strip()
-        key, sep, value = item.partition("=")
-        if key.startswith("~"):
-            out[key[1:]] = "(deleted)" if not sep else f"(deleted {value})"
-        elif sep:
-            out[key.lstrip("+")] = value
-    return out
-
-
-def _optimizer(summary: dict | None, path: Path) -> str | None:
+def _optimizer(summary: dict[str, Any] | None, path: Path) -> str | None:
     """The optimizer's name a run records: summary.json's `optim`, else the config Hydra saved when it started
     (a run that died before its summary); None for a run from before the optim group, or unreadable."""
     recorded = (summary or {}).get(OPTIM)
@@ -211,12 +194,12 @@ def _read_overrides_yaml(path: Path) -> list[str]:
         return []
 
 
-def _read_metrics_csv(path: Path) -> tuple[list[dict], list[tuple[float, float]], str | None]:
+def _read_metrics_csv(path: Path) -> tuple[list[dict[str, Any]], list[tuple[float, float]], str | None]:
     """(evaluation rows as {metric: value, step}, (step, train_loss) pairs, what is wrong or None) of metrics.csv,
     read as far as it goes: up to a row whose step is out of range, nothing if it is not a CSV zoo reads. Lightning logs
     an evaluation during fit at the 0-based index of the last batch, one less than summary.json's global
     step: add 1 (training rows likewise)."""
-    rows: list[dict] = []
+    rows: list[dict[str, Any]] = []
     train: list[tuple[float, float]] = []
     try:
         for row in read_csv(path)[1]:
@@ -258,7 +241,7 @@ def _step(text: str, path: Path) -> int:
     return int(x) + 1
 
 
-def _number(x) -> bool:
+def _number(x: object) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool)
 
 
@@ -266,7 +249,7 @@ JSON_TYPES = {list: "an array", str: "a string", int: "a number", float: "a numb
               type(None): "null"}
 
 
-def check_summary(s) -> str | None:
+def check_summary(s: object) -> str | None:
     """Why a parsed summary.json cannot be read (None when it can): the report uses these fields as numbers."""
     if not isinstance(s, dict):
         return f"summary.json holds {JSON_TYPES.get(type(s), type(s).__name__)}, not a JSON object"
@@ -294,15 +277,6 @@ def check_summary(s) -> str | None:
             return f"summary.json: {'.'.join(keys)} is {value!r}, not a number"
     if s.get("overrides") is not None and not isinstance(s["overrides"], list):
         return "summary.json: 'overrides' is not a list"
-    return None
-
-
-def not_a_file(path: Path) -> str | None:
-    """Why the report will not read `path` (a link, a directory, not a regular file), or None (a file or absent)."""
-    if path.is_symlink():
-        return f"{path.name} is a symbolic link"
-    if os.path.lexists(path) and not path.is_file():
-        return f"{path.name} is {'a directory' if path.is_dir() else 'not a regular file'}"
     return None
 
 
@@ -406,42 +380,12 @@ class Plan:
         return sum(j.state == state for j in self.jobs)
 
 
-def planned_jobs(root: Path) -> tuple[list[list[str]] | None, str]:
-    """The sweep's job list from its multirun.yaml, expanded as Hydra's BasicSweeper does (its own
-    override parser and split_arguments); (None, why) when there is no plan to read."""
-    path = root / "multirun.yaml"
-    if problem := not_a_file(path):
-        return None, f"{problem}, not read: the jobs found on disk"
-    if not path.is_file():
-        return None, "no multirun.yaml: the jobs found on disk"
-    try:
-        from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
-        from hydra.core.override_parser.overrides_parser import OverridesParser
-        from omegaconf import OmegaConf
-
-        cfg = OmegaConf.create(read_yaml(path))
-        sweeper = OmegaConf.select(cfg, "hydra.sweeper._target_", default=None)
-        if sweeper != BASIC_SWEEPER:  # Optuna and other searches decide their jobs as they go
-            return None, f"sweeper {sweeper}: the jobs found on disk"
-        params = OmegaConf.to_container(cfg.hydra.sweeper.get("params") or OmegaConf.create({}), resolve=False)
-        task = [str(o) for o in OmegaConf.to_container(cfg.hydra.overrides.task, resolve=False)]
-        # as BasicSweeper.sweep: the config's sweeper params first, then the command line's overrides
-        arguments = [f"{k}={v}" for k, v in params.items()] + task
-        overrides = OverridesParser.create().parse_overrides(arguments)
-        if sweep_size(overrides) > MAX_SWEEP_JOBS:
-            return None, f"'{path}' plans more than {MAX_SWEEP_JOBS} jobs, not expanded: the jobs found on disk"
-        batches = BasicSweeper.split_arguments(overrides, None)
-    except Exception as e:  # an unreadable plan is no reason to withhold the report
-        return None, f"multirun.yaml unreadable ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})"
-    return [list(job) for batch in batches for job in batch], "multirun.yaml"
-
-
 def match_jobs(root: Path, runs: list[Run]) -> Plan:
     """Each planned job with the run directory holding its overrides; runs on disk if there is no plan."""
     planned, source = planned_jobs(root)
     if planned is None:
         return Plan([Job([f"{k}={v}" for k, v in r.overrides.items()], r) for r in runs], source)
-    by_overrides: dict[tuple, list[Run]] = {}
+    by_overrides: dict[tuple[tuple[str, str], ...], list[Run]] = {}
     for r in runs:
         by_overrides.setdefault(tuple(sorted(r.overrides.items())), []).append(r)
     jobs = []

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import numpy as np
@@ -21,7 +22,7 @@ def higher_is_better(metric: str, directions: dict[str, str] | None = None) -> b
     return "acc" in metric or "exact_match" in metric
 
 
-def mean_std(values) -> tuple[float, float, int]:
+def mean_std(values: Iterable[float]) -> tuple[float, float, int]:
     """(mean, sample standard deviation with n - 1, n); std is nan for n < 2, mean nan for n = 0."""
     x = np.asarray([float(v) for v in values], dtype=float)
     n = len(x)
@@ -30,7 +31,7 @@ def mean_std(values) -> tuple[float, float, int]:
     return float(x.mean()), float(x.std(ddof=1)) if n > 1 else math.nan, n
 
 
-def confidence_interval(values, level: float = LEVEL) -> tuple[float, float] | None:
+def confidence_interval(values: Iterable[float], level: float = LEVEL) -> tuple[float, float] | None:
     """Student-t interval for the mean, mean +- t((1 + level) / 2, n - 1) * std / sqrt(n); None when n < 2."""
     m, s, n = mean_std(values)
     if n < 2:
@@ -53,7 +54,7 @@ class Welch:
         return self.diff - half, self.diff + half
 
 
-def welch_test(a, b) -> Welch | None:
+def welch_test(a: Iterable[float], b: Iterable[float]) -> Welch | None:
     """Welch's unequal-variance t-test of mean(a) == mean(b); None when a group has fewer than two values."""
     ma, sa, na = mean_std(a)
     mb, sb, nb = mean_std(b)
@@ -67,7 +68,7 @@ def welch_test(a, b) -> Welch | None:
     return Welch(diff, float(r.statistic), float(r.df), float(r.pvalue), math.sqrt(va + vb))
 
 
-def steps_to_target(history, target: float, higher: bool = False) -> float | None:
+def steps_to_target(history: Iterable[tuple[float, float | None]], target: float, higher: bool = False) -> float | None:
     """The first step at which the metric reaches `target`, linearly interpolated between evaluations.
 
     history: (step, value) pairs; (seconds, value) pairs give the time to the target the same way. If the first

@@ -6,11 +6,14 @@ import base64
 import html
 import math
 import re
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar
 
 import pandas as pd
 
+from zoo.io import read_yaml
 from zoo.report.ladder import Ladder
 from zoo.report.runs import (
     FAILED,
@@ -20,10 +23,10 @@ from zoo.report.runs import (
     ReportError,
     Run,
     instruction_sets,
-    parse_overrides,
     variant_label,
 )
 from zoo.report.stats import ALPHA, confidence_interval, mean_std, steps_to_target, welch_test
+from zoo.sweep import parse_overrides
 
 # ----------------------------------------------------------------------------------------------
 # Variants
@@ -40,7 +43,7 @@ class Variant:
         return [r for r in self.runs if r.ok and r.final(metric) is not None]
 
     def finals(self, metric: str) -> list[float]:
-        return [r.final(metric) for r in self.ok_runs(metric)]
+        return [v for r in self.ok_runs(metric) if (v := r.final(metric)) is not None]
 
     def bests(self, metric: str, higher: bool) -> list[float]:
         return [b for r in self.ok_runs(metric) if (b := r.best(metric, higher)) is not None]
@@ -58,7 +61,7 @@ def varying_factors(runs: list[Run]) -> list[str]:
 
 def group_variants(runs: list[Run]) -> tuple[list[str], list[Variant]]:
     factors = varying_factors(runs)
-    variants: dict[tuple, Variant] = {}
+    variants: dict[tuple[tuple[str, str], ...], Variant] = {}
     for r in runs:
         key = tuple((f, r.value(f)) for f in factors)
         variants.setdefault(key, Variant(key, [])).runs.append(r)
@@ -106,7 +109,10 @@ def _human(x: float | None) -> str:
     return f"{x:.0f}"
 
 
-def _first(values):
+T = TypeVar("T")
+
+
+def _first(values: Iterable[T]) -> T | None:
     return next((v for v in values if v is not None), None)
 
 
@@ -132,8 +138,7 @@ def _params_from_config(run: Run) -> tuple[float | None, float | None]:
     if not path.is_file():
         return None, None
     try:
-        from zoo.build import count_params, flops_per_token
-        from zoo.io import read_yaml
+        from zoo.build import count_params, flops_per_token  # lazy: torch (2.7 s), for old runs only
 
         cfg = read_yaml(path)
         model = cfg["model"]
@@ -254,15 +259,16 @@ def comparisons(rows: list[Row], metric: str, baseline: Variant | None, ref: Row
     return intro, out
 
 
-def _effect(a: list[float | None], b: list[float | None]) -> str:
+def _effect(a: Sequence[float | None], b: Sequence[float | None]) -> str:
     """The difference of a's mean from b's, its 95% interval (Welch) and p; what is missing where a seed of either
     never reached the value (a time to a target) or a group has one seed."""
     missing = [f"{sum(x is not None for x in g)}/{len(g)}" for g in (a, b) if None in g]
     if missing:
         return f"- (reached by {' and '.join(missing)} seeds)"
-    w = welch_test(a, b)
+    a_, b_ = [x for x in a if x is not None], [x for x in b if x is not None]  # all of them, as said above
+    w = welch_test(a_, b_)
     if w is None:
-        return f"{sum(a) / len(a) - sum(b) / len(b):+.4g} (1 seed: no interval)" if a and b else "-"
+        return f"{sum(a_) / len(a_) - sum(b_) / len(b_):+.4g} (1 seed: no interval)" if a_ and b_ else "-"
     lo, hi = w.interval()
     return f"{w.diff:+.4g} [{lo:+.4g}, {hi:+.4g}], p={w.p:.2g}"
 
@@ -318,7 +324,7 @@ BUSY = ("tok/s marked (busy): at least one of the runs averaged ended while the 
 
 def _markdown_table(df: pd.DataFrame) -> str:
     cells = df.map(lambda c: str(c).replace("|", "\\|"))
-    return cells.to_markdown(index=False, disable_numparse=True)  # numparse would reformat "1.1000" as 1.1
+    return str(cells.to_markdown(index=False, disable_numparse=True))  # numparse would reformat "1.1000" as 1.1
 
 
 @dataclass

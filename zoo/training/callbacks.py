@@ -19,7 +19,7 @@ from lightning.pytorch.callbacks import TQDMProgressBar
 from lightning.pytorch.callbacks.progress.tqdm_progress import Tqdm
 from lightning.pytorch.loggers.csv_logs import ExperimentWriter
 
-from zoo.io import WriteError, atomic_write, open_append, owned_path, read_csv
+from zoo.io import RunDirError, WriteError, atomic_write, open_append, owned_path, read_csv
 from zoo.training.objectives import metric_directions
 
 
@@ -308,8 +308,6 @@ def _step(row: dict) -> int | None:
 
 def read_history(path: Path) -> list[dict]:
     """metrics.csv's complete rows, or one line (RunDirError) when it is not a CSV history zoo can read."""
-    from zoo.io import RunDirError
-
     try:
         read_header(path)
         return read_rows(path)

@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from zoo.build import ConfigError, build_model, on_meta, resolve_config
+from zoo.config.checks import check_memory
 from zoo.data.tokenizers import Tokenizer, tokenizer_from_state
 from zoo.io import checkpoint_file_error, first_line
 
@@ -60,8 +61,6 @@ def check_weights(state: Any, model_cfg: Any, path: str | Path) -> None:
     """Refuse a checkpoint whose weights do not fit the architecture its config names: a missing or extra
     weight, or one of the wrong shape, named in one line. Also refuses a config too large for memory. The
     expected shapes come from the model built on the meta device: nothing is allocated."""
-    from zoo.config.checks import check_memory
-
     try:
         cfg = resolve_config(model_cfg)  # registry names only; unknown names fail with the valid list
         check_memory(cfg, training=False, key=f"checkpoint: '{path}': model")

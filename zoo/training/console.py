@@ -14,11 +14,15 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from hydra.core.hydra_config import HydraConfig
 from lightning_utilities.core.rank_zero import rank_zero_only
 
+from zoo.build import count_params, flops_per_token
 from zoo.config.plan import RunPlan
 from zoo.config.schema import SampleConfig
+from zoo.generate import generate, position_limit
 from zoo.io import is_secondary_rank
+from zoo.registry import MODEL
 
 
 class _Console(logging.Handler):
@@ -82,7 +86,6 @@ def quiet_lightning() -> None:
 def banner(plan: RunPlan, data: Any, trainer: Any, run_dir: Path, ckpt: str | None, ckpt_step: int,
            precision: dict) -> str:
     """What is about to run, in two lines: the model, its cost per token, and where it runs and writes."""
-    from zoo.build import count_params, flops_per_token
 
     spec = plan.model
     counts = count_params(spec)
@@ -109,8 +112,6 @@ def shares_sweep_console() -> bool:
     import os
 
     try:
-        from hydra.core.hydra_config import HydraConfig
-
         multirun = str(HydraConfig.get().mode) == "RunMode.MULTIRUN"
     except (ImportError, ValueError):  # not under Hydra
         return False
@@ -124,9 +125,6 @@ def say_sample(model: Any, objective: Any, data: Any, s: SampleConfig) -> None:
     sweep's lines, as the parallel launcher's jobs keep theirs in their own console.log."""
     if shares_sweep_console():
         return
-    from zoo.generate import generate, position_limit
-    from zoo.registry import MODEL
-
     model, tok = model.eval(), data.tokenizer
     if data.is_task:
         for src, tgt in data.splits["val"][:3]:

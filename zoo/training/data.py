@@ -21,13 +21,14 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
-from zoo.cli.common import command, needs
+from zoo.commands import command, needs
 from zoo.config.data import DataOptions, TaskOptions, TextOptions, TokensOptions, WindowOptions, data_options
 from zoo.data import corpus
-from zoo.data.corpus import DataError, cache_dir, load_default_corpus, read_text_file, split_text
+from zoo.data.corpus import DataError, load_default_corpus, read_text_file, split_text
 from zoo.data.tasks import TASK_ALPHABET, get_task, sequence_len, task_splits
 from zoo.data.tokenizers import Tokenizer, build_tokenizer, cached_bpe, tokenizer_from_state
 from zoo.data.tokens import check_verify, open_shards, read_manifest
+from zoo.io import cache_dir
 from zoo.net import bound_network
 from zoo.registry import Registry
 from zoo.training.objectives import Objective

@@ -26,12 +26,16 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from hydra.core.hydra_config import HydraConfig
 from hydra.experimental.callback import Callback
+from lightning.pytorch.utilities import rank_zero_only
 
 from zoo.build import ConfigError, flatten_config
-from zoo.cli.common import pip_install
+from zoo.commands import pip_install
 from zoo.net import RETRIES, bound_network, timeout_s
+from zoo.sweep import parse_overrides, planned_jobs
 from zoo.training.console import say, warn
+from zoo.training.resume import RESUME_MAY_CHANGE
 from zoo.training.safety import instantiate_allowed
 
 DEFAULT_EXPERIMENT = "zoo"  # MLflow experiment of runs outside a multirun
@@ -68,8 +72,6 @@ REMOTE = ("WandbLogger", "MLFlowLogger")  # the loggers that talk to a server
 def _start(logger: Any, cfg: dict, key: str) -> None:
     """Attach to the dashboard's run now, while a failure is still a config error (one line, exit code 2):
     MLflow reads the run made above, W&B starts one (in its offline mode, with no server)."""
-    from lightning.pytorch.utilities import rank_zero_only
-
     if rank_zero_only.rank != 0:  # DDP: Lightning logs from rank 0 only
         return
     try:
@@ -184,7 +186,7 @@ def finish_loggers(loggers: list, summary: dict, run_dir: Path) -> None:
 
 
 def _wandb_files(run: Any, run_dir: Path, names: tuple[str, ...]) -> None:
-    import wandb
+    import wandb  # optional: wandb
 
     artifact = wandb.Artifact(f"run-{run.id}-files", type="run-files")
     for name in names:
@@ -209,13 +211,9 @@ def job_factors() -> dict[str, str]:
     seed (a param of its own) nor a setting that cannot change the result (where to log, threads, paths, ...:
     those a resume may change). Empty outside Hydra."""
     try:
-        from hydra.core.hydra_config import HydraConfig
-
         hc = HydraConfig.get()
     except ValueError:
         return {}
-    from zoo.training.resume import RESUME_MAY_CHANGE
-
     exclude = set(hc.job.config.override_dirname.exclude_keys or []) | {"seed"}
     varying = _varying_keys(Path(str(hc.sweep.dir))) if str(hc.mode) == "RunMode.MULTIRUN" else None
     factors = {}
@@ -231,8 +229,6 @@ def job_factors() -> dict[str, str]:
 
 def _varying_keys(sweep_dir: Path) -> set[str] | None:
     """The override keys whose value differs between the jobs a sweep planned; None if its plan is unknown."""
-    from zoo.report.runs import parse_overrides, planned_jobs
-
     planned, _ = planned_jobs(sweep_dir)
     if not planned:
         return None
@@ -243,8 +239,6 @@ def _varying_keys(sweep_dir: Path) -> set[str] | None:
 def _sweep_dir() -> str | None:
     """The multirun's directory as configured (relative paths stay relative), or None for a single run."""
     try:
-        from hydra.core.hydra_config import HydraConfig
-
         hc = HydraConfig.get()
     except ValueError:  # not under Hydra
         return None
@@ -260,8 +254,6 @@ def run_label(seed: Any) -> str:
 def _wandb_naming(logger_cfg: dict, seed: Any) -> dict:
     """Runs of one sweep share a wandb group (the sweep directory); a run is named by its factors and seed."""
     try:
-        from hydra.core.hydra_config import HydraConfig
-
         HydraConfig.get()
     except ValueError:  # not under Hydra
         return {}
@@ -367,8 +359,6 @@ def _experiment_id(client, name: str, artifact_location: str | None) -> str:
 def _mlflow_run(cfg: dict, key: str, seed: int) -> dict:
     """Create this job's MLflow run (in the sweep's experiment, under the sweep's parent run when there is
     one) and return the MLFlowLogger arguments that attach to it."""
-    from lightning.pytorch.utilities import rank_zero_only
-
     if rank_zero_only.rank != 0:  # DDP: Lightning logs from rank 0 only, so other ranks make no run
         return {"tracking_uri": tracking_uri(cfg.get("tracking_uri"))}
     uri = _checked_uri(cfg, key)
@@ -462,7 +452,7 @@ def _tensorboard_hparams(logger: Any, metrics: dict, unlogged: dict, step: int, 
 
     The plugin shows, for each metric named here, the last value of that scalar in the run, so the
     metrics computed only for the summary (`unlogged`) are logged as scalars first."""
-    from torch.utils.tensorboard.summary import hparams
+    from torch.utils.tensorboard.summary import hparams  # optional: tensorboard
 
     writer = logger.experiment
     for k, v in unlogged.items():

@@ -42,7 +42,7 @@ import torch
 from torch import nn
 
 from zoo.build import COMPONENTS, ConfigError, resolve_config
-from zoo.cli.common import needs
+from zoo.commands import needs
 from zoo.component import option_fields
 from zoo.data.corpus import DataError
 from zoo.data.tokenizers import N_SPECIAL, SENTINEL_IDS, SPECIALS

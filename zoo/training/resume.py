@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from zoo.build import ConfigError, flatten_config, resolve_config
-from zoo.cli.common import command
+from zoo.commands import command
 from zoo.config.checks import check_trainer
 from zoo.config.schema import default_of
 from zoo.training.checkpoint import check_weights, read_checkpoint

@@ -13,8 +13,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+from hydra.core.hydra_config import HydraConfig
 
-from zoo.cli.common import command
+from zoo.commands import command
 from zoo.component import ConfigError
 from zoo.io import (
     RunDirError,
@@ -108,8 +109,6 @@ def clear_for(run_dir: Path, overwrite: bool, replacing: bool, resuming: bool) -
 
 def in_sweep() -> bool:
     try:
-        from hydra.core.hydra_config import HydraConfig
-
         mode = HydraConfig.get().mode
         return mode is not None and mode.name == "MULTIRUN"
     except ValueError:  # not running under Hydra
@@ -195,16 +194,12 @@ def _weights_alone(path: Path) -> None:
 
 
 def hydra_output_dir() -> str:
-    from hydra.core.hydra_config import HydraConfig
-
     return HydraConfig.get().runtime.output_dir
 
 
 def overrides() -> list[str]:
     """The command line's overrides (Hydra's task overrides); none outside Hydra."""
     try:
-        from hydra.core.hydra_config import HydraConfig
-
         return list(HydraConfig.get().overrides.task)
     except Exception:  # not running under Hydra
         return []

@@ -5,11 +5,12 @@ from zoo.bench.contenders import hf, nanogpt, xt
 from zoo.bench.contenders import zoo as zoo_contender
 from zoo.bench.contenders.base import NotInstalled, lm_loss, require
 from zoo.bench.contenders.zoo import zoo_config, zoo_model
+from zoo.bench.settings import PEERS
 
 BUILDERS = {"zoo": zoo_contender.build_zoo, "hf": hf.build_hf, "xt": xt.build_xt, "nanogpt": nanogpt.build_nanogpt}
 LABELS = {"zoo": "zoo", "hf": "HF transformers", "xt": "x-transformers", "nanogpt": "nanoGPT"}
 FAMILY_LABELS = {"gpt2": "GPT-2 style", "llama": "Llama style"}
-PEERS = tuple(BUILDERS)
+assert tuple(BUILDERS) == PEERS, "a contender is one file here, one builder and one name in settings.PEERS"
 
 __all__ = ["BUILDERS", "FAMILY_LABELS", "LABELS", "PEERS", "NotInstalled", "lm_loss", "require", "zoo_config",
            "zoo_model"]

@@ -2,15 +2,11 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
 
 from zoo.bench.contenders.base import lm_loss, require
+from zoo.bench.settings import Settings, Shape
 from zoo.layers.ffn import default_d_ff
-
-if TYPE_CHECKING:
-    from zoo.bench.settings import Settings, Shape
 
 
 def build_hf(shape: Shape, family: str, s: Settings):

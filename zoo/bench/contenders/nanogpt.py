@@ -7,14 +7,11 @@ import importlib.util
 import io
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import torch
 
 from zoo.bench.contenders.base import NotInstalled
-
-if TYPE_CHECKING:
-    from zoo.bench.settings import Settings, Shape
+from zoo.bench.settings import Settings, Shape
 
 
 def load_nanogpt(path: Path):

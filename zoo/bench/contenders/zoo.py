@@ -6,11 +6,11 @@ from typing import TYPE_CHECKING
 
 import zoo
 from zoo.bench.contenders.base import lm_loss
+from zoo.bench.settings import Settings, Shape
+from zoo.kernels import apply_kernels
 
 if TYPE_CHECKING:
     from torch import nn
-
-    from zoo.bench.settings import Settings, Shape
 
 
 def zoo_config(shape: Shape, family: str, max_seq_len: int | None = None) -> dict:
@@ -25,8 +25,6 @@ def zoo_config(shape: Shape, family: str, max_seq_len: int | None = None) -> dic
 
 def zoo_model(cfg: dict) -> nn.Module:
     """zoo's model as train.py runs it: built, then zoo.kernels' pass with its default policy (auto)."""
-    from zoo.kernels import apply_kernels
-
     model = zoo.build_model(cfg)
     apply_kernels(model, "auto")
     return model

@@ -15,12 +15,15 @@ import torch.nn.functional as F
 from torch import nn
 
 import zoo
+from zoo import hardware
 from zoo.bench.contenders import FAMILY_LABELS, lm_loss, zoo_config, zoo_model
 from zoo.bench.markdown import ms, ratio, table
 from zoo.bench.registry import section
 from zoo.bench.session import Session, batch
 from zoo.bench.settings import SHAPES, Settings, Shape
 from zoo.bench.timing import interleave
+from zoo.kernels import KERNELS, attention
+from zoo.layers.attention import attention_weights
 
 
 @contextlib.contextmanager
@@ -28,8 +31,6 @@ def attention_path(fused_from: int | None, softmax_kernel: bool = True):
     """Low-precision attention training on the fused kernel from key length `fused_from` (0: always, None:
     never), the written-out form's softmax on zoo's kernel where it builds (compiled or not) or in torch ops,
     whatever zoo.kernels' rules chose for this CPU (the models have zoo.kernels' pass applied)."""
-    import zoo.kernels.attention as attention
-
     names = ("FUSED_BACKWARD_FROM", "FUSED_BACKWARD_FROM_SOFTMAX_KERNEL", "COMPILED_SOFTMAX_FROM",
              "softmax_kernel_applies")
     old = [getattr(attention, n) for n in names]
@@ -56,9 +57,6 @@ def _bf16_forward_backward(model: nn.Module, x: torch.Tensor, y: torch.Tensor, f
 def _written_out(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     """zoo's written-out causal attention (AttentionBase._written_out), standing alone, its softmax on
     attention_softmax_cpp where attention_path lets it run."""
-    from zoo.kernels import attention
-    from zoo.layers.attention import attention_weights
-
     scores = q @ k.transpose(-2, -1)
     if attention.softmax_kernel_applies(scores, None):
         return attention.attention_softmax(scores, 1 / math.sqrt(q.shape[-1]), True) @ v
@@ -74,8 +72,6 @@ def _attention_step(fn: Callable, q: torch.Tensor, k: torch.Tensor, v: torch.Ten
 def _compiled_softmax_rows(s: Settings, n_heads: int, head_dim: int) -> list[str]:
     """Causal attention alone under torch.compile, written out, with zoo's softmax kernel and with inductor's fusion
     of the torch ops, by key length: the rows behind zoo.kernels.attention.COMPILED_SOFTMAX_KERNEL_FROM."""
-    from zoo.kernels import attention
-
     rule = attention.COMPILED_SOFTMAX_FROM
     said = "never" if rule is None else f"from key length {rule}"
     rows, wrong = [], 0
@@ -147,9 +143,6 @@ SOFTMAXES = {"zoo's softmax": (True, "FUSED_FROM_SOFTMAX_KERNEL"), "torch ops": 
 
 @section("choices")
 def section_choices(sess: Session) -> str:
-    from zoo import hardware
-    from zoo.kernels import KERNELS, attention
-
     s, kind = sess.settings, hardware.cpu_kind()
     forms = {label: v for label, v in SOFTMAXES.items() if not v[0] or KERNELS.get("attention_softmax_cpp").load()}
     rules = {label: attention.FUSED_BACKWARD_FROM_SOFTMAX_KERNEL if sk else attention.FUSED_BACKWARD_FROM

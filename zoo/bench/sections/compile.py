@@ -21,6 +21,7 @@ from zoo.bench.settings import SHAPES
 def cold_compile_caches():
     """Compile from scratch, as a first run would: a fresh Inductor cache directory, and the FX-graph and
     AOTAutograd caches off (otherwise a second benchmark run reports the time of a cache hit)."""
+    # lazy: torch._inductor (1.0 s CPU after torch), only for the compile section
     from torch._functorch import config as functorch_config
     from torch._inductor import config as inductor_config
 

@@ -18,6 +18,7 @@ from zoo.bench.markdown import num, table
 from zoo.bench.processes import run_probe, status_kib
 from zoo.bench.registry import section
 from zoo.bench.session import Session
+from zoo.convert import convert, from_pretrained
 
 CONVERT_LLAMAS = {  # LlamaConfig fields; "1b" is TinyLlama-1.1B's shape
     "1b": dict(hidden_size=2048, intermediate_size=5632, num_hidden_layers=22, num_attention_heads=32,
@@ -86,9 +87,8 @@ class RssSampler:
 def convert_probe(directory: str, path: str) -> dict:
     """Run in a fresh process: RSS before and at the peak of one conversion of `directory` by `path` (VmHWM, and
     the anonymous and file-backed parts apart, sampled: RssSampler)."""
+    # optional: bench (transformers; a probe in its own process)
     import transformers
-
-    from zoo.convert import convert, from_pretrained
 
     transformers.logging.set_verbosity_error()
     transformers.LlamaForCausalLM  # noqa: B018 (imports the model code before the baseline)

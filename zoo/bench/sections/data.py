@@ -17,6 +17,10 @@ from zoo.bench.registry import section
 from zoo.bench.session import Session, Variant, make_train_run
 from zoo.bench.settings import SHAPES, Settings, Shape
 from zoo.bench.timing import time_call
+from zoo.data import load_default_corpus
+from zoo.data.tokenizers import tokenizer_from_state
+from zoo.prepare import documents, prepare
+from zoo.training.objectives import OBJECTIVE
 
 GPT2_SMALL = SHAPES["gpt2_small"]
 # A GPU step of that shape for scale, computed (no GPU here): bf16 at 40% of an H100's dense peak, the issue's
@@ -25,8 +29,6 @@ GPU_FLOPS, GPU_LABEL = 0.4 * 989e12, "H100 bf16 at 40% MFU (989 TFLOP/s peak)"
 
 
 def _prepare_round(src: Path, out: Path, spec: str, vocab: int, workers: int) -> dict:
-    from zoo.prepare import prepare
-
     shutil.rmtree(out, ignore_errors=True)
     return prepare([str(src)], out, spec, vocab_size=vocab, bpe_sample_mb=5.0, sample_by="paragraph",
                    val_fraction=0.01, shard_mb=4.0, workers=workers, progress=False)
@@ -35,11 +37,7 @@ def _prepare_round(src: Path, out: Path, spec: str, vocab: int, workers: int) ->
 @section("data")
 def section_data(sess: Session) -> str:
     """zoo-prepare against the tokenizer alone; data=tokens batches against a training step."""
-    from zoo.data import load_default_corpus
-    from zoo.data.tokenizers import tokenizer_from_state
-    from zoo.prepare import documents
-    from zoo.training.data import build_data, generator
-    from zoo.training.objectives import OBJECTIVE
+    from zoo.training.data import build_data, generator  # lazy: Lightning (start-up 10 s) only for this section
 
     s = sess.settings
     text = load_default_corpus()[:300_000] if s.quick else load_default_corpus() * 4

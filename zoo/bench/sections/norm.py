@@ -15,6 +15,9 @@ from zoo.bench.registry import section
 from zoo.bench.session import Session
 from zoo.bench.settings import SHAPES
 from zoo.bench.timing import interleave
+from zoo.component import Context
+from zoo.kernels import apply_kernels
+from zoo.registry import NORM
 
 NORM_REPS = 50  # forward + backward passes per timed call: one pass is well under a millisecond
 
@@ -35,10 +38,6 @@ RMS_IMPLEMENTATION = {  # zoo's float32 CPU RMSNorm, by the kernel zoo.kernels a
 def section_norm(sess: Session) -> str:
     """zoo's LayerNorm and RMSNorm alone, forward + backward on (batch x context, d_model) activations of each
     shape, interleaved: the speed half of Zhang and Sennrich's finding, without the rest of the model around it."""
-    from zoo.component import Context
-    from zoo.kernels import apply_kernels
-    from zoo.registry import NORM
-
     s, rows = sess.settings, []
     for shape_name in s.shapes:
         shape = SHAPES[shape_name]

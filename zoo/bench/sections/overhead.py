@@ -20,7 +20,8 @@ from zoo.bench.processes import TRAIN, child_env, run_training, shown
 from zoo.bench.registry import section
 from zoo.bench.session import Session
 from zoo.bench.settings import SHAPES, Settings
-from zoo.cli.common import train_command
+from zoo.commands import train_command
+from zoo.data import load_default_corpus
 
 OVERHEAD_SHAPE = "small"  # assumed to be what `experiment=nanogpt_cpu` trains; adjust with it
 
@@ -31,8 +32,6 @@ def bare_loop(steps: int, spawned_at: float, spec: dict | None = None) -> dict:
     spec: {"model": zoo model config, "batch": B, "context": T}; train.py's summary.json supplies them, and the
     default is the small GPT-2-style shape. time_to_first_step_s counts from the parent's spawn time, so
     interpreter start and imports are in it."""
-    from zoo.data import load_default_corpus
-
     spec = spec or {}
     small = SHAPES[OVERHEAD_SHAPE]
     cfg = spec.get("model") or zoo_config(small, "gpt2")

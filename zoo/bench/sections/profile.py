@@ -7,6 +7,8 @@ import gc
 import time
 from collections.abc import Callable
 
+from torch.profiler import ProfilerActivity, profile
+
 from zoo.bench.contenders import FAMILY_LABELS
 from zoo.bench.markdown import ms, table
 from zoo.bench.registry import section
@@ -33,8 +35,6 @@ PROFILE_GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
 
 def profile_groups(step: Callable[[], object], steps: int) -> tuple[dict[str, float], list[tuple[str, float]], float]:
     """Shares of self CPU time by group, the top operators, and the profiled step time (profiling adds overhead)."""
-    from torch.profiler import ProfilerActivity, profile
-
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         t0 = time.perf_counter()
         for _ in range(steps):

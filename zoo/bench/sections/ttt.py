@@ -22,7 +22,7 @@ from zoo.bench.markdown import ratio, table
 from zoo.bench.processes import TRAIN, child_env, typed
 from zoo.bench.registry import section
 from zoo.bench.session import Session
-from zoo.cli.common import train_command
+from zoo.commands import train_command
 
 # nanoGPT README's Shakespeare-char recipe for a CPU, as written there (its config file plus these flags).
 NANOGPT_CPU_ARGS = ("--device=cpu", "--compile=False", "--eval_iters=20", "--log_interval=1", "--block_size=64",
