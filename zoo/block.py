@@ -29,6 +29,18 @@ def block_sublayers(cfg: ModelSpec, n_layers: int) -> list[str | None]:
     return list(value) if isinstance(value, (list, tuple)) else [value] * n_layers
 
 
+def built(registry: Any, part: Any, ctx: Context) -> Any:
+    """The sublayer `part` names, refused in one line where the placement keeps the stream on the unit sphere
+    (ctx.sphere, nGPT) and the part cannot scale for it (AttentionPart.sphere, FFNPart.sphere)."""
+    f = build(registry, part, ctx)
+    kind = registry.kind
+    need(not ctx.sphere or declared(f, "sphere"), f"{kind}", f"{kind} '{part.name}' cannot work on the unit sphere "
+         "of norm=ngpt (its `sphere` is false); valid: " + ("mha, mqa, gqa and the others built on them"
+                                                            if kind == "attention" else "an MLP or gated FFN: "
+                                                            "gelu, relu, swiglu, geglu, ..."))
+    return f
+
+
 class Half(nn.Module):
     """f(x) / 2: macaron's half-step FFN (Lu et al. 2019), inside any placement."""
 
@@ -51,10 +63,10 @@ class TransformerBlock(nn.Module):
         if order is not None:
             self._sequence(ctx, cfg, residual, cross, order)
             return
-        sublayers = {"attn": build(ATTENTION, cfg.attention, ctx)}
+        sublayers = {"attn": built(ATTENTION, cfg.attention, ctx)}
         if cross:
-            sublayers["cross"] = build(ATTENTION, cfg.attention, replace(ctx, cross=True))
-        sublayers["ffn"] = build(FFN, cfg.ffn, ctx)
+            sublayers["cross"] = built(ATTENTION, cfg.attention, replace(ctx, cross=True))
+        sublayers["ffn"] = built(FFN, cfg.ffn, ctx)
         self.parallel: nn.Module | None
         self.window = sublayers["attn"].window  # the stack's mask follows its self-attention's window
         self.value_dim = declared(sublayers["attn"], "value_dim")  # the width of a value embedding, if it takes one
@@ -74,9 +86,9 @@ class TransformerBlock(nn.Module):
         need(not residual.parallel, "sublayers", f"placement '{cfg.norm.placement}' steps over all of a block's "
              "sublayers at once: it has no order; valid: null, or a sequential placement (pre, post, ...)")
         self.kinds = "".join(k + "c" if cross and k == "a" else k for k in order)
-        make = {"a": lambda: build(ATTENTION, cfg.attention, ctx), "f": lambda: build(FFN, cfg.ffn, ctx),
-                "c": lambda: build(ATTENTION, cfg.attention, replace(ctx, cross=True)),
-                "h": lambda: Half(build(FFN, cfg.ffn, ctx))}
+        make = {"a": lambda: built(ATTENTION, cfg.attention, ctx), "f": lambda: built(FFN, cfg.ffn, ctx),
+                "c": lambda: built(ATTENTION, cfg.attention, replace(ctx, cross=True)),
+                "h": lambda: Half(built(FFN, cfg.ffn, ctx))}
         self.steps = nn.ModuleList(residual(make[k](), ctx.norm) for k in self.kinds)
         attns = [step.f for step, k in zip(self.steps, self.kinds, strict=True) if k == "a"]
         self.window = attns[0].window if attns else None

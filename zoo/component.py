@@ -64,6 +64,7 @@ class Context:
     dropout: float = 0.0
     value_embed: bool = False  # this layer's self-attention mixes a value embedding into its values (value_dim)
     keep_values: bool = False  # it keeps its new tokens' values, before any mix, in kept_values (value_residual)
+    sphere: bool = False  # the placement keeps hidden vectors on the unit sphere (nGPT): attention and FFN scale for it
     norm: Callable[..., Any] = field(default=lambda dim=None: _no_norm())  # the model's: norm(dim=None) -> a new one
 
     @property
@@ -189,6 +190,14 @@ def aux_losses(model: Any) -> dict[str, Any]:
     return out
 
 
+def after_step(model: Any) -> None:
+    """Run each `after_step(model)` hook the model's modules' classes declare (Placement.after_step), each class's
+    once: the training step calls this after every optimizer step, init_weights at its end."""
+    hooks = {type(m): type(m).after_step for m in model.modules() if callable(getattr(type(m), "after_step", None))}
+    for hook in hooks.values():
+        hook(model)
+
+
 def clear_aux_losses(model: Any) -> None:
     """Forget every auxiliary loss a module holds: call before a forward whose losses will be collected."""
     for m in model.modules():
@@ -248,6 +257,10 @@ class AttentionPart(Part, Protocol):
                                    "layer's pre-softmax scores (B, H, Tq, Tk), to its own and leaves its own in its "
                                    "place (residual attention)"] = False
 
+    sphere: Annotated[bool, "built with ctx.sphere (a placement's `sphere`), it normalises each query and key head "
+                            "to unit length, scales them by a learned s_qk and scores at sqrt(head_dim) instead of "
+                            "1 / sqrt(head_dim) (nGPT); false: it cannot, and the block refuses it there"] = False
+
     def forward(self, x: Any, pos: Any, mask: Any = None, is_causal: bool = False, context: Any = None,
                 cache: Any = None, offset: int = 0, value_embed: Any = None) -> Any:
         """x (B, T, d_model) -> (B, T, d_model); positions from `pos` (a PositionPart), keys and values from
@@ -288,6 +301,10 @@ class NormPart(Part, Protocol):
 class FFNPart(Part, Protocol):
     """A position-wise feed-forward network, built as `factory(ctx, opts)`."""
 
+    sphere: Annotated[bool, "built with ctx.sphere (a placement's `sphere`), it scales its hidden pre-activations by "
+                            "learned s_u, s_v (and the gate's by sqrt(d_model)) as nGPT's; false: it cannot, and the "
+                            "block refuses it there"] = False
+
     def forward(self, x: Any) -> Any:
         """x (B, T, d_model) -> (B, T, d_model)."""
 
@@ -308,6 +325,11 @@ class Placement(Protocol):
                           "built by the stack as carry(ctx), whose open(x) makes the state from the embeddings and "
                           "close(x, state) gives the stack's output before any final norm; the block passes the "
                           "state to each step as forward's `state`. null: none"] = None
+    sphere: Annotated[bool, "it keeps every hidden vector on the unit sphere (nGPT): the stack builds its parts with "
+                            "ctx.sphere, normalises the embeddings instead of any embed_norm, and the head scales "
+                            "its logits by a learned s_z"] = False
+    weight_decay: Annotated[bool, "the optimizer's decoupled weight decay applies; false: the training step sets "
+                                  "optim.weight_decay to 0 (its after_step renormalises the matrices anyway)"] = True
 
     def forward(self, x: Any, **kw: Any) -> Any:
         """x (B, T, d_model) -> x after the residual step; kw: the sublayer's keyword arguments (by name when
@@ -317,6 +339,12 @@ class Placement(Protocol):
     def init_for_depth(self, blocks: int) -> None:
         """Its own initialisation, run by init_weights after the zoo's, in a model of `blocks` blocks: a start
         that depends on depth (LayerScale's); if left out, nothing."""
+
+    @default
+    def after_step(self, model: Any) -> None:
+        """Puts the whole model back where this placement keeps it, run once per placement class by after_step(model)
+        after every optimizer step and at the end of init_weights (nGPT: every matrix unit-norm along its
+        embedding dimension); if left out, nothing."""
 
 
 class Lineage(Protocol):

@@ -44,6 +44,9 @@ def paper_lambda_init(layer: int) -> float:
 
 
 class Differential(Attention):
+    # not with norm=ngpt (AttentionPart.sphere): two softmaxes over half-width heads: no one s_qk per head
+    sphere = False
+
     def __init__(self, ctx: Context, opts: DifferentialOptions):
         need(ctx.head_dim % (4 if ctx.rotary else 2) == 0, "n_heads", f"differential attention splits each head "
              f"(d_model / n_heads = {ctx.head_dim}) into two halves{', each rotated by RoPE' if ctx.rotary else ''}; "

@@ -27,6 +27,9 @@ class MemoryKVOptions(HeadsOptions):
 
 
 class MemoryKV(Attention):
+    # not with norm=ngpt (AttentionPart.sphere): its learned memory keys are not normalised with the tokens'
+    sphere = False
+
     def __init__(self, ctx: Context, opts: MemoryKVOptions):
         need(opts.n_mem_kv > 0, "attention.n_mem_kv", f"must be a positive integer, got {opts.n_mem_kv}")
         super().__init__(ctx, opts, kv_heads(ctx, opts))

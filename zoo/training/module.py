@@ -4,17 +4,18 @@ schedule."""
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from typing import Any
 
 import lightning as L
 import torch
 from lightning.pytorch.callbacks import Timer
 from lightning.pytorch.plugins.precision import Precision
-from lightning.pytorch.utilities import GradClipAlgorithmType
+from lightning.pytorch.utilities import GradClipAlgorithmType, rank_zero_info
 
 from zoo.build import build_model, spec_of
-from zoo.component import aux_losses, clear_aux_losses
-from zoo.registry import OPTIM
+from zoo.component import after_step, aux_losses, clear_aux_losses, declared
+from zoo.registry import OPTIM, RESIDUAL
 from zoo.schema import ZooConfig, json_copy
 from zoo.training.objectives import OBJECTIVE
 
@@ -69,6 +70,10 @@ class ZooModule(L.LightningModule):
             self.log(f"train_{k}", v)
         return loss + sum(aux.values())
 
+    def optimizer_step(self, *args: Any, **kwargs: Any) -> None:
+        super().optimizer_step(*args, **kwargs)
+        after_step(self.model)  # each placement's hook after every step (Placement.after_step: nGPT's unit matrices)
+
     def validation_step(self, batch: dict, batch_idx: int) -> None:
         loss, logs = self.objective.loss(self.model, batch)
         self.log("val_loss", loss, prog_bar=True)
@@ -112,6 +117,11 @@ class ZooModule(L.LightningModule):
     def configure_optimizers(self):
         optim = self.cfg.optim  # a Part: the optimizer's name and options (zoo/optim/)
         opt = optim.options
+        placement = spec_of(self.model).norm.placement
+        if opt.weight_decay and not declared(RESIDUAL.get(placement), "weight_decay"):  # Placement.weight_decay
+            rank_zero_info(f"optim.weight_decay: {opt.weight_decay} -> 0: placement '{placement}' renormalises the "
+                           "matrices after every step itself")
+            opt = replace(opt, weight_decay=0.0)
         optimizer = OPTIM.get(optim.name).build(self.model, opt, next(self.model.parameters()).device,
                                                 self.trainer.precision)
         # One schedule for every parameter group (optim=muon: Muon's and AdamW's), each from its own peak.
