@@ -135,3 +135,35 @@ def check_cached_decoding(attn, first: int = 7, chunks: tuple[int, ...] = (1, 3,
             rows.append(attn(x[:, start:start + t], NO_POSITION, mask, is_causal, cache=cache, offset=start))
             start += t
     torch.testing.assert_close(torch.cat(rows, dim=1), full, atol=1e-12, rtol=0)
+
+
+def check_chunked_decoding(model, tokens: torch.Tensor, chunks: tuple[int, ...] = (5, 1, 3, 1, 3),
+                           atol: float = 1e-12) -> None:
+    """A whole model's logits decoded `chunks` tokens at a time through its cache equal the full forward's (an
+    encoder_decoder reads tokens[:, :7] as its source)."""
+    src = tokens[:, :7] if model.needs_source else None
+    with torch.no_grad():
+        full = model(src, tokens) if src is not None else model(tokens)
+        memory = model.encode(src) if src is not None else None
+        cache, steps, start = model.new_cache(), [], 0
+        for t in chunks:
+            chunk = tokens[:, start:start + t]
+            steps.append(model.decode(chunk, memory, cache=cache) if src is not None else model(chunk, cache=cache))
+            start += t
+    torch.testing.assert_close(torch.cat(steps, dim=1), full[:, :start], atol=atol, rtol=0)
+
+
+def check_against_paper(m, x: torch.Tensor, causal: bool, paper: Callable) -> None:
+    """A self-attention replacement m on x (B=2, float64; in an encoder the second sequence ends in 4 pad tokens)
+    equals `paper(m, x, causal, padding)`, the equations written out, in its output and every gradient."""
+    padding = None
+    if not causal:
+        padding = torch.ones(2, x.shape[1], dtype=torch.bool)
+        padding[1, -4:] = False
+    mask, is_causal = attention_bias(x.shape[1], x.shape[1], causal, None, NO_POSITION, padding, x.device, x.dtype)
+    ours, theirs = m(x, NO_POSITION, mask, is_causal), paper(m, x, causal, padding)
+    torch.testing.assert_close(ours, theirs, rtol=1e-10, atol=1e-12)
+    probe, wrt = torch.randn_like(ours), [x, *m.parameters()]
+    for a, b in zip(torch.autograd.grad((ours * probe).sum(), wrt, retain_graph=True),
+                    torch.autograd.grad((theirs * probe).sum(), wrt), strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)

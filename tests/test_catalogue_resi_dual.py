@@ -7,6 +7,7 @@ Cached decoding at offsets equals recomputation."""
 import pytest
 import torch
 
+from tests.catalogue import check_chunked_decoding
 from zoo import build_model, count_params
 from zoo.block import NO_POSITION
 from zoo.layers.attention import attention_bias
@@ -51,17 +52,7 @@ def test_resi_dual_follows_the_papers_equations(lineage, norm):
 @pytest.mark.parametrize("lineage", ["decoder_only", "encoder_decoder"])
 def test_resi_dual_decodes_from_the_cache_as_full_recomputation(lineage):
     model = build_model(_cfg(lineage, position={"name": "rope"})).double().eval()
-    tokens = torch.randint(0, 37, (B, T), generator=torch.Generator().manual_seed(2))
-    src = tokens[:, :7] if model.needs_source else None
-    with torch.no_grad():
-        full = model(src, tokens) if src is not None else model(tokens)
-        cache, steps, start = model.new_cache(), [], 0
-        for t in (5, 1, 3, 1, 3):
-            chunk = tokens[:, start:start + t]
-            steps.append(model.decode(chunk, model.encode(src), cache=cache) if src is not None
-                         else model(chunk, cache=cache))
-            start += t
-    torch.testing.assert_close(torch.cat(steps, dim=1), full, atol=1e-12, rtol=0)
+    check_chunked_decoding(model, torch.randint(0, 37, (B, T), generator=torch.Generator().manual_seed(2)))
 
 
 def test_resi_dual_counts_its_dual_norm_in_place_of_a_final_norm():

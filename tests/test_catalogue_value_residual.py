@@ -7,7 +7,7 @@ import pytest
 import torch
 from x_transformers import Decoder, Encoder
 
-from tests.catalogue import float64_softmax
+from tests.catalogue import check_chunked_decoding, float64_softmax
 from zoo import build_model, count_params
 from zoo.build import resolve_config
 from zoo.component import ConfigError
@@ -74,17 +74,7 @@ def test_value_residual_decodes_from_the_cache_as_full_recomputation(lineage):
     """Each layer mixes the first layer's values of the new tokens before caching its own: logits decoded a few
     tokens at a time at an offset equal the full forward's (float64)."""
     model = build_model(_cfg(lineage, position={"name": "rope"})).double().eval()
-    tokens = torch.randint(0, 37, (B, T), generator=torch.Generator().manual_seed(2))
-    src = tokens[:, :7] if model.needs_source else None
-    with torch.no_grad():
-        full = model(src, tokens) if src is not None else model(tokens)
-        cache, steps, start = model.new_cache(), [], 0
-        for t in (5, 1, 3, 1, 3):
-            chunk = tokens[:, start:start + t]
-            steps.append(model.decode(chunk, model.encode(src), cache=cache) if src is not None
-                         else model(chunk, cache=cache))
-            start += t
-    torch.testing.assert_close(torch.cat(steps, dim=1), full, atol=1e-12, rtol=0)
+    check_chunked_decoding(model, torch.randint(0, 37, (B, T), generator=torch.Generator().manual_seed(2)))
 
 
 def test_the_mix_is_counted_and_its_values_are_not_kept():

@@ -34,7 +34,7 @@ def _train(*args: str) -> subprocess.CompletedProcess:
     (["model.atention.n_kv_heads=2"], "error: model.atention.n_kv_heads: unknown key (did you mean "
                                       "model.attention.n_kv_heads?); valid: "),
     (["data=text_file"], "error: data.path: required, not set; valid: data.path=<value>"),
-    (["trainer=gpux"], "error: trainer: unknown option 'gpux'; valid: cpu, ddp, fsdp, gpu"),
+    (["trainer=gpux"], "error: trainer: unknown option 'gpux' (did you mean gpu?); valid: cpu, ddp, fsdp, gpu"),
     (["-m", "ffn=relu,nope"], "error: ffn: unknown option 'nope'; valid: "),
     (["study=_cpu"], "error: study: unknown option '_cpu'; valid: attention, "),
 ])

@@ -164,7 +164,7 @@ def test_bert_logits_match_on_unpadded_positions(ids, padding, backend, tie):
 def test_llama_logits_match(ids, backend, tie, kv_heads):
     hf = hf_llama(tie_word_embeddings=tie, num_key_value_heads=kv_heads)
     zoo_model = use_backend(convert(hf), backend)
-    assert zoo_model.cfg.position.as_dict() == {"name": "rope", "theta": 500.0}
+    assert zoo_model.cfg.position.as_dict().items() >= {"name": "rope", "theta": 500.0, "fraction": 1.0}.items()
     assert zoo_model.cfg.attention.name == {1: "mqa", 2: "gqa", 4: "mha"}[kv_heads]
     assert (zoo_model.head.weight is zoo_model.embed.weight) == tie
     with torch.no_grad():
@@ -203,7 +203,7 @@ def test_t5_logits_match_with_source_padding(ids, padding, backend, flavour):
     hf = T5_FLAVOURS[flavour]()
     zoo_model = use_backend(convert(hf), backend)
     v1_1 = flavour == "t5_v1_1"
-    assert zoo_model.cfg.ffn.as_dict() == {"name": "geglu_tanh" if v1_1 else "relu", "d_ff": 96}
+    assert zoo_model.cfg.ffn.as_dict().items() >= {"name": "geglu_tanh" if v1_1 else "relu", "d_ff": 96}.items()
     assert zoo_model.cfg.position.as_dict() == {"name": "t5", "num_buckets": 8, "max_distance": 12}
     assert (zoo_model.head.weight is zoo_model.embed.weight) == (not v1_1)
     tgt = torch.randint(0, V, (2, 14), generator=torch.Generator().manual_seed(2))  # past max_distance too

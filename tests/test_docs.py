@@ -234,7 +234,9 @@ def _smaller(arg: str) -> str:
 def shrink(argv: list[str]) -> list[str]:
     """Append overrides that make a documented command cheap; a size it sets itself is only ever lowered."""
     if argv[:2] == ["python", "train.py"] or argv[:4] == ["python", "-m", "zoo", "train"]:  # zoo train: the same
-        argv = [_smaller(a) for a in argv]
+        # a command that names each block (model.funnel's groups, a list of model.sublayers) keeps its depth
+        per_block = any(a.startswith(("model.funnel=", "model.sublayers=[")) for a in argv)
+        argv = [a if per_block and a.startswith("model.n_layers=") else _smaller(a) for a in argv]
         keys = {a.lstrip("+~").partition("=")[0] for a in argv[2:]}
         if "hparams_search=lr_warmup" in argv:  # an Optuna search: a few trials instead of 20
             keys.add("seed")

@@ -20,7 +20,9 @@ def _logits(model, tokens, cache=None, src=None):
 
 @pytest.mark.parametrize("cfg", model_cases(lineages("generates")), ids=case_id)
 def test_cached_logits_equal_full_recomputation(cfg):
-    model = build_model(cfg).eval()
+    """In float64: the equality is the maths'; in float32 a part that selects (top-k keys, product keys, experts)
+    may pick differently at a near-tie, where a cached step's rounding differs from the full forward's."""
+    model = build_model(cfg).eval().double()
     seq = torch.randint(0, 37, (2, 20))
     src = torch.randint(0, 37, (2, 9)) if model.needs_source else None
     with torch.no_grad():
@@ -28,7 +30,7 @@ def test_cached_logits_equal_full_recomputation(cfg):
         cache = model.new_cache()
         steps = [_logits(model, seq[:, :6], cache, src)]  # prefill a prompt, then one token at a time
         steps += [_logits(model, seq[:, t:t + 1], cache, src) for t in range(6, 20)]
-    torch.testing.assert_close(torch.cat(steps, dim=1), full, atol=1e-5, rtol=0)
+    torch.testing.assert_close(torch.cat(steps, dim=1), full, atol=1e-10, rtol=0)
 
 
 @pytest.mark.parametrize("position", cases("position"), ids=case_id)

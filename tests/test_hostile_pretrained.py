@@ -134,7 +134,7 @@ def flip_data(path: Path, outside: Path) -> None:
 
 LINK = r"a symbolic link to .*, outside .*; zoo reads no file outside a pretrained directory"
 NOT_FILE = r": not a regular file \(a directory, FIFO or device where a file belongs\)$"
-NOT_JSON = r"\.json: not valid JSON \("
+NOT_JSON = r"\.json: is not JSON \("
 NOT_ST = r": not a valid safetensors file \(Error while deserializing header: "
 NAN = r"holds NaN or infinite values: the file is damaged$"
 ALL = ("api", "eval", "init_from")  # config and weights: every entry point reads them

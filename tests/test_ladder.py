@@ -280,7 +280,9 @@ def test_a_sweep_continued_on_changed_data_is_refused_and_keeps_its_results(tmp_
     assert refused == [f"error: hydra.sweep.dir: '{sweep / n}' holds a finished run trained on other data "
                        f"(data.path '{text}' now has sha256 {hashlib.sha256(text.read_bytes()).hexdigest()[:16]}..., "
                        f"the run's {recorded['sha256'][:16]}...); valid: the data it trained on, another "
-                       "hydra.sweep.dir, or overwrite=true" for n in "01"], again.stderr[-3000:]
+                       "hydra.sweep.dir, or overwrite=true" for n in "01"] + \
+        ["error: all 2 jobs of the sweep were refused (each said why above)"], again.stderr[-3000:]
+    assert again.returncode == 2
     assert "Traceback" not in again.stderr and _files(sweep) == before  # the old results, byte for byte
     text.write_bytes(first)  # the data it trained on: kept, as any finished job
     kept = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)

@@ -8,7 +8,7 @@ import torch.nn.functional as F
 from tests.helpers import KINDS, case_id, cases, lineages, make, model_cases, tiny_cfg
 from zoo import build_model
 from zoo.block import NO_POSITION
-from zoo.component import option_fields
+from zoo.component import declared, option_fields
 from zoo.layers.attention import attention_maps
 from zoo.registry import ATTENTION, FFN, NORM, POSITION
 
@@ -38,10 +38,15 @@ def test_causality(cfg):
 
 @pytest.mark.parametrize("attention", [a for a in cases("attention") if a.get("window") is None], ids=case_id)
 def test_permutation_equivariance_without_positions(attention):
-    """With no positions and no mask, attention is a set operation: permuting the input permutes the output."""
+    """With no positions and no mask, attention is a set operation: permuting the input permutes the output; unless
+    the attention declares itself order_aware (zoo.component.AttentionPart), and then permuting must change it."""
     model = build_model(tiny_cfg("encoder_only", attention=attention, position={"name": "none"})).eval()
     tokens = torch.randint(0, 37, (2, 10))
     perm = torch.randperm(10)
+    if declared(model.encoder.blocks[0].attn.f, "order_aware"):
+        model = build_model(tiny_cfg("encoder_only", attention=attention, position={"name": "none"}, init_std=0.5))
+        assert (model.eval()(tokens)[:, perm] - model(tokens[:, perm])).abs().max() > 1e-3
+        return
     torch.testing.assert_close(model(tokens)[:, perm], model(tokens[:, perm]), atol=1e-5, rtol=0)
     learned = build_model(tiny_cfg("encoder_only", attention=attention, init_std=0.5)).eval()
     assert (learned(tokens)[:, perm] - learned(tokens[:, perm])).abs().max() > 1e-3  # positions break it

@@ -4,7 +4,8 @@ component's own file; other code asks the component (count_as, generates, hard_l
 zoo/bench/ (its lists of variants to time) and zoo/convert.py (its conversion tables) are excepted.
 A component's own file (zoo/layers/*.py, zoo/models/*.py) may compare against the names it registers
 itself, not against another component's. The names are read from the registries when the test runs,
-so a part registered tomorrow is covered."""
+so a part registered tomorrow is covered. "none" is left out: it is also every option's word for off
+(model.share_blocks, a synthesizer's mix, the CPU kind), and position=none is asked of the part (`rotary`, ...)."""
 
 from __future__ import annotations
 
@@ -17,13 +18,14 @@ ZOO = Path(__file__).resolve().parents[1] / "zoo"
 EXCEPTED = {"convert.py"}
 EXCEPTED_DIRS = {ZOO / "bench"}
 COMPARISONS = (ast.Eq, ast.NotEq, ast.In, ast.NotIn)
+NOT_NAMES = {"none"}
 
 
 def registered() -> dict[str, list[tuple[str, str]]]:
     """Every registered name -> [(kind, the module that registered it)]."""
     out: dict[str, list[tuple[str, str]]] = {}
     for kind, registry in REGISTRIES.items():
-        for name in registry.names():
+        for name in set(registry.names()) - NOT_NAMES:
             out.setdefault(name, []).append((kind, getattr(registry.get(name), "__module__", "")))
     return out
 

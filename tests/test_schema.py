@@ -93,7 +93,12 @@ def test_the_default_config_composes_to_the_dataclass_defaults():
 def test_every_preset_restates_no_default(kind):
     """A preset holds only what it chooses: every option it does not set is the component's dataclass default."""
     chosen = {"gqa": {"n_kv_heads": 2}, "sliding_window": {"window": 32}, "sigmoid": {"sigmoid": True},
-              "sparse_topk": {"sparse_topk": 8}, "partial_rope": {"fraction": 0.25}, "xpos": {"xpos_scale_base": 512}}
+              "sparse_topk": {"sparse_topk": 8}, "partial_rope": {"fraction": 0.25}, "xpos": {"xpos_scale_base": 512},
+              # Narang et al.'s Synthesizer rows (attention=synthesizer is dense alone: the defaults)
+              "synthesizer_dense_plus": {"mix": "plus"}, "synthesizer_dense_plus_alpha": {"mix": "alpha"},
+              "synthesizer_factorized": {"synthetic": "factorized"}, "synthesizer_random": {"synthetic": "random"},
+              "synthesizer_random_plus": {"synthetic": "random", "mix": "plus"},
+              "synthesizer_random_plus_alpha": {"synthetic": "random", "mix": "alpha"}}
     name_key = KINDS[kind][1]
     for path in sorted((CONF / kind).glob("*.yaml")):
         node = _values(compose_cfg([f"{kind}={path.stem}"]).model[kind])

@@ -21,6 +21,8 @@ from pathlib import Path
 
 import pytest
 
+from zoo.registry import FFN
+
 ROOT = Path(__file__).resolve().parents[1]
 SOURCES = ("pyproject.toml", "setup.py", "README.md", "LICENSE", "conf", "zoo", "hydra_plugins")
 TIMEOUT = 900  # a busy machine: each command imports torch and Lightning
@@ -96,7 +98,8 @@ def test_zoo_help_lists_the_commands(installed, empty):
 
 def test_a_bad_override_is_one_line(installed, empty):
     proc = _zoo(installed, empty, "zoo", "train", "ffn=nope", code=2)
-    valid = ", ".join(sorted(p.stem for p in (ROOT / "conf" / "ffn").glob("*.yaml")))  # the wheel's conf/ is this
+    # the ffn group: its presets in conf/ (the wheel's is this one) and every registered FFN (a generated node)
+    valid = ", ".join(sorted({p.stem for p in (ROOT / "conf" / "ffn").glob("*.yaml")} | set(FFN.names())))
     assert proc.stderr.splitlines() == [f"error: ffn: unknown option 'nope'; valid: {valid}"]
 
 

@@ -14,6 +14,7 @@ import pytest
 from zoo.cli import COMMANDS, main
 from zoo.cli import common as cli_common
 from zoo.component import ConfigError
+from zoo.registry import FFN
 
 ROOT = Path(__file__).resolve().parents[1]
 VALID = "valid: train, sample, eval, inspect, prepare, report, bench"
@@ -87,7 +88,7 @@ def test_zoo_train_answers_as_train_py():
     args = ["ffn=nope", "trainer.max_steps=1"]
     by_file, by_zoo = _run("train.py", *args), _run("-m", "zoo", "train", *args)
     assert by_file.returncode == by_zoo.returncode == 2
-    valid = ", ".join(sorted(p.stem for p in (ROOT / "conf" / "ffn").glob("*.yaml")))
+    valid = ", ".join(sorted({p.stem for p in (ROOT / "conf" / "ffn").glob("*.yaml")} | set(FFN.names())))
     assert by_file.stderr == by_zoo.stderr == f"error: ffn: unknown option 'nope'; valid: {valid}\n"
 
 
@@ -198,6 +199,21 @@ PREFLIGHT = {
                                           "error: hf:<name> needs the 'transformers' package: "
                                           "pip install -e \"{root}[hf]\""),
 }
+
+
+@pytest.mark.parametrize("case", [c for c, (argv, _, _) in PREFLIGHT.items() if argv[0] == "train"])
+def test_a_missing_extra_is_one_line_before_torch_with_no_options_cache(case, tmp_path):
+    """The first command after an install has no copy of the components' options (zoo.schema.option_specs reads
+    them from the registries then, importing torch): an extra named on the command line is checked before that."""
+    argv, blocked, expected = PREFLIGHT[case]
+    code = (f"import sys\nfrom pathlib import Path\nsys.modules[{blocked!r}] = None  # as if not installed\n"
+            "import zoo.schema\nzoo.schema._cache_path = lambda: Path('/nonexistent/zoo-options.json')  # no copy\n"
+            "from zoo.cli import main\ncode = main(sys.argv[1:])\nprint(code, 'torch' in sys.modules)")
+    proc = subprocess.run([sys.executable, "-c", code, *argv], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=600, env={**__import__("os").environ, "PYTHONPATH": str(ROOT)})
+    assert proc.stdout.split() == ["2", "False"], proc.stdout + proc.stderr[-2000:]
+    assert proc.stderr.splitlines() == [expected.format(root=ROOT)]
+    assert list(tmp_path.iterdir()) == []
 
 
 @pytest.fixture(scope="module")

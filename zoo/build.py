@@ -38,7 +38,7 @@ from zoo.component import (
     need,
     option_fields,
 )
-from zoo.models.stack import applications
+from zoo.models.stack import applications, flops_shares
 from zoo.mup import FIXED, init_scale, roles, width_mult
 from zoo.mup import check as check_parametrization
 from zoo.registry import ATTENTION, FFN, MODEL, NORM, POSITION, RESIDUAL, Registry
@@ -150,6 +150,11 @@ def _validate(cfg: dict) -> None:
          f"must be an integer >= 0, got {cfg['value_embeddings']!r} (0: none)")
     need(is_int(cfg["memory_tokens"]) and cfg["memory_tokens"] >= 0, "memory_tokens",
          f"must be an integer >= 0, got {cfg['memory_tokens']!r} (0: none)")
+    need(is_int(cfg["shift_tokens"]) and cfg["shift_tokens"] >= 0, "shift_tokens",
+         f"must be an integer >= 0, got {cfg['shift_tokens']!r} (0: off, 1: half a decoder's channels from the "
+         "previous token)")
+    need(is_int(cfg["residual_streams"]) and cfg["residual_streams"] >= 1, "residual_streams",
+         f"must be an integer >= 1, got {cfg['residual_streams']!r} (the hyper-connection placements' streams)")
     need(cfg["residual_init"] in RESIDUAL_INITS, "residual_init",
          f"unknown {cfg['residual_init']!r}; valid: {', '.join(RESIDUAL_INITS)}")
 
@@ -169,7 +174,7 @@ def _check_sublayers(cfg: dict) -> None:
              "or null")
     need(value is None or (isinstance(patterns, list) and all(isinstance(p, str) and p and set(p) <= set(
         SUBLAYER_LETTERS) for p in patterns)), "sublayers", f"got {value!r}; valid: {valid}")
-    layers = {n, cfg["n_decoder_layers"] or n} if cfg["name"] == "encoder_decoder" else {n}
+    layers = {n, cfg["n_decoder_layers"] or n} if len(MODEL.get(cfg["name"]).stacks) == 2 else {n}
     need(not isinstance(value, list) or layers == {len(value)}, "sublayers",
          f"a list of {len(value or [])} blocks' sublayers for a stack of {' and '.join(map(str, sorted(layers)))}; "
          "valid: one string per block of every stack")
@@ -322,11 +327,12 @@ def flops_per_token(model_cfg: ModelInput, seq_len: int | None = None) -> dict[s
     source of the same length."""
     model = meta_model(model_cfg)
     t = seq_len or spec_of(model).max_seq_len
-    forward, inside, times = 0, set(), applications(model)
+    forward, inside, times, shares = 0, set(), applications(model), flops_shares(model)
     for m in model.modules():
         if id(m) in inside or not hasattr(m, "count_as"):
             continue
         inside |= {id(sub) for sub in m.modules()}
-        forward += declared(m, "flops")(t) * times.get(id(m), 1)  # a shared block's parts: once per layer
+        share, context = shares.get(id(m), (1.0, 1.0))  # model.funnel: a pooled block's tokens and context
+        forward += round(share * declared(m, "flops")(max(1, round(t * context)))) * times.get(id(m), 1)
     forward += sum(2 * m.weight.numel() for m in model.modules() if isinstance(m, nn.Linear) and id(m) not in inside)
     return {"forward": forward, "train": 3 * forward}

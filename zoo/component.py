@@ -65,6 +65,8 @@ class Context:
     value_embed: bool = False  # this layer's self-attention mixes a value embedding into its values (value_dim)
     keep_values: bool = False  # it keeps its new tokens' values, before any mix, in kept_values (value_residual)
     sphere: bool = False  # the placement keeps hidden vectors on the unit sphere (nGPT): attention and FFN scale for it
+    memory_tokens: int = 0  # model.memory_tokens: positions before the sequence that self-attention also sees
+    residual_streams: int = 1  # the residual streams a placement keeps (model.residual_streams: hyper-connections)
     norm: Callable[..., Any] = field(default=lambda dim=None: _no_norm())  # the model's: norm(dim=None) -> a new one
 
     @property
@@ -252,6 +254,10 @@ class AttentionPart(Part, Protocol):
                                      "ctx.keep_values, it keeps its new tokens' own values in kept_values (B, T, "
                                      "value_dim); null: it does neither (model.value_embeddings, "
                                      "model.value_residual)"] = None
+    order_aware: Annotated[bool, "it tells positions apart itself (weights per absolute position, a convolution's "
+                                 "kernel), so even with position=none it is no set operation"] = False
+    pools_queries: Annotated[bool, "its forward takes `queries`: only x's first `queries` rows ask, the rest are "
+                                   "keys and values alone (model.funnel's pool-q-only)"] = False
     chains_scores: Annotated[bool, "its forward takes `scores`, a list the stack hands its self-attention layers in "
                                    "turn during one forward, empty at the first: it adds the last entry, the previous "
                                    "layer's pre-softmax scores (B, H, Tq, Tk), to its own and leaves its own in its "
@@ -330,6 +336,8 @@ class Placement(Protocol):
                             "its logits by a learned s_z"] = False
     weight_decay: Annotated[bool, "the optimizer's decoupled weight decay applies; false: the training step sets "
                                   "optim.weight_decay to 0 (its after_step renormalises the matrices anyway)"] = True
+    contextual: Annotated[bool, "the block builds it as factory(f, make_norm, ctx), with the build Context (layer "
+                                "index, d_model, residual_streams); built without one it still works"] = False
 
     def forward(self, x: Any, **kw: Any) -> Any:
         """x (B, T, d_model) -> x after the residual step; kw: the sublayer's keyword arguments (by name when
@@ -356,6 +364,8 @@ class Lineage(Protocol):
     needs_source: Annotated[bool, "the forward pass and generation take a source sequence to encode"]
     next_token_lm: Annotated[bool, "a per-token next-token loss on running text (perplexity, bits per "
                                    "character)"]
+    stacks: Annotated[tuple[str, ...], "its stacks of blocks: encoder, decoder or both (model.share_blocks and "
+                                       "the other options that name a stack)"]
 
     def forward(self, *inputs: Any, **kw: Any) -> Any:
         """tokens (B, T) (needs_source: source (B, S) and target (B, T)) -> logits (B, T, vocab_size)."""

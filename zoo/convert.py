@@ -340,7 +340,7 @@ def _read_json(path: Path, what: str) -> Any:
     try:
         return parse_json(raw.decode("utf-8"), str(path))
     except UnicodeDecodeError as e:
-        _fail(path, f"not valid JSON ({first_line(e)})")
+        _fail(path, f"is not JSON ({first_line(e)})")
     except FileFormatError as e:  # not JSON, nested too deep, a number out of range
         _fail(path, first_line(e).removeprefix(f"'{path}'").lstrip(": "))
 

@@ -26,14 +26,13 @@ from zoo.cli.common import (
     EXIT_ERROR,
     EXIT_OK,
     OneLineParser,
-    checkpoint_file_error,
     command,
     compose,
     missing_module,
     needs,
 )
 from zoo.component import ConfigError
-from zoo.io import collect_once_at_exit
+from zoo.io import checkpoint_file_error, collect_once_at_exit
 
 HF_PREFIX = "hf:"
 SPLITS = ("val", "train")  # every text source splits into these two; none holds a separate test split

@@ -222,8 +222,9 @@ def format_vs(a: dict, b: dict, a_over: list[str], b_over: list[str]) -> str:
 # ----------------------------------------------------------------------------------------------
 
 # decoder.blocks.3.attn.f (a sequential placement; .branch under fixup, whose weights start apart) or
-# decoder.blocks.3.parallel.f.attn (parallel)
-_NAME = re.compile(r"^(encoder|decoder)\.blocks\.(\d+)\.(?:(attn|cross)\.(?:f|branch)|parallel\.f\.(attn|cross))$")
+# decoder.blocks.3.parallel.f.attn (parallel); a last .f under model.shift_tokens (the shift wraps the attention)
+_NAME = re.compile(r"^(encoder|decoder)\.blocks\.(\d+)\."
+                   r"(?:(attn|cross)\.(?:f|branch)|parallel\.f\.(attn|cross))(?:\.f)?$")
 
 
 def _token_label(s: str) -> str:

@@ -634,3 +634,16 @@ def sweep_size(overrides: list, cap: int = MAX_SWEEP_JOBS) -> int:
             n = sum(1 for _ in islice(o.sweep_iterator(), cap + 1))
         total = min(total * n, cap + 1)
     return total
+
+
+def checkpoint_file_error(path: str | Path) -> str | None:
+    """A checkpoint argument that names no file, in one line, or None: asked before torch loads (zoo sample,
+    zoo eval) and by zoo.training.checkpoint.read_checkpoint itself."""
+    given = Path(path)
+    if given.is_dir():  # a run directory given for its checkpoint
+        found = [p for p in (given / "checkpoints" / "best.ckpt", given / "checkpoints" / "last.ckpt") if p.is_file()]
+        hint = f"e.g. '{found[0]}'" if found else "<run dir>/checkpoints/best.ckpt or last.ckpt"
+        return f"checkpoint: '{path}' is a directory; give a checkpoint file ({hint})"
+    if not given.is_file():
+        return f"checkpoint: no such file '{path}'"
+    return None

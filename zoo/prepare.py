@@ -55,7 +55,8 @@ from zoo.io import FileFormatError, atomic_write_json, first_line, parse_json, r
 from zoo.net import bound_network
 
 SAMPLE_BY = ("document", "paragraph", "line")
-VAL_FRACTION = {"hash": 0.01, "tail": 0.1}  # --val-fraction's default for each split rule (describe_source)
+# --val-fraction's default for each holdout rule (describe_source's "holdout"; a dataset's "split" is its own split)
+VAL_FRACTION = {"hash": 0.01, "tail": 0.1}
 LOCK = ".zoo-prepare.lock"
 
 
@@ -168,8 +169,9 @@ def documents(source: dict) -> Iterator[str]:
 
 def labelled(source: dict, val_fraction: float) -> Iterator[tuple[str, bool]]:
     """Every document with its split (True: validation): by its hash, or for the one document of a single text
-    file (source["split"] == "tail") its head training and its last val_fraction validation, cut at a line's start."""
-    if source.get("split") != "tail":
+    file (source["holdout"] == "tail") its head training and its last val_fraction validation, cut at a line's
+    start."""
+    if source.get("holdout") != "tail":
         yield from ((d, is_validation(d, val_fraction)) for d in documents(source))
         return
     text = "".join(documents(source))  # one document, read whole as --sample-by document reads it
@@ -338,7 +340,8 @@ def describe_source(sources: list[str], dataset: str | None, dataset_config: str
         raise DataError("sources: name text or JSONL files (globs work), or a Hugging Face --dataset")
     files = [{"path": str(p), "bytes": p.stat().st_size} for p in expand_sources(sources)]
     whole = len(files) == 1 and sample_by == "document" and not _is_jsonl(Path(files[0]["path"]))
-    return {"files": files, "text_field": text_field, "sample_by": sample_by, "split": "tail" if whole else "hash"}
+    return {"files": files, "text_field": text_field, "sample_by": sample_by,
+            "holdout": "tail" if whole else "hash"}
 
 
 def _claim(out: Path) -> int:
@@ -443,7 +446,7 @@ def prepare(sources: list[str], out: str | os.PathLike, tokenizer: str = "byte",
         tokenizer = HF_PREFIX + str(Path(tokenizer.removeprefix(HF_PREFIX)).expanduser().resolve())  # a local dir
     source = describe_source(list(sources), dataset, dataset_config, split, list(data_files), text_field, sample_by)
     if val_fraction is None:
-        val_fraction = VAL_FRACTION[source.get("split", "hash")]
+        val_fraction = VAL_FRACTION[source.get("holdout", "hash")]
     plan = {"source": source, "tokenizer": tokenizer, "val_fraction": val_fraction, "shard_mb": shard_mb}
     if tokenizer == "bpe":
         plan.update(vocab_size=vocab_size, bpe_sample_mb=bpe_sample_mb)

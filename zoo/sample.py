@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import sys
 
-from zoo.cli.common import EXIT_ERROR, OneLineParser, checkpoint_file_error
-from zoo.io import collect_once_at_exit
+from zoo.cli.common import EXIT_ERROR, OneLineParser
+from zoo.io import checkpoint_file_error, collect_once_at_exit
 from zoo.schema import sampling_error
 
 

@@ -90,6 +90,11 @@ class ModelConfig:
     # cross-attention follows each), f FFN, h half-step FFN (x + f(x) / 2: macaron); one string for every block
     # ("hah": macaron) or a list of one per block (["aa", "af", "af", "ff"]: the sandwich); null: "af"
     sublayers: Any = None
+    # token shift (x-transformers' shift_tokens, from RWKV): each sublayer reads channel groups of the n tokens before
+    # (and, bidirectional, after) its own: n groups of shifts 0..n causal, -n..n bidirectional; 0: off
+    shift_tokens: int = 0
+    # hyper-connections' expansion rate (norm.placement hyper, hyper_dynamic; Zhu et al. 2024): residual streams
+    residual_streams: int = 4
     # How each stack applies its blocks (zoo/models/depth.py; docs/options.md): one block for every layer of
     # none, all, the encoder or the decoder stacks (ALBERT; Narang et al.'s block sharing)
     share_blocks: str = "none"
@@ -102,6 +107,11 @@ class ModelConfig:
     # encoder_decoder: each decoder layer cross-attends to its own learned softmax mix of the encoder's embedding
     # and every encoder layer's output (Bapna et al. 2018)
     transparent_attention: bool = False
+    # the funnel encoder (Dai et al. 2020; zoo/models/funnel.py): the encoder's blocks in groups of these counts
+    # ([2, 2, 2]), the sequence mean-pooled by 2 before each later group; null: off. encoder_only up-samples the
+    # output back to full length and runs funnel_upsample_blocks full-length blocks after it (the paper's 2)
+    funnel: list[int] | None = None
+    funnel_upsample_blocks: int = 2
     # The components: in a composed config, the node of the chosen preset (conf/<kind>/) replaces these.
     attention: Any = field(default_factory=lambda: {"name": "mha"})
     position: Any = field(default_factory=lambda: {"name": "learned"})
@@ -176,12 +186,16 @@ class ModelSpec:
     adaptive_cutoffs: list[int] | None
     adaptive_div: float
     sublayers: Any
+    shift_tokens: int
+    residual_streams: int
     share_blocks: str
     step_signal: bool
     act: bool
     act_threshold: float
     ponder_cost: float
     transparent_attention: bool
+    funnel: list[int] | None
+    funnel_upsample_blocks: int
     attention: Part[AttentionOptions]
     position: Part[Options]
     norm: NormPart[NormOptions]

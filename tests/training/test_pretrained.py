@@ -268,7 +268,7 @@ def test_a_swapped_component_keeps_zoos_init_and_the_explicit_options_apply(hydr
     code, run_dir = hydra_run([f"init_from=hf:{checkpoints['llama']}", "ffn=geglu", "model.dropout=0.1",
                                "model.attention.window=8", *data(checkpoints)])
     s = json.loads((run_dir / "summary.json").read_text())
-    assert code == 0 and s["model"]["ffn"] == {"name": "geglu", "d_ff": 64}  # Llama's size kept
+    assert code == 0 and s["model"]["ffn"].items() >= {"name": "geglu", "d_ff": 64}.items()  # Llama's size kept
     assert s["model"]["dropout"] == 0.1 and s["model"]["attention"] == {**s["model"]["attention"], "name": "gqa",
                                                                         "n_kv_heads": 2, "window": 8}
     line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("init_from"))

@@ -3,6 +3,7 @@
 import csv
 import json
 import os
+import re
 import shlex
 import signal
 import subprocess
@@ -94,7 +95,8 @@ def test_bad_data_files(name, content, error, tmp_path, capsys):
 def test_unknown_group_option_is_one_line_listing_choices(arg):
     group, choice = arg.split("=")
     msg = check_group_choices([arg], ROOT / "conf")
-    assert msg.startswith(f"{group}: unknown option '{choice}'; valid: ") and "\n" not in msg
+    hint = " (did you mean gpu?)" if arg == "trainer=tpu" else ""  # a close name is offered
+    assert msg.startswith(f"{group}: unknown option '{choice}'{hint}; valid: ") and "\n" not in msg
 
 
 def test_unknown_group_option_through_train_py():
@@ -496,6 +498,16 @@ SIGNAL_POINTS = [  # (where the signal arrives, the status, the step every file 
     ("the final save", "completed", 6),
     ("the summary write", "completed", 6),
 ]
+
+
+def test_reliability_md_names_the_signal_points_tested():
+    """docs/reliability.md's list of the points a signal is tested at is this table's, in its order."""
+    text = " ".join((ROOT / "docs" / "reliability.md").read_text().split())
+    listed = re.search(r"hook at (\w+) points \(([^)]*)\)", text)
+    assert listed, "docs/reliability.md no longer says where the signal is tested"
+    assert listed.group(2).split(", ") == [p[0] for p in SIGNAL_POINTS]
+    assert listed.group(1) == ["one", "two", "three", "four", "five", "six", "seven", "eight", "nine",
+                               "ten"][len(SIGNAL_POINTS) - 1]
 
 
 @pytest.mark.parametrize(("point", "status", "step"), SIGNAL_POINTS, ids=[p[0] for p in SIGNAL_POINTS])

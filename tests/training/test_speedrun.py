@@ -18,7 +18,7 @@ CONF = config_dir()
 VARIANTS = sorted(p.stem for p in (CONF / "speedrun").glob("*.yaml"))
 # Each ingredient and the config keys it changes, as the speedrun states it (its README's list).
 INGREDIENTS = {
-    "rope": {"model.position.name": "rope", "model.position.theta": 10000.0},
+    "rope": {"model.position.name": "rope", "model.position.theta": 10000.0, "model.position.fraction": 1.0},
     "qk_norm": {"model.attention.qk_norm": True},
     "relu2": {"model.ffn.name": "relu2"}, "muon": {"optim (group)": "muon"}, "softcap": {"model.logit_softcap": 15.0},
     "zero_init": {"model.residual_init": "zero"}, "embed_skip": {"model.embed_skip": True},

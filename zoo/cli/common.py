@@ -123,19 +123,6 @@ def missing_module(name: str) -> bool:
         return True
 
 
-def checkpoint_file_error(path: str) -> str | None:
-    """A checkpoint argument that names no file, in one line, before torch loads (zoo.training.checkpoint reads
-    the file itself, and says the same of these two cases after its imports)."""
-    given = Path(path)
-    if given.is_dir():
-        found = [p for p in (given / "checkpoints" / "best.ckpt", given / "checkpoints" / "last.ckpt") if p.is_file()]
-        hint = f"e.g. '{found[0]}'" if found else "<run dir>/checkpoints/best.ckpt or last.ckpt"
-        return f"checkpoint: '{path}' is a directory; give a checkpoint file ({hint})"
-    if not given.is_file():
-        return f"checkpoint: no such file '{path}'"
-    return None
-
-
 def needs(package: str, extra: str, what: str) -> str:
     """The one line for a missing extra: `<what> needs the 'mlflow' package: pip install ...`."""
     return f"{what} needs the '{package}' package: {pip_install(extra)}"

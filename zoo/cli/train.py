@@ -21,6 +21,7 @@ from zoo.component import ConfigError
 from zoo.io import collect_once_at_exit, pause_gc_while_loading, resume_gc
 from zoo.training.cli import (  # no torch: fast answers
     asks_for_sweep,
+    check_extras_given,
     check_group_choices,
     check_keys,
     check_output_dirs,
@@ -80,8 +81,8 @@ def check_arguments(args: list[str]) -> str | None:
         return None
     conf = config_dir()
     # a busy or unusable hydra.run.dir (hydra.sweep.dir) is refused before Hydra writes .hydra/ into it
-    return check_plugins() or check_group_choices(args, conf) or check_keys(args, conf) or check_run_dir_free(args) \
-        or check_output_dirs(args)
+    return check_plugins() or check_extras_given(args) or check_group_choices(args, conf) or check_keys(args, conf) \
+        or check_run_dir_free(args) or check_output_dirs(args)
 
 
 def run_hydra(args: list[str]) -> None:

@@ -29,14 +29,11 @@ BACKENDS = ("sdpa", "math")
 
 
 @dataclass(kw_only=True)
-class AttentionOptions(Options):
-    """Options every attention variant has."""
+class WrittenOutOptions(Options):
+    """The options of every attention but `backend` and `qk_norm`: all that one with no fused kernel and not
+    always queries and keys (the synthesizer's) has; there those two are refused as unknown keys."""
 
     window: int | None = None  # sliding window: keys at distance < window (the stack asks `window`)
-    backend: Literal["sdpa", "math"] = "sdpa"  # sdpa (fused kernel) or math (explicit softmax; keeps weights)
-    # Queries and keys normalised with the model's norm, before RoPE: true (or head) each head on its own (Qwen3,
-    # Gemma 3); projection the whole query and key projections, all heads at once (OLMo 2); false: neither.
-    qk_norm: bool | Literal["head", "projection"] = False
     # Sigmoid attention (Ramapuram et al. 2024): weights sigmoid(score + b), b = -log(max_seq_len), each on its own,
     # in place of the softmax over keys.
     sigmoid: bool = False
@@ -48,6 +45,16 @@ class AttentionOptions(Options):
     head_scale: bool = False
 
 
+@dataclass(kw_only=True)
+class AttentionOptions(WrittenOutOptions):
+    """Options every attention variant has."""
+
+    backend: Literal["sdpa", "math"] = "sdpa"  # sdpa (fused kernel) or math (explicit softmax; keeps weights)
+    # Queries and keys normalised with the model's norm, before RoPE: true (or head) each head on its own (Qwen3,
+    # Gemma 3); projection the whole query and key projections, all heads at once (OLMo 2); false: neither.
+    qk_norm: bool | Literal["head", "projection"] = False
+
+
 def qk_norms(ctx: Context, opts: AttentionOptions, dim: int, k_dim: int | None = None) -> tuple[nn.Module, nn.Module]:
     """The query and key norms qk_norm asks for, else identities. dim: the size a query norm normalises (a head, or
     the whole projection); k_dim: a key's, when it differs (0: keys have no part to normalise)."""
@@ -57,7 +64,7 @@ def qk_norms(ctx: Context, opts: AttentionOptions, dim: int, k_dim: int | None =
     return ctx.norm(dim), ctx.norm(k_dim) if k_dim else nn.Identity()
 
 
-def check_window(opts: AttentionOptions) -> None:
+def check_window(opts: WrittenOutOptions) -> None:
     need(opts.window is None or opts.window > 0, "attention.window",
          f"must be a positive integer or null, got {opts.window!r}")
 
@@ -71,6 +78,7 @@ class KVCache:
     def __init__(self):
         self.buffers: list[torch.Tensor] = []
         self.len = 0
+        self.past: dict[str, torch.Tensor] = {}  # per step of its block, the last inputs (model.shift_tokens)
 
     def append(self, *xs: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """Add T tokens of each tensor (B, heads, T, dim), in the same order every call; return all so far."""
@@ -113,11 +121,12 @@ class AttentionBase(nn.Module):
     count_as = "attention"
     residual_outputs = ("out",)  # writes into the residual stream: depth-scaled init
 
-    def __init__(self, ctx: Context, opts: AttentionOptions):
+    def __init__(self, ctx: Context, opts: WrittenOutOptions):
         super().__init__()
         check_window(opts)
         self.window = opts.window  # the stack builds the mask every layer shares from it
-        self.backend, self.dropout = opts.backend, ctx.dropout
+        self.backend = opts.backend if isinstance(opts, AttentionOptions) else "math"
+        self.dropout = ctx.dropout
         self.record = False  # when True, use the math backend and keep `weights` (B, H, Tq, Tk)
         self.weights: torch.Tensor | None = None
         # sigmoid's b = -log(n), n the training length (Ramapuram et al.): fixed, so a cached step gets the same b
@@ -210,6 +219,7 @@ class Attention(AttentionBase):
     """MHA, GQA and MQA: n_kv_heads key/value heads, each shared by n_heads // n_kv_heads query heads."""
 
     sphere = True  # built with ctx.sphere: nGPT's unit queries and keys, scaled by s_qk (`_on_sphere`)
+    pools_queries = True  # forward's `queries` (model.funnel); a variant whose forward does not pass them says False
 
     def __init__(self, ctx: Context, opts: AttentionOptions, n_kv_heads: int):
         super().__init__(ctx, opts)
@@ -240,15 +250,25 @@ class Attention(AttentionBase):
     def forward(self, x: torch.Tensor, pos: Position, mask: torch.Tensor | None = None,
                 is_causal: bool = False, context: torch.Tensor | None = None,
                 cache: KVCache | None = None, offset: int = 0,
-                value_embed: torch.Tensor | None = None) -> torch.Tensor:
-        q, k, v = self._project(x, pos, context, cache, offset, value_embed)
-        return self._output(self._attend(q, k, v, mask, is_causal, self.qk_dim), x)
+                value_embed: torch.Tensor | None = None, queries: int | None = None) -> torch.Tensor:
+        """queries: only x's first `queries` rows ask, the rest answer (keys and values) through the same projections
+        (model.funnel's pool-q-only: pooled rows, then the unpooled ones); the answering rows' output is 0."""
+        q, k, v = self._project(x, pos, context, cache, offset, value_embed, queries)
+        if queries is None:
+            return self._output(self._attend(q, k, v, mask, is_causal, self.qk_dim), x)
+        y = self._output(self._attend(q, k, v, mask, is_causal, self.qk_dim), x[:, :queries])
+        return F.pad(y, (0, 0, 0, x.shape[1] - queries))
 
     def _project(self, x: torch.Tensor, pos: Position, context: torch.Tensor | None, cache: KVCache | None,
-                 offset: int, value_embed: torch.Tensor | None) -> tuple[torch.Tensor, ...]:
-        """Queries (B, H, T, hd) of x; keys and values (B, H_kv, S, hd) of x and the cache, or of the context."""
-        if context is None:
+                 offset: int, value_embed: torch.Tensor | None, queries: int | None = None) -> tuple[torch.Tensor, ...]:
+        """Queries (B, H, T, hd) of x; keys and values (B, H_kv, S, hd) of x and the cache, or of the context
+        (queries: of x's first `queries` rows, and of the rest)."""
+        if context is None and queries is not None:
+            q = self.qkv(x[:, :queries]).split(self.split, dim=-1)[0]
+            _, k, v = self.qkv(x[:, queries:]).split(self.split, dim=-1)
+        elif context is None:
             q, k, v = self.qkv(x).split(self.split, dim=-1)
+        if context is None:
             if self.keep_values:
                 self.kept_values = v  # (B, T, kv_dim): the new tokens' only; the stack takes and clears it
             if self.value_mix is not None:  # the new tokens' value embeddings join their values, then the cache

@@ -46,6 +46,7 @@ def paper_lambda_init(layer: int) -> float:
 class Differential(Attention):
     # not with norm=ngpt (AttentionPart.sphere): two softmaxes over half-width heads: no one s_qk per head
     sphere = False
+    pools_queries = False  # model.funnel's pooled queries: not through this forward
 
     def __init__(self, ctx: Context, opts: DifferentialOptions):
         need(ctx.head_dim % (4 if ctx.rotary else 2) == 0, "n_heads", f"differential attention splits each head "
@@ -64,7 +65,8 @@ class Differential(Attention):
     def forward(self, x: torch.Tensor, pos: Position, mask: torch.Tensor | None = None,
                 is_causal: bool = False, context: torch.Tensor | None = None,
                 cache: KVCache | None = None, offset: int = 0,
-                value_embed: torch.Tensor | None = None) -> torch.Tensor:
+                value_embed: torch.Tensor | None = None, queries: int | None = None) -> torch.Tensor:
+        need(queries is None, "funnel", "this attention does not pool its queries (pools_queries is false)")
         q, k, v = self._project(x, pos, context, cache, offset, value_embed)  # q (B, 2H, T, d), k (B, 2H_kv, S, d)
         y1 = self._attend(q[:, 0::2], k[:, 0::2], v, mask, is_causal)  # (B, H, T, hd); scaled by 1 / sqrt(d)
         first = self.weights

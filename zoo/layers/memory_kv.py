@@ -29,6 +29,7 @@ class MemoryKVOptions(HeadsOptions):
 class MemoryKV(Attention):
     # not with norm=ngpt (AttentionPart.sphere): its learned memory keys are not normalised with the tokens'
     sphere = False
+    pools_queries = False  # model.funnel's pooled queries: not through this forward
 
     def __init__(self, ctx: Context, opts: MemoryKVOptions):
         need(opts.n_mem_kv > 0, "attention.n_mem_kv", f"must be a positive integer, got {opts.n_mem_kv}")
@@ -40,7 +41,8 @@ class MemoryKV(Attention):
     def forward(self, x: torch.Tensor, pos: Position, mask: torch.Tensor | None = None,
                 is_causal: bool = False, context: torch.Tensor | None = None,
                 cache: KVCache | None = None, offset: int = 0,
-                value_embed: torch.Tensor | None = None) -> torch.Tensor:
+                value_embed: torch.Tensor | None = None, queries: int | None = None) -> torch.Tensor:
+        need(queries is None, "funnel", "this attention does not pool its queries (pools_queries is false)")
         q, k, v = self._project(x, pos, context, cache, offset, value_embed)  # the cache holds no memory
         memory = lambda m: m.to(k.dtype).expand(k.shape[0], -1, -1, -1)  # noqa: E731  (B, H_kv, n, hd)
         k, v = torch.cat([memory(self.mem_k), k], dim=2), torch.cat([memory(self.mem_v), v], dim=2)

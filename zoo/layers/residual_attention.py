@@ -22,13 +22,15 @@ import math
 
 import torch
 
-from zoo.component import Context
+from zoo.component import Context, need
 from zoo.layers.attention import Attention, HeadsOptions, KVCache, kv_heads, masked_scores
 from zoo.layers.position import Position
 from zoo.registry import ATTENTION
 
 
 class ResidualAttention(Attention):
+    pools_queries = False  # model.funnel's pooled queries: not through this forward
+
     chains_scores = True
 
     def __init__(self, ctx: Context, opts: HeadsOptions):
@@ -38,9 +40,11 @@ class ResidualAttention(Attention):
 
     def forward(self, x: torch.Tensor, pos: Position, mask: torch.Tensor | None = None, is_causal: bool = False,
                 context: torch.Tensor | None = None, cache: KVCache | None = None, offset: int = 0,
-                value_embed: torch.Tensor | None = None, scores: list[torch.Tensor] | None = None) -> torch.Tensor:
+                value_embed: torch.Tensor | None = None, queries: int | None = None,
+                scores: list[torch.Tensor] | None = None) -> torch.Tensor:
         """As MHA's forward; scores: the stack's list, its last entry the previous layer's scores (empty at the
         first layer; None: not chained)."""
+        need(queries is None, "funnel", "this attention does not pool its queries (pools_queries is false)")
         self.chain = scores  # read and extended by _weights, within this call
         try:
             return super().forward(x, pos, mask, is_causal, context, cache, offset, value_embed)
@@ -56,10 +60,8 @@ class ResidualAttention(Attention):
         return self._normalise(masked_scores(scores, mask, is_causal))
 
 
-# sparse_topk is tested in float64 (tests/test_catalogue_residual_attention.py), not as an example here: chained
-# float32 scores can split a near-tie of the top-k between cached and full decoding (docs/options.md)
 @ATTENTION.register("residual_attention", options=HeadsOptions,
-                    examples=[{}, {"window": 3}, {"n_kv_heads": 1, "sigmoid": True}])
+                    examples=[{}, {"window": 3}, {"n_kv_heads": 1, "sigmoid": True}, {"sparse_topk": 3}])
 def residual_attention(ctx: Context, opts: HeadsOptions) -> ResidualAttention:
     """Residual attention: each layer's pre-softmax scores plus the previous layer's (He et al. 2020, RealFormer)."""
     return ResidualAttention(ctx, opts)

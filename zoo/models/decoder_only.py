@@ -16,6 +16,7 @@ class DecoderOnly(nn.Module):
     generates = True  # sample.py and zoo.generate continue a prompt token by token
     needs_source = False
     next_token_lm = True  # a per-token next-token loss (perplexity, bits per character) on running text
+    stacks = ("decoder",)
 
     def __init__(self, cfg: ModelSpec):
         super().__init__()

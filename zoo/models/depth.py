@@ -37,6 +37,7 @@ import torch
 from torch import nn
 
 from zoo.component import Context, is_number, need
+from zoo.registry import MODEL
 from zoo.schema import ModelSpec
 
 SHARE_BLOCKS = ("none", "all", "encoder", "decoder")
@@ -46,14 +47,14 @@ def check(cfg: ModelSpec) -> None:
     """The depth options' own constraints, one line each."""
     need(cfg.share_blocks in SHARE_BLOCKS, "share_blocks",
          f"unknown {cfg.share_blocks!r}; valid: {', '.join(SHARE_BLOCKS)}")
-    stacks = {"decoder_only": ("decoder",), "encoder_only": ("encoder",)}.get(cfg.name, ("encoder", "decoder"))
+    stacks = MODEL.get(cfg.name).stacks
     need(cfg.share_blocks in ("none", "all", *stacks), "share_blocks",
          f"{cfg.name} has no {cfg.share_blocks} stack; valid: none, all, {', '.join(stacks)}")
     need(cfg.share_blocks == "none" or cfg.value_embeddings == 0, "share_blocks",
          "not with value_embeddings (the layers sharing a block would read different tables); valid: none")
     need(not cfg.step_signal or cfg.memory_tokens == 0, "step_signal",
          "not with memory_tokens (the memory has no position to re-add at each step); valid: false")
-    need(not cfg.transparent_attention or cfg.name == "encoder_decoder", "transparent_attention",
+    need(not cfg.transparent_attention or MODEL.get(cfg.name).needs_source, "transparent_attention",
          f"{cfg.name} has no decoder that cross-attends to an encoder; valid: false, or model encoder_decoder")
     need(not (cfg.transparent_attention and cfg.act), "transparent_attention",
          "not with act (an encoder layer's output under ACT is not the state the stack passes on); valid: false")

@@ -8,6 +8,7 @@ from dataclasses import replace
 import torch
 from torch import nn
 
+from zoo.models import funnel
 from zoo.models.stack import Cache, Stack, context
 from zoo.models.vocab import output_head, token_embedding
 from zoo.registry import MODEL
@@ -19,6 +20,7 @@ class EncoderDecoder(nn.Module):
     generates = True
     needs_source = True  # the forward pass and generation take a source sequence to encode
     next_token_lm = False
+    stacks = ("encoder", "decoder")
 
     def __init__(self, cfg: ModelSpec):
         super().__init__()
@@ -37,6 +39,8 @@ class EncoderDecoder(nn.Module):
 
     def decode(self, tgt: torch.Tensor, memory: torch.Tensor, src_padding: torch.Tensor | None = None,
                cache: Cache | None = None) -> torch.Tensor:
+        # model.funnel: the encoder's output is pooled, and so is the source padding the decoder reads with it
+        src_padding = funnel.pooled_padding(src_padding, len(self.encoder.pool_at))
         return self.head(self.decoder(tgt, memory=memory, memory_padding=src_padding, cache=cache))
 
     def forward(self, src: torch.Tensor, tgt: torch.Tensor,

@@ -17,6 +17,7 @@ class EncoderOnly(nn.Module):
     generates = False  # fills masked positions in one pass; no token-by-token generation
     needs_source = False
     next_token_lm = False
+    stacks = ("encoder",)
 
     def __init__(self, cfg: ModelSpec):
         super().__init__()
@@ -24,7 +25,8 @@ class EncoderOnly(nn.Module):
         d, bias = cfg.d_model, cfg.bias
         self.embed = token_embedding(cfg)
         ctx = context(cfg, cfg.n_layers)
-        self.encoder = Stack(cfg, ctx, self.embed, cfg.n_layers)
+        # model.funnel: the pooled output up-sampled to every position, for the head (zoo/models/funnel.py)
+        self.encoder = Stack(cfg, ctx, self.embed, cfg.n_layers, full_length=True)
         # BERT's MLM head: a dense + GELU + norm transform, then the output projection with a bias.
         self.head_dense, self.head_norm = nn.Linear(d, d, bias=bias), ctx.norm()
         self.head = output_head(cfg, d, bias, self.embed)

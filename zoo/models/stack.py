@@ -13,7 +13,7 @@ from zoo.block import TransformerBlock, block_sublayers
 from zoo.component import Context, build, declared, need
 from zoo.layers.attention import KVCache, attention_bias, cross_attention_mask
 from zoo.layers.ngpt import EigenScale, Unit
-from zoo.models import depth
+from zoo.models import depth, funnel
 from zoo.mup import output_scale
 from zoo.registry import NORM, POSITION, RESIDUAL
 from zoo.schema import ModelSpec
@@ -24,7 +24,8 @@ Cache = list[tuple[KVCache, ...]]  # per layer: (self-attention, cross-attention
 def context(cfg: ModelSpec, n_layers: int, causal: bool = False) -> Context:
     """The build context of a model with n_layers blocks in all, its norm factory included."""
     ctx = Context(d_model=cfg.d_model, n_heads=cfg.n_heads, max_seq_len=cfg.max_seq_len,
-                  n_layers=n_layers, causal=causal, bias=cfg.bias, dropout=cfg.dropout)
+                  n_layers=n_layers, causal=causal, bias=cfg.bias, dropout=cfg.dropout, memory_tokens=cfg.memory_tokens,
+                  residual_streams=cfg.residual_streams)
     return replace(ctx, norm=partial(NORM.get(cfg.norm.type), ctx, cfg.norm.options))
 
 
@@ -48,9 +49,11 @@ class Stack(nn.Module):
     """Token embedding -> positions -> n_layers blocks -> final norm (where the placement needs one).
 
     causal=True makes it a decoder (each token sees only earlier ones); cross=True adds
-    cross-attention to an encoder's output. ctx.layer is the index of its first block in the model."""
+    cross-attention to an encoder's output. ctx.layer is the index of its first block in the model.
+    full_length: with model.funnel, up-sample the pooled output to the input's length (encoder_only's MLM head)."""
 
-    def __init__(self, cfg: ModelSpec, ctx: Context, embed: nn.Module, n_layers: int, cross: bool = False):
+    def __init__(self, cfg: ModelSpec, ctx: Context, embed: nn.Module, n_layers: int, cross: bool = False,
+                 full_length: bool = False):
         super().__init__()
         depth.check(cfg)
         self.embed, self.causal = embed, ctx.causal
@@ -95,7 +98,22 @@ class Stack(nn.Module):
         # model.memory_tokens: learned tokens before the sequence (with the first tokens; then in the cache)
         self.memory = nn.Embedding(cfg.memory_tokens, ctx.d_model) if cfg.memory_tokens else None
         # what the placement carries beside the stream (ResiDual's second stream): opened and closed here
-        self.carry = residual.carry(ctx) if getattr(residual, "carry", None) else None
+        self.carry = residual.carry(ctx) if declared(residual, "carry") else None  # a placement's second stream
+        # model.funnel (zoo/models/funnel.py): the stream pooled before each later group's first layer; a decoder that
+        # cross-attends reads a pooled memory but pools nothing itself
+        self.funnel = cfg.funnel if cfg.funnel is not None and not cross else None
+        self.pool_at: list[int] = []
+        self.upsample = nn.ModuleList()  # encoder_only's full-length blocks after the up-sampling
+        if self.funnel is not None:
+            first = self.blocks[0]
+            funnel.check(cfg, n_layers, ctx.causal, self.position,
+                         first.attn.f if first.attn is not None else first.parallel.f["attn"])
+            need(self.carry is None, "funnel", f"placement '{cfg.norm.placement}' carries a second full-length stream "
+                 "beside the blocks' (ResiDual's), which the pooling would not pool; valid: another placement")
+            self.pool_at = funnel.group_starts(self.funnel)
+            self.upsample.extend(TransformerBlock(replace(ctx, layer=ctx.layer + n_layers + i), cfg, residual)
+                                 for i in range(cfg.funnel_upsample_blocks if full_length else 0))
+        self.full_length = full_length
         final = cfg.final_norm  # None: the placement decides (Post-LN has none; nn.Transformer adds one)
         self.final_norm = ctx.norm() if (residual.final_norm if final is None else final) else nn.Identity()
 
@@ -136,11 +154,13 @@ class Stack(nn.Module):
                 inputs.append(x)
             x = block(x, self.position, mask, is_causal, memory if memories is None else memories[i], memory_mask,
                       cache[i] if cache else None, offset, x0=x0, value_embed=first if table is None else values[table],
-                      scores=scores, state=state)
+                      scores=scores, state=state, padding=padding)
             if self.value_residual and i == 0:
                 first = kept_values(block)
             return x
 
+        if self.funnel is not None:  # model.funnel: the encoder pools between groups (no cache, memory or carry)
+            return self._funnel(x, padding, mask)
         x = self.depth(x, layer, self.position, offset, padding)
         if self.carry is not None:
             x = self.carry.close(x, state)
@@ -151,6 +171,46 @@ class Stack(nn.Module):
 
     def new_cache(self) -> Cache:
         return [self.blocks[b].new_cache() for b in self.layer_blocks]
+
+    def _funnel(self, x: torch.Tensor, padding: torch.Tensor | None, mask: torch.Tensor | None) -> torch.Tensor:
+        """model.funnel's loop (zoo/models/funnel.py): each later group's first layer asks with the pooled stream and
+        attends to the unpooled one, the others attend within the pooled stream; then the pooled output, or
+        (full_length) it up-sampled plus the first group's output through the full-length blocks."""
+        t, first, full_mask = x.shape[1], x, mask
+        for i, b in enumerate(self.layer_blocks):
+            queries = None
+            if i in self.pool_at:
+                first = x if i == self.pool_at[0] else first  # the first group's output
+                mask = cross_attention_mask(padding)  # the unpooled keys, (B, 1, 1, T)
+                pooled, padding = funnel.pool(x, padding)
+                x, queries = torch.cat([pooled, x], dim=1), pooled.shape[1]
+            x = self.blocks[b](x, self.position, mask, False, queries=queries)
+            if queries is not None:  # the pooled keys from here on
+                mask = cross_attention_mask(padding)
+        if self.full_length:
+            x = funnel.upsample(x, len(self.pool_at), t) + (first if self.pool_at else x)
+            for block in self.upsample:
+                x = block(x, self.position, full_mask, False)
+        return self.final_norm(x)
+
+    def flops_shares(self) -> dict[int, tuple[float, float]]:
+        """model.funnel: id of every module in a pooled layer's block -> (its share of the tokens, its context as a
+        share of the stack's length), for zoo.build.flops_per_token; other modules run at (1, 1)."""
+        out: dict[int, tuple[float, float]] = {}
+        share = 1.0
+        for i, b in enumerate(self.layer_blocks):
+            share = share / 2 if i in self.pool_at else share
+            context = 2 * share if i in self.pool_at else share  # pool-q-only: the unpooled keys
+            out |= dict.fromkeys(map(id, self.blocks[b].modules()), (share, context))
+        return out
+
+
+def flops_shares(model: nn.Module) -> dict[int, tuple[float, float]]:
+    """Every stack's Stack.flops_shares, in one dict."""
+    out: dict[int, tuple[float, float]] = {}
+    for stack in (m for m in model.modules() if isinstance(m, Stack)):
+        out |= stack.flops_shares()
+    return out
 
 
 def applications(model: nn.Module) -> dict[int, int]:

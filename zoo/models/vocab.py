@@ -39,6 +39,7 @@ from torch import nn
 
 from zoo.component import is_int, is_number, linear_flops, need
 from zoo.models.stack import Readout
+from zoo.registry import MODEL
 from zoo.schema import ModelSpec
 
 
@@ -54,7 +55,7 @@ def check(cfg: ModelSpec) -> None:
          "factorized embeddings are not defined under parametrization=mup (its projection has no muP role); "
          "valid: null with mup")
     check_adaptive(cfg)
-    need(cfg.tie_encoder_decoder or cfg.name == "encoder_decoder", "tie_encoder_decoder",
+    need(cfg.tie_encoder_decoder or MODEL.get(cfg.name).needs_source, "tie_encoder_decoder",
          f"only an encoder_decoder has two embeddings to untie, not {cfg.name}; valid: true")
 
 

@@ -17,7 +17,7 @@ from torch import nn
 
 from zoo.build import ConfigError, build_model, on_meta, resolve_config
 from zoo.data.tokenizers import Tokenizer, tokenizer_from_state
-from zoo.io import first_line
+from zoo.io import checkpoint_file_error, first_line
 
 
 class CheckpointError(ValueError):
@@ -26,12 +26,8 @@ class CheckpointError(ValueError):
 
 def read_checkpoint(path: str | Path) -> dict:
     path = Path(path)
-    if path.is_dir():  # a run directory given for its checkpoint
-        found = [p for p in (path / "checkpoints" / "best.ckpt", path / "checkpoints" / "last.ckpt") if p.is_file()]
-        hint = f"e.g. '{found[0]}'" if found else "<run dir>/checkpoints/best.ckpt or last.ckpt"
-        raise CheckpointError(f"checkpoint: '{path}' is a directory; give a checkpoint file ({hint})")
-    if not path.is_file():
-        raise CheckpointError(f"checkpoint: no such file '{path}'")
+    if (missing := checkpoint_file_error(path)) is not None:
+        raise CheckpointError(missing)
     if not zipfile.is_zipfile(path):  # torch.save writes a zip archive; a cut one loses its directory
         raise CheckpointError(f"checkpoint: '{path}' is truncated or corrupted (not a complete torch archive)")
     if (bad := _failed_crc(path)) is not None:  # torch.load does not check the archive's CRC-32s: a flipped byte

@@ -70,7 +70,9 @@ def check_group_choices(args: list[str], conf_dir: Path) -> str | None:
         valid = _options(key, conf_dir)
         for choice in value.split(","):
             if choice not in valid and not any(c in choice for c in "()[]{}*$"):
-                return f"{key}: unknown option '{choice}'; valid: {', '.join(valid)}"
+                close = difflib.get_close_matches(choice, valid, n=1, cutoff=0.6)  # the catalogue's lists are long
+                hint = f" (did you mean {close[0]}?)" if close else ""
+                return f"{key}: unknown option '{choice}'{hint}; valid: {', '.join(valid)}"
     return None
 
 
@@ -250,6 +252,17 @@ EXTRAS = (
 )
 
 
+# The group choices that select an EXTRAS key: `logger=mlflow` composes logger.mlflow, `data=hf` data.kind=hf
+GROUP_KEYS = {"logger": lambda v: (f"logger.{v}", v), "data": lambda v: ("data.kind", v)}
+
+
+def check_extras_given(args: list[str]) -> str | None:
+    """_check_extras on the command line alone, before anything composes: composing may read the components'
+    options from the registries, which imports torch (zoo.schema.option_specs: the first command after an install,
+    or after an edit)."""
+    return _check_extras(args, [])
+
+
 def _check_extras(args: list[str], configs: list) -> str | None:
     """`logger=mlflow` without mlflow (and every other extra in EXTRAS) as one line naming the command that
     installs it here (zoo.cli.common.pip_install), before torch loads and before Hydra makes a run directory. The
@@ -262,6 +275,9 @@ def _check_extras(args: list[str], configs: list) -> str | None:
     for arg in overrides(args):
         key, _, value = arg.lstrip("+").partition("=")
         given[key] = value.split(",")
+        for v in given[key] if key in GROUP_KEYS else ():
+            chosen, chosen_value = GROUP_KEYS[key](v)
+            given.setdefault(chosen, []).append(chosen_value)
     for key, asks, package, extra in EXTRAS:
         values = given.get(key) or [OmegaConf.select(c, key, default=None, throw_on_missing=False) for c in configs]
         for value in values:

@@ -32,7 +32,7 @@ from zoo.io import (
     write_marker,
 )
 from zoo.training.callbacks import read_history
-from zoo.training.checkpoint import read_checkpoint
+from zoo.training.checkpoint import CheckpointError, read_checkpoint
 from zoo.training.resume import data_difference, settings_difference
 
 
@@ -163,25 +163,29 @@ WEIGHTS_KEYS = ("state_dict", "hyper_parameters", "tokenizer", "data_fingerprint
                 "pytorch-lightning_version")
 
 
-def finish_checkpoints(run_dir: Path, keep: str) -> None:
+def finish_checkpoints(run_dir: Path, keep: str) -> str | None:
     """What a finished run keeps. The optimizer's state, two thirds of a checkpoint with AdamW, only serves a
     resume. checkpoints=best_weights, the default: best.ckpt becomes its weights alone (sampling, evaluating and
     init_from need no more) and last.ckpt stays whole, the one checkpoint a resume reads (`ckpt_path=last`); last:
     best.ckpt goes and last.ckpt becomes its weights alone; none: both go. Done once summary.json says the run
-    finished, so no run is ever left needing a resume without its checkpoint."""
+    finished, so no run is ever left needing a resume without its checkpoint. Returns a warning to show, if any."""
     best = owned_path(run_dir, "checkpoints/best.ckpt")
     if keep == "best_weights":
         if best.is_file():
-            _weights_alone(best)
-        return
+            try:
+                _weights_alone(best)
+            except CheckpointError as e:  # damaged since an earlier run wrote it (a resume wrote no better one)
+                return f"{e}: left as found; the run itself finished"
+        return None
     best.unlink(missing_ok=True)
     last = owned_path(run_dir, "checkpoints/last.ckpt")
     if not last.is_file():
-        return
+        return None
     if keep != "last":  # none
         last.unlink()
-        return
+        return None
     _weights_alone(last)
+    return None
 
 
 def _weights_alone(path: Path) -> None:

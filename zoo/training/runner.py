@@ -171,7 +171,8 @@ def _run(composed: DictConfig, run_dir: Path, start: float, state: RunState) -> 
         if trainer.is_global_zero:
             summary.write(run_dir)
             if status in ("completed", "diverged") and cfg.checkpoints != "all":
-                finish_checkpoints(run_dir, cfg.checkpoints)
+                if problem := finish_checkpoints(run_dir, cfg.checkpoints):
+                    warn(problem)
     if trainer.is_global_zero:
         if stop.signal is not None and status == "completed":
             say(f"stop asked ({signal.Signals(stop.signal).name}) after the last step: the run had finished, and "

@@ -87,7 +87,7 @@ def summarize(cfg: ZooConfig, spec: ModelSpec, data: Any, trainer: Any, throughp
         diverged_step=diverged_step,
         architecture={"lineage": spec.name, "attention": spec.attention.name, "position": spec.position.name,
                       "norm": spec.norm.type, "placement": spec.norm.placement, "ffn": spec.ffn.name,
-                      "window": spec.attention.options.window},
+                      "window": getattr(spec.attention.options, "window", None)},  # none: a convolution
         model=spec.as_dict(),
         optim=cfg.optim.as_dict(),
         data=dict(cfg.data),
