@@ -32,14 +32,13 @@ def block_sublayers(cfg: ModelSpec, n_layers: int) -> list[str | None]:
 
 
 def built(registry: Any, part: Any, ctx: Context) -> Any:
-    """The sublayer `part` names, refused in one line where the placement keeps the stream on the unit sphere
-    (ctx.sphere, nGPT) and the part cannot scale for it (AttentionPart.sphere, FFNPart.sphere)."""
+    """The sublayer `part` names. Where the placement keeps the stream on the unit sphere (ctx.sphere, nGPT), a part
+    that cannot scale for it (its AttentionPart.sphere / FFNPart.sphere false) was refused before the build by the
+    placement's `refuses`; one that gets here was left out of that list: a one-line error asking for its line."""
     f = build(registry, part, ctx)
-    kind = registry.kind
-    need(not ctx.sphere or declared(f, "sphere"), f"{kind}", f"{kind} '{part.name}' cannot work on the unit sphere "
-         "of norm=ngpt (its `sphere` is false); valid: " + ("mha, mqa, gqa and the others built on them"
-                                                            if kind == "attention" else "an MLP or gated FFN: "
-                                                            "gelu, relu, swiglu, geglu, ..."))
+    need(not ctx.sphere or declared(f, "sphere"), registry.kind, f"{registry.kind} '{part.name}' cannot work on the "
+         "unit sphere (its `sphere` is false) and the placement does not declare refusing it; add its line to the "
+         "placement's `refuses` (zoo/layers/ngpt.py) or make it scale for the sphere")
     return f
 
 

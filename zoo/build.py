@@ -30,6 +30,7 @@ import zoo.models  # noqa: F401  (registers the lineages)
 from zoo.block import SUBLAYER_LETTERS, TransformerBlock
 from zoo.component import (
     ConfigError,
+    Options,
     after_step,
     check_options,
     declared,
@@ -37,11 +38,12 @@ from zoo.component import (
     is_number,
     need,
     option_fields,
+    refusal,
 )
 from zoo.models.stack import applications, flops_shares
 from zoo.mup import FIXED, init_scale, roles, width_mult
 from zoo.mup import check as check_parametrization
-from zoo.registry import ATTENTION, FFN, MODEL, NORM, POSITION, RESIDUAL, Registry
+from zoo.registry import ATTENTION, FFN, MODEL, NORM, POSITION, REGISTRIES, RESIDUAL, Registry
 from zoo.schema import ModelConfig, ModelSpec, NormPart, Part, model_defaults
 
 # The model keys and their defaults, declared once (zoo/schema.py ModelConfig); a component's options are
@@ -92,6 +94,7 @@ def resolve_config(model_cfg: ModelInput) -> ModelSpec:
             cfg[key] = value
     _validate(cfg)
     parts = _parts(cfg)  # takes the component nodes out of cfg
+    _check_refusals(cfg["name"], parts)
     spec = ModelSpec(**cfg, **parts)
     # Each component checks its own constraints as it is built: build on the meta device, which allocates nothing.
     on_meta(spec)
@@ -192,6 +195,33 @@ def _parts(cfg: dict) -> dict[str, Any]:
         opts = check_options(key, node[name_key], registry.options(node[name_key]), values)
         parts[key] = NormPart(node["type"], node["placement"], opts) if key == "norm" else Part(node[name_key], opts)
     return parts
+
+
+def chosen_parts(name: str, parts: dict[str, Any]) -> dict[str, tuple[str, Any, Any, str]]:
+    """The model's parts by registry kind: kind -> (name, options, registered entry, config key)."""
+    norm = parts["norm"]
+    return {"model": (name, Options(), MODEL.get(name), "name"),
+            "residual": (norm.placement, Options(), RESIDUAL.get(norm.placement), "norm.placement"),
+            **{key: (getattr(p, name_key), p.options, registry.get(getattr(p, name_key)), f"{key}.{name_key}")
+               for key, (registry, name_key, _) in COMPONENTS.items() for p in (parts[key],)}}
+
+
+def _check_refusals(name: str, parts: dict[str, Any]) -> None:
+    """Each part's declared refusals (Part.refuses, Placement.refuses) of another part of this model, one line naming
+    both, before anything is built."""
+    chosen = chosen_parts(name, parts)
+    for kind, (who, _, entry, _) in chosen.items():
+        for other, (them, opts, _, key) in chosen.items():
+            found = refusal(entry, other, them, opts) if other != kind else None
+            if found is None:
+                continue
+            by, why = found
+            refused = declared(entry, "refuses")[other]
+            at, valid = (key, ", ".join(n for n in REGISTRIES[other].names() if n not in refused)) if by == them else (
+                f"{key.rpartition('.')[0] or key}.{by}", "false")  # refused for an option it sets
+            word = {"residual": "placement", "model": "lineage"}  # the kinds as the config names them
+            raise ConfigError(f"model.{at}: {word.get(other, other)} '{them}' cannot be in one model with "
+                              f"{word.get(kind, kind)} '{who}' (its `refuses`: {why}); valid: {valid}")
 
 
 def build_model(model_cfg: ModelInput, seed: int = 0) -> nn.Module:

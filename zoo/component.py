@@ -200,6 +200,17 @@ def after_step(model: Any) -> None:
         hook(model)
 
 
+def refusal(part: Any, kind: str, name: str, opts: Any) -> tuple[str, str] | None:
+    """What `part` (a registered entry, or a built part) refuses of the `kind` part `name` built with `opts` (its
+    options dataclass instance), as its `refuses` declares: (the key that refuses it, why); None: nothing. A key of
+    refuses[kind] is that part's registered name, or one of its options, refused when set (truthy). The build's
+    refusal (zoo.build) and the tests' covering design (tests/helpers.py) both read this, so they cannot drift."""
+    for key, why in declared(part, "refuses").get(kind, {}).items():
+        if key == name or (dataclasses.is_dataclass(opts) and key in option_fields(type(opts)) and getattr(opts, key)):
+            return key, why
+    return None
+
+
 def clear_aux_losses(model: Any) -> None:
     """Forget every auxiliary loss a module holds: call before a forward whose losses will be collected."""
     for m in model.modules():
@@ -217,6 +228,12 @@ def default(method: Callable) -> Callable:
     return method
 
 
+REFUSES = ("the parts of another kind it cannot be in one model with, by kind (attention, position, norm, residual, "
+           "ffn, model): {kind: {a registered name, or an option of theirs refused when set: why}}, read from the "
+           "registered entry without building; the build refuses each in one line naming both, and the tests' "
+           "covering design leaves those pairs out (zoo.component.refusal)")
+
+
 class Part(Protocol):
     """Every attention, position, norm and FFN."""
 
@@ -226,6 +243,7 @@ class Part(Protocol):
                                                  "with init_std / sqrt(2 * blocks) (init_weights)"] = ()
     constants: Annotated[dict[str, float], "parameters set to a constant, as norm gains to 1 and a mix's scalars "
                                            "(init_weights)"] = {}
+    refuses: Annotated[dict[str, dict[str, str]], REFUSES] = {}
 
     @default
     def flops(self, t: int) -> int:
@@ -338,6 +356,7 @@ class Placement(Protocol):
                                   "optim.weight_decay to 0 (its after_step renormalises the matrices anyway)"] = True
     contextual: Annotated[bool, "the block builds it as factory(f, make_norm, ctx), with the build Context (layer "
                                 "index, d_model, residual_streams); built without one it still works"] = False
+    refuses: Annotated[dict[str, dict[str, str]], REFUSES] = {}
 
     def forward(self, x: Any, **kw: Any) -> Any:
         """x (B, T, d_model) -> x after the residual step; kw: the sublayer's keyword arguments (by name when
@@ -448,7 +467,7 @@ def contract_markdown() -> str:
     """The contract as docs/components.md shows it: one table per kind, from the protocols (a test compares)."""
     lines, shared = [], {m.name for m in members(Part)}
     for kind, protocol in [("every part", Part), *PROTOCOLS.items()]:
-        rows = [m for m in members(protocol) if protocol is Part or m.name not in shared]
+        rows = [m for m in members(protocol) if Part not in protocol.__mro__[1:] or m.name not in shared]
         lines += [f"**{kind}** (`{protocol.__name__}`): {' '.join((protocol.__doc__ or '').split())}", "",
                   "| member | meaning | if a part leaves it out |", "|---|---|---|"]
         for m in rows:

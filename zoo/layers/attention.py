@@ -241,10 +241,8 @@ class Attention(AttentionBase):
         self.norm_projection = opts.qk_norm == "projection"  # else per head, when on
         self.q_norm, self.k_norm = qk_norms(ctx, opts, *((q_dim, kv_dim) if self.norm_projection else (self.head_dim,)))
         self.qk_dim: int | None = None  # scores are scaled by 1 / sqrt(qk_dim); None: the head size
-        need(not (ctx.sphere and opts.qk_norm), "attention.qk_norm", "the placement already puts queries and keys on "
-             "the unit sphere (nGPT); valid: false")
         # nGPT's s_qk per query head and channel, from 1 (stored at scale 1 / sqrt(d_model), zoo/layers/ngpt.py)
-        on = ctx.sphere and self.sphere  # a variant that cannot (sphere False) is refused by the block
+        on = ctx.sphere and self.sphere  # a variant that cannot (sphere False): refused (Placement.refuses, zoo.build)
         self.s_qk = EigenScale((n_heads, 1, self.head_dim), 1.0, 1 / math.sqrt(d_model)) if on else None
 
     def forward(self, x: torch.Tensor, pos: Position, mask: torch.Tensor | None = None,

@@ -72,6 +72,26 @@ class NGPTStep(nn.Module):
     """Norm(h + alpha * (Norm(f(h)) - h)), alpha per channel from 0.05 (scale 1 / sqrt(d_model))."""
 
     final_norm, parallel, sphere, weight_decay = False, False, True, False
+    # What cannot keep its vectors on the sphere or scale for it (Placement.refuses): the build refuses each in one
+    # line before it builds. A sublayer whose `sphere` is false and is not listed here fails the build too, asking
+    # for its line here (zoo/block.py's built), so this list and the parts' `sphere` cannot drift apart.
+    refuses = {
+        "attention": {
+            "cope": "its position gates read the raw scores, not unit queries and keys scaled by s_qk",
+            "cosine": "it normalises queries and keys itself, with its own temperature in place of s_qk",
+            "differential": "two softmaxes over half-width heads: no one unit query and key per head for s_qk",
+            "dynamic_conv": "a convolution has no queries and keys to put on the sphere",
+            "lightweight_conv": "a convolution has no queries and keys to put on the sphere",
+            "memory_kv": "its learned memory keys and values are not normalised with the tokens'",
+            "mla": "its keys come from a normalised low-rank latent with a rotary part, not unit heads for s_qk",
+            "synthesizer": "its synthetic weights come from no query and key dot products to normalise",
+            "qk_norm": "the placement already puts each query and key head on the unit sphere",
+        },
+        "ffn": {
+            "moe": "its router and experts are not unit matrices with s_u, s_v (nGPT's FFN)",
+            "pkm": "its product-key lookup has its own query norm and value table, not nGPT's scaled FFN",
+        },
+    }
 
     def __init__(self, f: nn.Module, make_norm: Callable[[], nn.Module]):
         super().__init__()
