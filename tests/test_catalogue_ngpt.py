@@ -140,6 +140,24 @@ def test_every_matrix_is_unit_after_a_training_step(tmp_path):
     _unit_along_embedding(model)
 
 
+def test_a_fresh_run_starts_on_the_sphere_and_a_built_model_keeps_the_draws():
+    """init_weights draws as for every placement (no matrix is renormalised at build); a fresh run's on_fit_start
+    puts every matrix on the sphere, a resumed run's (ckpt_path set) leaves the restored weights alone."""
+    from types import SimpleNamespace
+
+    from zoo.training.module import ZooModule
+
+    model = build_model(tiny_cfg(d_model=D, n_heads=H, vocab_size=V, norm={"placement": "ngpt"},
+                                 position={"name": "none"}))
+    with pytest.raises(AssertionError):
+        _unit_along_embedding(model)
+    drawn = {k: p.clone() for k, p in model.state_dict().items()}
+    ZooModule.on_fit_start(SimpleNamespace(model=model, trainer=SimpleNamespace(ckpt_path="last.ckpt")))  # resumed
+    assert all(torch.equal(p, drawn[k]) for k, p in model.state_dict().items())
+    ZooModule.on_fit_start(SimpleNamespace(model=model, trainer=SimpleNamespace(ckpt_path=None)))  # fresh
+    _unit_along_embedding(model)
+
+
 @pytest.mark.slow
 def test_ngpt_learns_the_corpus(tmp_path):
     """From ln(vocab) at initialisation to below the corpus' unigram entropy: a model that ignores the context (or
@@ -154,7 +172,7 @@ def test_ngpt_learns_the_corpus(tmp_path):
 
 
 @pytest.mark.parametrize("over, key", [
-    (dict(attention={"name": "mla"}), "model.attention"),
+    (dict(attention={"name": "mla"}), "model.attention.name"),
     (dict(attention={"name": "cosine"}), "model.attention"),
     (dict(ffn={"name": "moe"}), "model.ffn"),
     (dict(attention={"name": "mha", "qk_norm": True}), "model.attention.qk_norm"),

@@ -31,7 +31,6 @@ from zoo.block import SUBLAYER_LETTERS, TransformerBlock
 from zoo.component import (
     ConfigError,
     Options,
-    after_step,
     check_options,
     declared,
     is_int,
@@ -283,8 +282,9 @@ def init_weights(model: nn.Module, cfg: ModelSpec, seed: int = 0) -> None:
     Each parameter draws from its own generator, seeded by the seed and the parameter's name, so
     swapping one component leaves every other component's initial weights unchanged.
     Under model.parametrization=mup, hidden weights' std is further divided by sqrt(width_mult) (zoo/mup.py).
-    Last, each placement that declares `init_for_depth(blocks)` sets its own start for the model's depth, and each
-    placement class that declares `after_step(model)` puts the model where it keeps it (nGPT's unit matrices).
+    Last, each placement that declares `init_for_depth(blocks)` sets its own start for the model's depth. A placement's
+    `after_step(model)` (nGPT's unit matrices) is not run here, so the draws stay every placement's: a fresh training
+    run calls it before its first step (zoo/training/module.py's on_fit_start).
     """
     times = applications(model)  # a shared block counts once per layer that applies it
     n_blocks = sum(times.get(id(m), 1) for m in model.modules() if isinstance(m, TransformerBlock))
@@ -311,7 +311,6 @@ def init_weights(model: nn.Module, cfg: ModelSpec, seed: int = 0) -> None:
         for m in model.modules():  # a placement's own start for this depth (Placement.init_for_depth)
             if callable(getattr(m, "init_for_depth", None)):
                 m.init_for_depth(n_blocks)
-        after_step(model)  # training starts where every optimizer step leaves the model (Placement.after_step)
 
 
 COUNT_GROUPS = ("embedding", "position", "attention", "ffn", "norm", "head")

@@ -194,7 +194,7 @@ def aux_losses(model: Any) -> dict[str, Any]:
 
 def after_step(model: Any) -> None:
     """Run each `after_step(model)` hook the model's modules' classes declare (Placement.after_step), each class's
-    once: the training step calls this after every optimizer step, init_weights at its end."""
+    once: the training step calls this after every optimizer step, and a fresh run before its first."""
     hooks = {type(m): type(m).after_step for m in model.modules() if callable(getattr(type(m), "after_step", None))}
     for hook in hooks.values():
         hook(model)
@@ -370,8 +370,8 @@ class Placement(Protocol):
     @default
     def after_step(self, model: Any) -> None:
         """Puts the whole model back where this placement keeps it, run once per placement class by after_step(model)
-        after every optimizer step and at the end of init_weights (nGPT: every matrix unit-norm along its
-        embedding dimension); if left out, nothing."""
+        after every optimizer step and before a fresh training run's first (nGPT: every matrix unit-norm along its
+        embedding dimension); not at build, so the initial draws are every placement's; if left out, nothing."""
 
 
 class Lineage(Protocol):

@@ -10,10 +10,11 @@ the FFN). It uses no LayerNorm/RMSNorm anywhere and declares what the rest of th
   (zoo/layers/attention.py) normalises each query and key head and scales it by a learned s_qk, with the softmax
   scale sqrt(d_k) in place of 1 / sqrt(d_k); a gated FFN (zoo/layers/ffn.py) scales u by s_u and v by
   s_v * sqrt(d_model) before the activation; the head (zoo/models/stack.py's Readout) scales the logits by s_z.
-  A part that cannot (MLA, differential, cosine, memory_kv, CoPE attention; a plain MLP, MoE, PKM) is refused.
-- `after_step(model)`: after every optimizer step (and at the end of init_weights) every matrix is renormalised
+  A part that cannot is refused in one line before the build, as NGPTStep.refuses declares (Placement.refuses).
+- `after_step(model)`: after every optimizer step (and before a fresh run's first) every matrix is renormalised
   along its embedding dimension: the rows of the token embedding, the head and each matrix that reads the stream,
   the columns of each matrix that writes into it (a part's `residual_outputs`).
+  Not at build: the draws stay every placement's (swapping the placement keeps every other weight's bits).
 - `weight_decay = False`: the training step trains with optim.weight_decay 0 (the paper uses none; on a
   renormalised matrix it would only rescale the learning rate).
 Every learned scale is stored scaled, as the paper's (section 2.5): s = stored * (init / scale), stored starting at

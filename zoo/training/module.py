@@ -70,6 +70,10 @@ class ZooModule(L.LightningModule):
             self.log(f"train_{k}", v)
         return loss + sum(aux.values())
 
+    def on_fit_start(self) -> None:
+        if self.trainer.ckpt_path is None:  # a fresh run starts where every step leaves the model (a resumed one is)
+            after_step(self.model)  # Placement.after_step: nGPT's unit matrices, not applied by init_weights
+
     def optimizer_step(self, *args: Any, **kwargs: Any) -> None:
         super().optimizer_step(*args, **kwargs)
         after_step(self.model)  # each placement's hook after every step (Placement.after_step: nGPT's unit matrices)
