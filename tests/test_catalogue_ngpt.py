@@ -113,10 +113,12 @@ def _train(tmp_path, overrides):
     return run(cfg, run_dir=tmp_path), tmp_path
 
 
-def test_every_matrix_is_unit_after_a_training_step(tmp_path):
+@pytest.mark.parametrize("optim", ["adamw", "muon"])  # the paper's Adam; Muon's orthogonalised steps as well
+def test_every_matrix_is_unit_after_a_training_step(tmp_path, optim):
     """The training step's hook (Placement.after_step, after optimizer.step) puts every matrix back on the sphere:
     without it a step at this learning rate moves them well off (checked below on the same model)."""
-    code, run_dir = _train(tmp_path, ["trainer.max_steps=2", "optim.lr=0.05", "optim.warmup_steps=0"])
+    code, run_dir = _train(tmp_path, [f"optim={optim}", "trainer.max_steps=2", "optim.lr=0.05",
+                                      "optim.warmup_steps=0"])
     assert code == 0
     (ckpt,) = (run_dir / "checkpoints").glob("last*.ckpt")
     state = torch.load(ckpt, weights_only=True)["state_dict"]
