@@ -220,7 +220,7 @@ def _check_refusals(name: str, parts: dict[str, Any]) -> None:
                 f"{key.rpartition('.')[0] or key}.{by}", "false")  # refused for an option it sets
             word = {"residual": "placement", "model": "lineage"}  # the kinds as the config names them
             raise ConfigError(f"model.{at}: {word.get(other, other)} '{them}' cannot be in one model with "
-                              f"{word.get(kind, kind)} '{who}' (its `refuses`: {why}); valid: {valid}")
+                              f"{word.get(kind, kind)} '{who}', whose `refuses` says: {why}; valid: {valid}")
 
 
 def build_model(model_cfg: ModelInput, seed: int = 0) -> nn.Module:
