@@ -283,7 +283,8 @@ class AttentionPart(Part, Protocol):
 
     sphere: Annotated[bool, "built with ctx.sphere (a placement's `sphere`), it normalises each query and key head "
                             "to unit length, scales them by a learned s_qk and scores at sqrt(head_dim) instead of "
-                            "1 / sqrt(head_dim) (nGPT); false: it cannot, and the block refuses it there"] = False
+                            "1 / sqrt(head_dim) (nGPT); false: it cannot, and a sphere placement must list it in "
+                            "its `refuses` (the block fails the build of one it does not)"] = False
 
     def forward(self, x: Any, pos: Any, mask: Any = None, is_causal: bool = False, context: Any = None,
                 cache: Any = None, offset: int = 0, value_embed: Any = None) -> Any:
@@ -326,8 +327,9 @@ class FFNPart(Part, Protocol):
     """A position-wise feed-forward network, built as `factory(ctx, opts)`."""
 
     sphere: Annotated[bool, "built with ctx.sphere (a placement's `sphere`), it scales its hidden pre-activations by "
-                            "learned s_u, s_v (and the gate's by sqrt(d_model)) as nGPT's; false: it cannot, and the "
-                            "block refuses it there"] = False
+                            "learned s_u, s_v (and the gate's by sqrt(d_model)) as nGPT's; false: it cannot, and a "
+                            "sphere placement must list it in its `refuses` (the block fails the build of one it "
+                            "does not)"] = False
 
     def forward(self, x: Any) -> Any:
         """x (B, T, d_model) -> (B, T, d_model)."""
