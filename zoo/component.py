@@ -352,8 +352,8 @@ class Placement(Protocol):
                           "close(x, state) gives the stack's output before any final norm; the block passes the "
                           "state to each step as forward's `state`. null: none"] = None
     sphere: Annotated[bool, "it keeps every hidden vector on the unit sphere (nGPT): the stack builds its parts with "
-                            "ctx.sphere, normalises the embeddings instead of any embed_norm, and the head scales "
-                            "its logits by a learned s_z"] = False
+                            "ctx.sphere, its first step normalises the embeddings (no embed_norm), and the head "
+                            "scales its logits by a learned s_z"] = False
     weight_decay: Annotated[bool, "the optimizer's decoupled weight decay applies; false: the training step sets "
                                   "optim.weight_decay to 0 (its after_step renormalises the matrices anyway)"] = True
     contextual: Annotated[bool, "the block builds it as factory(f, make_norm, ctx), with the build Context (layer "

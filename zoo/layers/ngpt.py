@@ -6,9 +6,9 @@ The placement `ngpt` (`norm=ngpt`) is the per-sublayer part, the paper's residua
     h <- Norm(h + alpha * (Norm(f(h)) - h))        Norm(x) = x / |x|
 with alpha a learned vector over d_model, an "eigen learning rate" per sublayer (alpha_A for attention, alpha_M for
 the FFN). It uses no LayerNorm/RMSNorm anywhere and declares what the rest of the model must do (zoo/component.py):
-- `sphere`: the stack builds every part with ctx.sphere and normalises the embeddings (no final norm). Attention
-  (zoo/layers/attention.py) normalises each query and key head and scales it by a learned s_qk, with the softmax
-  scale sqrt(d_k) in place of 1 / sqrt(d_k); a gated FFN (zoo/layers/ffn.py) scales u by s_u and v by
+- `sphere`: the stack builds every part with ctx.sphere (no final norm); the first step normalises the embeddings.
+  Attention (zoo/layers/attention.py) normalises each query and key head and scales it by a learned s_qk, with the
+  softmax scale sqrt(d_k) in place of 1 / sqrt(d_k); a gated FFN (zoo/layers/ffn.py) scales u by s_u and v by
   s_v * sqrt(d_model) before the activation; the head (zoo/models/stack.py's Readout) scales the logits by s_z.
   A part that cannot is refused in one line before the build, as NGPTStep.refuses declares (Placement.refuses).
 - `after_step(model)`: after every optimizer step (and before a fresh run's first) every matrix is renormalised
@@ -40,13 +40,6 @@ ALPHA_INIT = 0.05  # the paper's alpha_A,init = alpha_M,init ("in order of 1 / n
 def unit(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
     """x scaled to unit L2 norm along dim: the paper's Norm."""
     return F.normalize(x, dim=dim)
-
-
-class Unit(nn.Module):
-    """Norm as a module: the stack's embedding normalisation under a sphere placement."""
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return unit(x)
 
 
 class EigenScale(nn.Module):
@@ -101,8 +94,8 @@ class NGPTStep(nn.Module):
         self.alpha = EigenScale(d_model, ALPHA_INIT, 1 / math.sqrt(d_model))
 
     def forward(self, x: torch.Tensor, **kw) -> torch.Tensor:
-        h = unit(x)  # already unit from the step before (or the embeddings): kept as the paper writes it
-        return unit(h + self.alpha() * (unit(self.f(x, **kw)) - h))
+        h = unit(x)  # unit from the step before; at the first, the embeddings (and any position added) normalised
+        return unit(h + self.alpha() * (unit(self.f(h, **kw)) - h))
 
     @staticmethod
     def after_step(model: nn.Module) -> None:

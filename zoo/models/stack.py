@@ -12,7 +12,7 @@ from torch import nn
 from zoo.block import TransformerBlock, block_sublayers
 from zoo.component import Context, build, declared, need
 from zoo.layers.attention import KVCache, attention_bias, cross_attention_mask
-from zoo.layers.ngpt import EigenScale, Unit
+from zoo.layers.ngpt import EigenScale
 from zoo.models import depth, funnel
 from zoo.mup import output_scale
 from zoo.registry import NORM, POSITION, RESIDUAL
@@ -61,7 +61,7 @@ class Stack(nn.Module):
         self.position = build(POSITION, cfg.position, ctx)
         ctx = replace(ctx, rotary=self.position.rotary)  # what an attention with a rotary part of its own asks
         ctx = replace(ctx, sphere=on_sphere(cfg))  # nGPT: the parts scale for unit vectors (Placement.sphere)
-        self.embed_norm = Unit() if ctx.sphere else ctx.norm() if cfg.embed_norm else nn.Identity()
+        self.embed_norm = ctx.norm() if cfg.embed_norm else nn.Identity()  # a sphere placement's first step normalises
         self.dropout = nn.Dropout(ctx.dropout)
         residual = RESIDUAL.get(cfg.norm.placement)
         self.value_tables = value_tables(cfg.value_embeddings, n_layers)
