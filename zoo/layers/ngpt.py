@@ -20,6 +20,9 @@ the FFN). It uses no LayerNorm/RMSNorm anywhere and declares what the rest of th
 Every learned scale is stored scaled, as the paper's (section 2.5): s = stored * (init / scale), stored starting at
 `scale`, so the optimizer moves s init / scale times faster than a plain parameter. nGPT's choice of no warm-up is
 a training setting, not the model's: set optim.warmup_steps=0 to follow it.
+parametrization=mup is allowed, zoo's extension (the paper has none; tests/test_mup.py trains every part under
+it): muP's roles set the learning rates (hidden matrices at lr / width_mult) and its output multiplier applies; its
+init scaling is moot, the matrices being renormalised.
 """
 
 from __future__ import annotations
