@@ -178,7 +178,6 @@ def test_ngpt_learns_the_corpus(tmp_path):
     (dict(attention={"name": "cosine"}), "model.attention"),
     (dict(ffn={"name": "moe"}), "model.ffn"),
     (dict(attention={"name": "mha", "qk_norm": True}), "model.attention.qk_norm"),
-    (dict(final_norm=True), "model.final_norm"),
     (dict(embed_norm=True), "model.embed_norm"),
     (dict(softmaxes=2), "model.softmaxes"),
 ])

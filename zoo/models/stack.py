@@ -35,7 +35,7 @@ def on_sphere(cfg: ModelSpec) -> bool:
     if not declared(RESIDUAL.get(cfg.norm.placement), "sphere"):
         return False
     why = f"placement '{cfg.norm.placement}' keeps every hidden vector on the unit sphere (nGPT)"
-    for key, off in (("embed_norm", False), ("final_norm", None), ("memory_tokens", 0), ("value_embeddings", 0),
+    for key, off in (("embed_norm", False), ("memory_tokens", 0), ("value_embeddings", 0),
                      ("embed_dim", None), ("softmaxes", 1), ("adaptive_input", False), ("adaptive_softmax", False)):
         need(getattr(cfg, key) in (off, False) if off is None else getattr(cfg, key) == off, key,
              f"{why}: it normalises the embeddings, the head and its matrices itself; valid: {off}".replace(
