@@ -8,7 +8,7 @@ import itertools
 
 import pytest
 
-from tests.helpers import FACTOR_KINDS, KINDS, case_id, cases, lineages, model_cfg, part_of, refused
+from tests.helpers import FACTOR_KINDS, KINDS, case_id, cases, covering, lineages, model_cfg, part_of, refused
 from zoo.build import resolve_config
 from zoo.component import ConfigError, declared, refusal
 from zoo.registry import REGISTRIES
@@ -75,3 +75,14 @@ def test_a_refusing_part_builds_with_every_case_it_does_not_refuse(lineage):
                 for case in FACTORS[other]:
                     if not refused((factor, value), (other, case)):
                         resolve_config(model_cfg(_row(lineage, (factor, value), (other, case))))
+
+
+def test_the_covering_design_has_every_allowed_pair_and_no_refused_one():
+    """tests/helpers.py covering, as model_cases uses it: each pair of values of two kinds is in some row unless a
+    part refuses it, and then in none."""
+    factors = {k: FACTORS[k] for k in ("attention", "placement", "ffn")}
+    rows = covering(factors)
+    for n, m in itertools.combinations(factors, 2):
+        for a, b in itertools.product(factors[n], factors[m]):
+            present = any(row[n] == a and row[m] == b for row in rows)
+            assert present != bool(refused((n, a), (m, b))), (n, a, m, b)
