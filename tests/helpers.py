@@ -98,9 +98,40 @@ def model_cfg(row: dict, **over) -> dict:
 def model_cases(names: list[str], kinds: tuple[str, ...] = KINDS, **over) -> list[dict]:
     """Tiny model configs, for each lineage in names, varying the given kinds ("bias" too) over a pairwise
     covering design of their registered cases (with two kinds that is their full product). So every value of
-    every kind meets every value of every other kind under every lineage; the rest keep tiny_cfg's defaults."""
+    every kind meets every value of every other kind under every lineage, but for the pairs a part declares it
+    refuses (`refused`); the rest keep tiny_cfg's defaults."""
     factors = {k: [True, False] if k == "bias" else cases(k) for k in kinds}
-    return [model_cfg({"name": name, **row}, **over) for name in names for row in covering(factors)]
+    return [model_cfg(row, **over) for name in names for row in covering({"name": [name], **factors})]
+
+
+FACTOR_KINDS = {"name": "model", "placement": "residual"}  # a covering factor's registry kind, where not its name
+
+
+def part_of(factor: str, value) -> tuple | None:
+    """(registry kind, name, options instance, registered entry) of a covering factor's value: a case of cases(),
+    or a lineage's name; None where the factor is no part (bias)."""
+    from zoo.registry import REGISTRIES
+
+    kind = FACTOR_KINDS.get(factor, factor)
+    if kind not in REGISTRIES or kind == "optim":
+        return None
+    registry = REGISTRIES[kind]
+    key = {"norm": "type", "residual": "placement"}.get(kind, "name")
+    node = {key: value} if isinstance(value, str) else value
+    name = node[key]
+    return kind, name, registry.options(name)(**{k: v for k, v in node.items() if k != key}), registry.get(name)
+
+
+def refused(a: tuple[str, object], b: tuple[str, object]) -> str | None:
+    """Why two factor values, (factor, value) each, cannot be in one model, as either part declares it (its
+    `refuses`, read by zoo.component.refusal as the build reads it); None: they can."""
+    from zoo.component import refusal
+
+    pa, pb = part_of(*a), part_of(*b)
+    if pa is None or pb is None:
+        return None
+    found = refusal(pa[3], pb[0], pb[1], pb[2]) or refusal(pb[3], pa[0], pa[1], pa[2])
+    return found[1] if found else None
 
 
 def covering(factors: dict[str, list], strength: int = 2) -> list[dict]:
@@ -108,21 +139,34 @@ def covering(factors: dict[str, list], strength: int = 2) -> list[dict]:
     combination of their values appears in at least one row (strength 2: every value of every factor meets
     every value of every other factor). Greedy and deterministic. Far fewer rows than the full product
     (about the product of the `strength` largest factors, not of all); and unlike a random sample it
-    reaches every such combination, so a part that breaks only next to another is caught."""
+    reaches every such combination, so a part that breaks only next to another is caught.
+    A pair of values that a part declares it refuses (`refused`: nGPT's placement and MLA) is in no row, nor any
+    combination holding it; every other combination is (tests/test_refusals.py checks the refused pairs)."""
     names = list(factors)
+    bad = {frozenset(((n, i), (m, j))) for n, m in itertools.combinations(names, 2)
+           for i, j in itertools.product(range(len(factors[n])), range(len(factors[m])))
+           if refused((n, factors[n][i]), (m, factors[m][j]))}
+
+    def fits(combo) -> bool:  # no refused pair among a combination's ((factor, value index), ...)
+        return not any(frozenset(p) in bad for p in itertools.combinations(combo, 2))
 
     def tuples(row: dict) -> set:  # the ((factor, value index), ...) combinations a (partial) row covers
         chosen = [n for n in names if n in row]
         return {tuple((n, row[n]) for n in c) for c in itertools.combinations(chosen, strength)}
 
-    uncovered = {tuple(zip(c, idx, strict=True)) for c in itertools.combinations(names, strength)
-                 for idx in itertools.product(*(range(len(factors[n])) for n in c))}
+    uncovered = {combo for c in itertools.combinations(names, strength)
+                 for idx in itertools.product(*(range(len(factors[n])) for n in c))
+                 if fits(combo := tuple(zip(c, idx, strict=True)))}
     rows = []
     while uncovered:
         row = dict(min(uncovered))  # a combination no row has yet; fill the other factors to cover the most new
         for n in names:
             if n not in row:
-                row[n] = max(range(len(factors[n])), key=lambda k: len(tuples({**row, n: k}) & uncovered))
+                allowed = [k for k in range(len(factors[n])) if not any(frozenset(((n, k), (m, row[m]))) in bad
+                                                                        for m in row)]
+                if not allowed:
+                    raise ValueError(f"covering: no value of {n} fits beside {row} (each is refused by one of them)")
+                row[n] = max(allowed, key=lambda k: len(tuples({**row, n: k}) & uncovered))
         rows.append(row)
         uncovered -= tuples(row)
     return [{n: factors[n][row[n]] for n in names} for row in rows]

@@ -31,6 +31,17 @@ def block_sublayers(cfg: ModelSpec, n_layers: int) -> list[str | None]:
     return list(value) if isinstance(value, (list, tuple)) else [value] * n_layers
 
 
+def built(registry: Any, part: Any, ctx: Context) -> Any:
+    """The sublayer `part` names. Where the placement keeps the stream on the unit sphere (ctx.sphere, nGPT), a part
+    that cannot scale for it (its AttentionPart.sphere / FFNPart.sphere false) was refused before the build by the
+    placement's `refuses`; one that gets here was left out of that list: a one-line error asking for its line."""
+    f = build(registry, part, ctx)
+    need(not ctx.sphere or declared(f, "sphere"), registry.kind, f"{registry.kind} '{part.name}' cannot work on the "
+         "unit sphere (its `sphere` is false) and the placement does not declare refusing it; add its line to the "
+         "placement's `refuses` (zoo/layers/ngpt.py) or make it scale for the sphere")
+    return f
+
+
 class Half(nn.Module):
     """f(x) / 2: macaron's half-step FFN (Lu et al. 2019), inside any placement."""
 
@@ -58,10 +69,10 @@ class TransformerBlock(nn.Module):
         if order is not None:
             self._sequence(ctx, cfg, residual, cross, order)
             return
-        sublayers = {"attn": build(ATTENTION, cfg.attention, ctx)}
+        sublayers = {"attn": built(ATTENTION, cfg.attention, ctx)}
         if cross:
-            sublayers["cross"] = build(ATTENTION, cfg.attention, replace(ctx, cross=True))
-        sublayers["ffn"] = build(FFN, cfg.ffn, ctx)
+            sublayers["cross"] = built(ATTENTION, cfg.attention, replace(ctx, cross=True))
+        sublayers["ffn"] = built(FFN, cfg.ffn, ctx)
         self.parallel: nn.Module | None
         self.window = sublayers["attn"].window  # the stack's mask follows its self-attention's window
         self.value_dim = declared(sublayers["attn"], "value_dim")  # the width of a value embedding, if it takes one
@@ -89,9 +100,9 @@ class TransformerBlock(nn.Module):
         need(not (self.shift and ctx.causal and "a" not in order), "shift_tokens", f"a decoder's "
              f"block '{order}' has no attention, whose cache would keep the shifted tokens; valid: 0, or sublayers "
              "with an 'a' in every block")
-        make = {"a": lambda: build(ATTENTION, cfg.attention, ctx), "f": lambda: build(FFN, cfg.ffn, ctx),
-                "c": lambda: build(ATTENTION, cfg.attention, replace(ctx, cross=True)),
-                "h": lambda: Half(build(FFN, cfg.ffn, ctx))}
+        make = {"a": lambda: built(ATTENTION, cfg.attention, ctx), "f": lambda: built(FFN, cfg.ffn, ctx),
+                "c": lambda: built(ATTENTION, cfg.attention, replace(ctx, cross=True)),
+                "h": lambda: Half(built(FFN, cfg.ffn, ctx))}
         parts, place = [make[k]() for k in self.kinds], placement(residual, ctx)
         self.steps = nn.ModuleList(place(shifting(f, cfg.shift_tokens, ctx.causal, str(i)), ctx.norm)
                                    for i, f in enumerate(parts))

@@ -29,18 +29,20 @@ import zoo.models  # noqa: F401  (registers the lineages)
 from zoo.block import SUBLAYER_LETTERS, TransformerBlock
 from zoo.component import (
     ConfigError,
+    Options,
     check_options,
     declared,
     is_int,
     is_number,
     need,
     option_fields,
+    refusal,
 )
 from zoo.meta import on_meta, spec_of
 from zoo.models.stack import applications, flops_shares
 from zoo.mup import FIXED, init_scale, roles, width_mult
 from zoo.mup import check as check_parametrization
-from zoo.registry import ATTENTION, FFN, MODEL, NORM, POSITION, RESIDUAL, Registry
+from zoo.registry import ATTENTION, FFN, MODEL, NORM, POSITION, REGISTRIES, RESIDUAL, Registry
 from zoo.spec import ModelSpec, Part, model_defaults
 
 # The model keys and their defaults, declared once (zoo/spec.py ModelSpec); a component's options are
@@ -91,6 +93,7 @@ def resolve_config(model_cfg: ModelInput) -> ModelSpec:
             cfg[key] = value
     _validate(cfg)
     parts = _parts(cfg)  # takes the component nodes out of cfg
+    _check_refusals(cfg["name"], parts)
     return checked(ModelSpec(**cfg, **parts))
 
 
@@ -198,6 +201,33 @@ def _parts(cfg: dict) -> dict[str, Any]:
     return parts
 
 
+def chosen_parts(name: str, parts: dict[str, Any]) -> dict[str, tuple[str, Any, Any, str]]:
+    """The model's parts by registry kind: kind -> (name, options, registered entry, config key)."""
+    norm = parts["norm"]
+    return {"model": (name, Options(), MODEL.get(name), "name"),
+            "residual": (norm.placement, Options(), RESIDUAL.get(norm.placement), "norm.placement"),
+            **{key: (getattr(p, name_key), p.options, registry.get(getattr(p, name_key)), f"{key}.{name_key}")
+               for key, (registry, name_key, _) in COMPONENTS.items() for p in (parts[key],)}}
+
+
+def _check_refusals(name: str, parts: dict[str, Any]) -> None:
+    """Each part's declared refusals (Part.refuses, Placement.refuses) of another part of this model, one line naming
+    both, before anything is built."""
+    chosen = chosen_parts(name, parts)
+    for kind, (who, _, entry, _) in chosen.items():
+        for other, (them, opts, _, key) in chosen.items():
+            found = refusal(entry, other, them, opts) if other != kind else None
+            if found is None:
+                continue
+            by, why = found
+            refused = declared(entry, "refuses")[other]
+            at, valid = (key, ", ".join(n for n in REGISTRIES[other].names() if n not in refused)) if by == them else (
+                f"{key.rpartition('.')[0] or key}.{by}", "false")  # refused for an option it sets
+            word = {"residual": "placement", "model": "lineage"}  # the kinds as the config names them
+            raise ConfigError(f"model.{at}: {word.get(other, other)} '{them}' cannot be in one model with "
+                              f"{word.get(kind, kind)} '{who}', whose `refuses` says: {why}; valid: {valid}")
+
+
 def build_model(model_cfg: ModelInput, seed: int = 0) -> nn.Module:
     """Build and initialise a model from registry names and numbers (see the module docstring)."""
     cfg = resolve_config(model_cfg)
@@ -232,7 +262,9 @@ def init_weights(model: nn.Module, cfg: ModelSpec, seed: int = 0) -> None:
     Each parameter draws from its own generator, seeded by the seed and the parameter's name, so
     swapping one component leaves every other component's initial weights unchanged.
     Under model.parametrization=mup, hidden weights' std is further divided by sqrt(width_mult) (zoo/mup.py).
-    Last, each placement that declares `init_for_depth(blocks)` sets its own start for the model's depth.
+    Last, each placement that declares `init_for_depth(blocks)` sets its own start for the model's depth. A placement's
+    `after_step(model)` (nGPT's unit matrices) is not run here, so the draws stay every placement's: a fresh training
+    run calls it before its first step (zoo/training/module.py's on_fit_start).
     """
     times = applications(model)  # a shared block counts once per layer that applies it
     n_blocks = sum(times.get(id(m), 1) for m in model.modules() if isinstance(m, TransformerBlock))

@@ -64,6 +64,7 @@ class Context:
     dropout: float = 0.0
     value_embed: bool = False  # this layer's self-attention mixes a value embedding into its values (value_dim)
     keep_values: bool = False  # it keeps its new tokens' values, before any mix, in kept_values (value_residual)
+    sphere: bool = False  # the placement keeps hidden vectors on the unit sphere (nGPT): attention and FFN scale for it
     memory_tokens: int = 0  # model.memory_tokens: positions before the sequence that self-attention also sees
     residual_streams: int = 1  # the residual streams a placement keeps (model.residual_streams: hyper-connections)
     norm: Callable[..., Any] = field(default=lambda dim=None: _no_norm())  # the model's: norm(dim=None) -> a new one
@@ -192,6 +193,25 @@ def aux_losses(model: Any) -> dict[str, Any]:
     return out
 
 
+def after_step(model: Any) -> None:
+    """Run each `after_step(model)` hook the model's modules' classes declare (Placement.after_step), each class's
+    once: the training step calls this after every optimizer step, and a fresh run before its first."""
+    hooks = {type(m): type(m).after_step for m in model.modules() if callable(getattr(type(m), "after_step", None))}
+    for hook in hooks.values():
+        hook(model)
+
+
+def refusal(part: Any, kind: str, name: str, opts: Any) -> tuple[str, str] | None:
+    """What `part` (a registered entry, or a built part) refuses of the `kind` part `name` built with `opts` (its
+    options dataclass instance), as its `refuses` declares: (the key that refuses it, why); None: nothing. A key of
+    refuses[kind] is that part's registered name, or one of its options, refused when set (truthy). The build's
+    refusal (zoo.build) and the tests' covering design (tests/helpers.py) both read this, so they cannot drift."""
+    for key, why in declared(part, "refuses").get(kind, {}).items():
+        if key == name or (dataclasses.is_dataclass(opts) and key in option_fields(type(opts)) and getattr(opts, key)):
+            return key, why
+    return None
+
+
 def clear_aux_losses(model: Any) -> None:
     """Forget every auxiliary loss a module holds: call before a forward whose losses will be collected."""
     for m in model.modules():
@@ -209,6 +229,12 @@ def default(method: Callable) -> Callable:
     return method
 
 
+REFUSES = ("the parts of another kind it cannot be in one model with, by kind (attention, position, norm, residual, "
+           "ffn, model): {kind: {a registered name, or an option of theirs refused when set: why}}, read from the "
+           "registered entry without building; the build refuses each in one line naming both, and the tests' "
+           "covering design leaves those pairs out (zoo.component.refusal)")
+
+
 class Part(Protocol):
     """Every attention, position, norm and FFN."""
 
@@ -218,6 +244,7 @@ class Part(Protocol):
                                                  "with init_std / sqrt(2 * blocks) (init_weights)"] = ()
     constants: Annotated[dict[str, float], "parameters set to a constant, as norm gains to 1 and a mix's scalars "
                                            "(init_weights)"] = {}
+    refuses: Annotated[dict[str, dict[str, str]], REFUSES] = {}
 
     @default
     def flops(self, t: int) -> int:
@@ -254,6 +281,11 @@ class AttentionPart(Part, Protocol):
                                    "turn during one forward, empty at the first: it adds the last entry, the previous "
                                    "layer's pre-softmax scores (B, H, Tq, Tk), to its own and leaves its own in its "
                                    "place (residual attention)"] = False
+
+    sphere: Annotated[bool, "built with ctx.sphere (a placement's `sphere`), it normalises each query and key head "
+                            "to unit length, scales them by a learned s_qk and scores at sqrt(head_dim) instead of "
+                            "1 / sqrt(head_dim) (nGPT); false: it cannot, and a sphere placement must list it in "
+                            "its `refuses` (the block fails the build of one it does not)"] = False
 
     def forward(self, x: Any, pos: Any, mask: Any = None, is_causal: bool = False, context: Any = None,
                 cache: Any = None, offset: int = 0, value_embed: Any = None) -> Any:
@@ -295,6 +327,11 @@ class NormPart(Part, Protocol):
 class FFNPart(Part, Protocol):
     """A position-wise feed-forward network, built as `factory(ctx, opts)`."""
 
+    sphere: Annotated[bool, "built with ctx.sphere (a placement's `sphere`), it scales its hidden pre-activations by "
+                            "learned s_u, s_v (and the gate's by sqrt(d_model)) as nGPT's; false: it cannot, and a "
+                            "sphere placement must list it in its `refuses` (the block fails the build of one it "
+                            "does not)"] = False
+
     def forward(self, x: Any) -> Any:
         """x (B, T, d_model) -> (B, T, d_model)."""
 
@@ -315,8 +352,14 @@ class Placement(Protocol):
                           "built by the stack as carry(ctx), whose open(x) makes the state from the embeddings and "
                           "close(x, state) gives the stack's output before any final norm; the block passes the "
                           "state to each step as forward's `state`. null: none"] = None
+    sphere: Annotated[bool, "it keeps every hidden vector on the unit sphere (nGPT): the stack builds its parts with "
+                            "ctx.sphere, its first step normalises the embeddings (no embed_norm), and the head "
+                            "scales its logits by a learned s_z"] = False
+    weight_decay: Annotated[bool, "the optimizer's decoupled weight decay applies; false: the training step sets "
+                                  "optim.weight_decay to 0 (its after_step renormalises the matrices anyway)"] = True
     contextual: Annotated[bool, "the block builds it as factory(f, make_norm, ctx), with the build Context (layer "
                                 "index, d_model, residual_streams); built without one it still works"] = False
+    refuses: Annotated[dict[str, dict[str, str]], REFUSES] = {}
 
     def forward(self, x: Any, **kw: Any) -> Any:
         """x (B, T, d_model) -> x after the residual step; kw: the sublayer's keyword arguments (by name when
@@ -326,6 +369,12 @@ class Placement(Protocol):
     def init_for_depth(self, blocks: int) -> None:
         """Its own initialisation, run by init_weights after the zoo's, in a model of `blocks` blocks: a start
         that depends on depth (LayerScale's); if left out, nothing."""
+
+    @default
+    def after_step(self, model: Any) -> None:
+        """Puts the whole model back where this placement keeps it, run once per placement class by after_step(model)
+        after every optimizer step and before a fresh training run's first (nGPT: every matrix unit-norm along its
+        embedding dimension); not at build, so the initial draws are every placement's; if left out, nothing."""
 
 
 class Lineage(Protocol):
@@ -426,7 +475,7 @@ def contract_markdown() -> str:
     """The contract as docs/components.md shows it: one table per kind, from the protocols (a test compares)."""
     lines, shared = [], {m.name for m in members(Part)}
     for kind, protocol in [("every part", Part), *PROTOCOLS.items()]:
-        rows = [m for m in members(protocol) if protocol is Part or m.name not in shared]
+        rows = [m for m in members(protocol) if Part not in protocol.__mro__[1:] or m.name not in shared]
         lines += [f"**{kind}** (`{protocol.__name__}`): {' '.join((protocol.__doc__ or '').split())}", "",
                   "| member | meaning | if a part leaves it out |", "|---|---|---|"]
         for m in rows:

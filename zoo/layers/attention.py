@@ -21,6 +21,7 @@ from torch import nn
 
 from zoo.component import Context, Options, linear_flops, need
 from zoo.layers.mix import ScalarMix
+from zoo.layers.ngpt import EigenScale, unit
 from zoo.layers.position import Position
 from zoo.registry import ATTENTION
 
@@ -217,6 +218,7 @@ def masked_scores(scores: torch.Tensor, mask: torch.Tensor | None, is_causal: bo
 class Attention(AttentionBase):
     """MHA, GQA and MQA: n_kv_heads key/value heads, each shared by n_heads // n_kv_heads query heads."""
 
+    sphere = True  # built with ctx.sphere: nGPT's unit queries and keys, scaled by s_qk (`_on_sphere`)
     pools_queries = True  # forward's `queries` (model.funnel); a variant whose forward does not pass them says False
 
     def __init__(self, ctx: Context, opts: AttentionOptions, n_kv_heads: int):
@@ -239,6 +241,9 @@ class Attention(AttentionBase):
         self.norm_projection = opts.qk_norm == "projection"  # else per head, when on
         self.q_norm, self.k_norm = qk_norms(ctx, opts, *((q_dim, kv_dim) if self.norm_projection else (self.head_dim,)))
         self.qk_dim: int | None = None  # scores are scaled by 1 / sqrt(qk_dim); None: the head size
+        # nGPT's s_qk per query head and channel, from 1 (stored at scale 1 / sqrt(d_model), zoo/layers/ngpt.py)
+        on = ctx.sphere and self.sphere  # a variant that cannot (sphere False): refused (Placement.refuses, zoo.build)
+        self.s_qk = EigenScale((n_heads, 1, self.head_dim), 1.0, 1 / math.sqrt(d_model)) if on else None
 
     def forward(self, x: torch.Tensor, pos: Position, mask: torch.Tensor | None = None,
                 is_causal: bool = False, context: torch.Tensor | None = None,
@@ -267,19 +272,28 @@ class Attention(AttentionBase):
             if self.value_mix is not None:  # the new tokens' value embeddings join their values, then the cache
                 v = self.value_mix(v, value_embed)
             q, k, v = self._normed(q, self.q_norm), self._normed(k, self.k_norm), self._heads(v)  # (B, H, T, hd)
-            q, k = pos.rotate(q, k, offset)
+            q, k = self._on_sphere(*pos.rotate(q, k, offset))
             if cache is not None:
                 k, v = cache.append(k, v)
         else:
             q = self._normed(self.q(x), self.q_norm)
             if cache is not None and cache.len:  # the encoder output is fixed: project it once
-                k, v = cache.keys, cache.values
+                q, k, v = self._on_sphere(q, q)[0], cache.keys, cache.values
             else:
                 k, v = self.kv(context).chunk(2, dim=-1)
-                k, v = self._normed(k, self.k_norm), self._heads(v)
+                (q, k), v = self._on_sphere(q, self._normed(k, self.k_norm)), self._heads(v)
                 if cache is not None:
                     cache.append(k, v)
         return q, k, v
+
+    def _on_sphere(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """nGPT (ctx.sphere): q, k (B, heads, T, hd) -> s_qk * Norm(q), s_qk * Norm(k), scored at sqrt(hd); else as
+        they are. Both scales are put on q, as s_qk^2 (the same scores: (s q) . (s k) = (s^2 q) . k), so a key head
+        shared by several query heads (GQA) needs none of its own; and hd too: the backends' 1 / sqrt(hd) times hd
+        is the paper's sqrt(hd)."""
+        if self.s_qk is None:
+            return q, k
+        return unit(q) * (self.s_qk() ** 2 * self.head_dim), unit(k)
 
     def _output(self, y: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         """The heads' outputs y (B, H, T, hd) -> (B, T, d_model); x is the layer's input (a gate reads it)."""

@@ -40,8 +40,9 @@ class CoPEOptions(HeadsOptions):
 
 
 class CoPE(Attention):
+    # not with norm=ngpt (AttentionPart.sphere): its position gates read the raw scores
+    sphere = False
     pools_queries = False  # model.funnel's pooled queries: not through this forward
-
     constants = {"pos_emb": 0.0}  # the paper's and x-transformers' start: no position term
 
     def __init__(self, ctx: Context, opts: CoPEOptions):

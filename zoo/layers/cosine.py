@@ -32,6 +32,9 @@ class CosineOptions(HeadsOptions):
 
 
 class Cosine(Attention):
+    # not with norm=ngpt (AttentionPart.sphere): it normalises queries and keys itself, with its own temperature
+    sphere = False
+
     def __init__(self, ctx: Context, opts: CosineOptions):
         super().__init__(ctx, opts, kv_heads(ctx, opts))
         L = ctx.max_seq_len

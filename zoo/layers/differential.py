@@ -44,6 +44,8 @@ def paper_lambda_init(layer: int) -> float:
 
 
 class Differential(Attention):
+    # not with norm=ngpt (AttentionPart.sphere): two softmaxes over half-width heads: no one s_qk per head
+    sphere = False
     pools_queries = False  # model.funnel's pooled queries: not through this forward
 
     def __init__(self, ctx: Context, opts: DifferentialOptions):

@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from zoo.component import Context, Options, need
+from zoo.layers.ngpt import EigenScale
 from zoo.registry import FFN
 
 ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
@@ -48,6 +49,7 @@ class _FFN(nn.Module):
     count_as = "ffn"
     residual_outputs = ("down",)  # writes into the residual stream: depth-scaled init
     gated = False  # three matrices instead of two: the default d_ff is 2/3 of the plain one
+    sphere = True  # built with ctx.sphere: nGPT's scaled hidden pre-activations (FFNPart.sphere)
     activation = "gelu"
 
     def __init__(self, ctx: Context, opts: FFNOptions):
@@ -57,6 +59,16 @@ class _FFN(nn.Module):
         self.act = ACTIVATIONS[self.activation]
         self.post_act_norm = ctx.norm(self.d_ff) if opts.post_act_norm else nn.Identity()
         self.dropout = nn.Dropout(ctx.dropout)
+        # nGPT (ctx.sphere): the activation's input v <- s_v sqrt(d_model) v, and a gated FFN's u <- s_u u; s_u and
+        # s_v from 1, stored at scale 1 (zoo/layers/ngpt.py). sqrt(d_model) brings v, a product of unit vectors,
+        # back to the activation's working range.
+        self.s_v = EigenScale(self.d_ff, 1.0, 1.0) if ctx.sphere else None
+        self.s_u = EigenScale(self.d_ff, 1.0, 1.0) if ctx.sphere and self.gated else None
+        self.v_scale = ctx.d_model ** 0.5
+
+    def _activated(self, v: torch.Tensor) -> torch.Tensor:
+        """act(v), v the activation's input, scaled first under nGPT (s_v sqrt(d_model))."""
+        return self.act(v if self.s_v is None else self.s_v() * self.v_scale * v)
 
     @classmethod
     def resize(cls, opts: FFNOptions, size: int) -> FFNOptions:
@@ -73,7 +85,7 @@ class MLP(_FFN):
         self.down = nn.Linear(self.d_ff, ctx.d_model, bias=ctx.bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.dropout(self.down(self.post_act_norm(self.act(self.up(x)))))
+        return self.dropout(self.down(self.post_act_norm(self._activated(self.up(x)))))
 
 
 class GatedMLP(_FFN):
@@ -89,7 +101,8 @@ class GatedMLP(_FFN):
         self.down = nn.Linear(self.d_ff, ctx.d_model, bias=ctx.bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.dropout(self.down(self.post_act_norm(self.act(self.gate(x)) * self.up(x))))
+        u = self.up(x) if self.s_u is None else self.s_u() * self.up(x)  # nGPT's s_u
+        return self.dropout(self.down(self.post_act_norm(self._activated(self.gate(x)) * u)))
 
 
 # One registered subclass per variant: the class says which activation, nothing else changes. Narang et al.

@@ -27,6 +27,8 @@ class MemoryKVOptions(HeadsOptions):
 
 
 class MemoryKV(Attention):
+    # not with norm=ngpt (AttentionPart.sphere): its learned memory keys are not normalised with the tokens'
+    sphere = False
     pools_queries = False  # model.funnel's pooled queries: not through this forward
 
     def __init__(self, ctx: Context, opts: MemoryKVOptions):

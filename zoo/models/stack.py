@@ -12,6 +12,7 @@ from torch import nn
 from zoo.block import TransformerBlock, block_sublayers
 from zoo.component import Context, build, declared, need
 from zoo.layers.attention import KVCache, attention_bias, cross_attention_mask
+from zoo.layers.ngpt import EigenScale
 from zoo.models import depth, funnel
 from zoo.mup import output_scale
 from zoo.registry import NORM, POSITION, RESIDUAL
@@ -26,6 +27,20 @@ def context(cfg: ModelSpec, n_layers: int, causal: bool = False) -> Context:
                   n_layers=n_layers, causal=causal, bias=cfg.bias, dropout=cfg.dropout, memory_tokens=cfg.memory_tokens,
                   residual_streams=cfg.residual_streams)
     return replace(ctx, norm=partial(NORM.get(cfg.norm.name), ctx, cfg.norm.options))
+
+
+def on_sphere(cfg: ModelSpec) -> bool:
+    """Whether the placement keeps every hidden vector on the unit sphere (Placement.sphere: nGPT), with what it
+    needs of the rest of the model checked, each refused in one line."""
+    if not declared(RESIDUAL.get(cfg.norm.placement), "sphere"):
+        return False
+    why = f"placement '{cfg.norm.placement}' keeps every hidden vector on the unit sphere (nGPT)"
+    for key, off in (("embed_norm", False), ("memory_tokens", 0), ("value_embeddings", 0),
+                     ("embed_dim", None), ("softmaxes", 1), ("adaptive_input", False), ("adaptive_softmax", False)):
+        need(getattr(cfg, key) in (off, False) if off is None else getattr(cfg, key) == off, key,
+             f"{why}: it normalises the embeddings, the head and its matrices itself; valid: {off}".replace(
+                 "None", "null").replace("False", "false"))
+    return True
 
 
 class Stack(nn.Module):
@@ -43,7 +58,8 @@ class Stack(nn.Module):
         self.embed_scale = math.sqrt(ctx.d_model) if cfg.scale_embeddings else 1.0
         self.position = build(POSITION, cfg.position, ctx)
         ctx = replace(ctx, rotary=self.position.rotary)  # what an attention with a rotary part of its own asks
-        self.embed_norm = ctx.norm() if cfg.embed_norm else nn.Identity()
+        ctx = replace(ctx, sphere=on_sphere(cfg))  # nGPT: the parts scale for unit vectors (Placement.sphere)
+        self.embed_norm = ctx.norm() if cfg.embed_norm else nn.Identity()  # a sphere placement's first step normalises
         self.dropout = nn.Dropout(ctx.dropout)
         residual = RESIDUAL.get(cfg.norm.placement)
         self.value_tables = value_tables(cfg.value_embeddings, n_layers)
@@ -239,7 +255,10 @@ class Readout(nn.Linear):
         super().__init__(d_in, d_out, bias=bias)
         self.scale = output_scale(cfg)
         self.softcap = cfg.logit_softcap  # model.logit_softcap: logits = c * tanh(logits / c), within (-c, c)
+        # nGPT (a sphere placement): logits times a learned s_z per token, from 1 (stored at 1 / sqrt(d_in))
+        self.s_z = EigenScale(d_out, 1.0, 1 / math.sqrt(d_in)) if on_sphere(cfg) else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         logits = super().forward(x if self.scale == 1 else x * self.scale)
+        logits = logits if self.s_z is None else logits * self.s_z()
         return logits if self.softcap is None else self.softcap * torch.tanh(logits / self.softcap)

@@ -5,19 +5,21 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import lightning as L
 import torch
 from lightning.pytorch.callbacks import Timer
 from lightning.pytorch.plugins.precision import Precision
-from lightning.pytorch.utilities import GradClipAlgorithmType
+from lightning.pytorch.utilities import GradClipAlgorithmType, rank_zero_info
 
 from zoo.build import build_model
-from zoo.component import aux_losses, clear_aux_losses
+from zoo.component import after_step, aux_losses, clear_aux_losses, declared
 from zoo.config.data import TaskOptions
 from zoo.config.plan import RunPlan
-from zoo.registry import OPTIM
+from zoo.meta import spec_of
+from zoo.registry import OPTIM, RESIDUAL
 from zoo.training.objectives import OBJECTIVE
 
 
@@ -71,6 +73,14 @@ class ZooModule(L.LightningModule):  # type: ignore[misc]  # Lightning is read u
             self.log(f"train_{k}", v)
         return loss + sum(aux.values())
 
+    def on_fit_start(self) -> None:
+        if self.trainer.ckpt_path is None:  # a fresh run starts where every step leaves the model (a resumed one is)
+            after_step(self.model)  # Placement.after_step: nGPT's unit matrices, not applied by init_weights
+
+    def optimizer_step(self, *args: Any, **kwargs: Any) -> None:
+        super().optimizer_step(*args, **kwargs)
+        after_step(self.model)  # each placement's hook after every step (Placement.after_step: nGPT's unit matrices)
+
     def validation_step(self, batch: dict[str, Any], batch_idx: int) -> None:
         loss, logs = self.objective.loss(self.model, batch)
         self.log("val_loss", loss, prog_bar=True)
@@ -116,6 +126,11 @@ class ZooModule(L.LightningModule):  # type: ignore[misc]  # Lightning is read u
     def configure_optimizers(self) -> dict[str, Any]:
         optim = self.plan.optim  # a Part: the optimizer's name and options (zoo/optim/)
         opt = optim.options
+        placement = spec_of(self.model).norm.placement
+        if opt.weight_decay and not declared(RESIDUAL.get(placement), "weight_decay"):  # Placement.weight_decay
+            rank_zero_info(f"optim.weight_decay: {opt.weight_decay} -> 0: placement '{placement}' renormalises the "
+                           "matrices after every step itself")
+            opt = replace(opt, weight_decay=0.0)
         optimizer = OPTIM.get(optim.name).build(self.model, opt, next(self.model.parameters()).device,
                                                 self.trainer.precision)
         # One schedule for every parameter group (optim=muon: Muon's and AdamW's), each from its own peak.
