@@ -206,7 +206,7 @@ def chosen_parts(name: str, parts: dict[str, Any]) -> dict[str, tuple[str, Any, 
     norm = parts["norm"]
     return {"model": (name, Options(), MODEL.get(name), "name"),
             "residual": (norm.placement, Options(), RESIDUAL.get(norm.placement), "norm.placement"),
-            **{key: (getattr(p, name_key), p.options, registry.get(getattr(p, name_key)), f"{key}.{name_key}")
+            **{key: (p.name, p.options, registry.get(p.name), f"{key}.{name_key}")
                for key, (registry, name_key, _) in COMPONENTS.items() for p in (parts[key],)}}
 
 
