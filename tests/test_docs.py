@@ -334,14 +334,15 @@ def run_once(argv: list[str], cwd: Path, env: dict, shared: Path) -> subprocess.
             _copy(written if shared else [], cwd, entry / "files")
             (entry / "run.json").write_text(json.dumps({"argv": argv, "returncode": proc.returncode, "stdout":
                                                         proc.stdout, "stderr": proc.stderr, "written": written,
-                                                        "shared": shared}))
+                                                        "shared": shared, "cwd": str(cwd)}))
             return proc
         run = json.loads((entry / "run.json").read_text())
         if not run["shared"]:
             return subprocess.run([sys.executable, *argv[1:]], cwd=cwd, env=env, capture_output=True, text=True,
                                   timeout=TIMEOUT)
         _copy(run["written"], entry / "files", cwd)
-        return subprocess.CompletedProcess(argv, run["returncode"], run["stdout"], run["stderr"])
+        here = {name: run[name].replace(run["cwd"], str(cwd)) for name in ("stdout", "stderr")}  # paths it printed
+        return subprocess.CompletedProcess(argv, run["returncode"], here["stdout"], here["stderr"])
 
 
 def _env(cwd: Path) -> dict:
