@@ -282,6 +282,12 @@ def _serves(argv: list[str], env: dict, cwd: Path, command: Command) -> None:
 READS_CHECKOUT = re.compile(r"<|ckpt_path=|init_from=|data\.path=|hydra\.(run|sweep)\.dir=|\.py\b")
 
 
+# Overrides that cannot change a shrunk run: a time limit no 4-step run reaches. A command that differs from
+# another only by them (docs/studies.md's speedrun study under a one-minute limit) shares that command's run, and
+# is itself checked to compose (train.py's pre-flight and Hydra's --cfg job).
+INERT_WHEN_SHRUNK = re.compile(r"\+*trainer\.max_time=\d+:\d\d:\d\d:\d\d$")  # DD:HH:MM:SS; anything else runs
+
+
 def _shareable(argv: list[str], env: dict, base: dict) -> bool:
     """A training command whose run depends on its argv alone: each page that shows it gets the same run."""
     training = argv[:2] == ["python", "train.py"] or argv[:4] == ["python", "-m", "zoo", "train"]
@@ -315,6 +321,8 @@ def _copy(files: list[str], src: Path, dst: Path) -> None:
     for rel in files:  # copyfile, not copy2: a copied run is the page's newest, as a run made now would be
         (dst / rel).parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(src / rel, dst / rel)
+    for parent in {p for rel in files for p in Path(rel).parents if p != Path(".")}:
+        os.utime(dst / parent)  # its directories too (the run's and the sweep's: what _latest sorts by)
 
 
 def run_once(argv: list[str], cwd: Path, env: dict, shared: Path) -> subprocess.CompletedProcess:
@@ -322,7 +330,13 @@ def run_once(argv: list[str], cwd: Path, env: dict, shared: Path) -> subprocess.
     output and the files it wrote; a later page (on either worker) gets that record and those files in its own
     checkout, as if it had run the command itself. The lock makes a page that needs a run the other worker is
     making wait for it instead of making it again."""
-    entry = shared / hashlib.sha256(json.dumps(argv).encode()).hexdigest()[:20]
+    key = [a for a in argv if not INERT_WHEN_SHRUNK.match(a)]
+    if key != argv:  # it shares the run without its inert overrides: check that it composes as written
+        job = [a for a in argv[1:] if a not in ("-m", "--multirun")] + ["--cfg", "job"]
+        proc = subprocess.run([sys.executable, *job], cwd=cwd, env=env, capture_output=True, text=True,
+                              timeout=TIMEOUT)
+        assert proc.returncode == 0, f"`{' '.join(job)}` exited {proc.returncode}:\n{proc.stderr[-3000:]}"
+    entry = shared / hashlib.sha256(json.dumps(key).encode()).hexdigest()[:20]
     with FileLock(f"{entry}.lock"):
         if not (entry / "run.json").is_file():
             before = _files(cwd)
