@@ -11,7 +11,8 @@ as a reader who opens that page alone would. The only changes shrink a run: over
 steps, sizes and seeds the command leaves at their defaults, and steps or sizes it sets lowered to the
 test's; placeholders (`<ckpt>`) are filled with the path the command describes. A command that needs
 what this machine lacks says so in the docs with a trailing `# needs: <what>` and is skipped with that
-reason.
+reason. A training command that several pages show (the same shrunk argv, reading nothing of its checkout) is
+trained once per session and its exit code, output and files shared with the other pages (run_once).
 """
 
 from __future__ import annotations
