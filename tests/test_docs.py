@@ -11,14 +11,18 @@ as a reader who opens that page alone would. The only changes shrink a run: over
 steps, sizes and seeds the command leaves at their defaults, and steps or sizes it sets lowered to the
 test's; placeholders (`<ckpt>`) are filled with the path the command describes. A command that needs
 what this machine lacks says so in the docs with a trailing `# needs: <what>` and is skipped with that
-reason.
+reason. A training command that several pages show (the same shrunk argv, reading nothing of its checkout) is
+trained once per session and its exit code, output and files shared with the other pages (run_once).
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import re
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -28,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from filelock import FileLock
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -273,6 +278,88 @@ def _serves(argv: list[str], env: dict, cwd: Path, command: Command) -> None:
         proc.wait(timeout=60)
 
 
+# A training command that reads something of the checkout (an earlier command's output, a saved file, a fixed run
+# directory another command resumes) is not shared between pages: its run depends on that page's history.
+READS_CHECKOUT = re.compile(r"<|ckpt_path=|init_from=|data\.path=|hydra\.(run|sweep)\.dir=|\.py\b")
+
+
+# Overrides that cannot change a shrunk run: a time limit no 4-step run reaches. A command that differs from
+# another only by them (docs/studies.md's speedrun study under a one-minute limit) shares that command's run, and
+# is itself checked to compose (train.py's pre-flight and Hydra's --cfg job).
+INERT_WHEN_SHRUNK = re.compile(r"\+*trainer\.max_time=\d+:\d\d:\d\d:\d\d$")  # DD:HH:MM:SS; anything else runs
+
+
+def _shareable(argv: list[str], env: dict, base: dict) -> bool:
+    """A training command whose run depends on its argv alone: each page that shows it gets the same run."""
+    training = argv[:2] == ["python", "train.py"] or argv[:4] == ["python", "-m", "zoo", "train"]
+    return training and env == base and not any(READS_CHECKOUT.search(a) for a in argv[2:])
+
+
+@pytest.fixture(scope="session")
+def shared_runs(tmp_path_factory) -> Path:
+    """Where a shared run leaves its exit code, its output and the files it wrote, for every pytest-xdist worker of
+    this session (their base directories share a parent)."""
+    root = tmp_path_factory.getbasetemp()
+    d = (root.parent if os.environ.get("PYTEST_XDIST_WORKER") else root) / "docs-shared-runs"
+    d.mkdir(exist_ok=True)
+    return d
+
+
+def _files(cwd: Path) -> dict[str, tuple[int, int]]:
+    """The checkout's files (not the links to train.py, sample.py and conf/) with their mtime and size."""
+    found = {}
+    for top, dirs, names in os.walk(cwd):
+        dirs[:] = [d for d in dirs if not os.path.islink(os.path.join(top, d))]
+        for name in names:
+            path = os.path.join(top, name)
+            if not os.path.islink(path):
+                st = os.stat(path)
+                found[os.path.relpath(path, cwd)] = (st.st_mtime_ns, st.st_size)
+    return found
+
+
+def _copy(files: list[str], src: Path, dst: Path) -> None:
+    for rel in files:  # copyfile, not copy2: a copied run is the page's newest, as a run made now would be
+        (dst / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(src / rel, dst / rel)
+    for parent in {p for rel in files for p in Path(rel).parents if p != Path(".")}:
+        os.utime(dst / parent)  # its directories too (the run's and the sweep's: what _latest sorts by)
+
+
+def run_once(argv: list[str], cwd: Path, env: dict, shared: Path) -> subprocess.CompletedProcess:
+    """Run a shareable command once in this session: the first page to show it runs it and records its exit code,
+    output and the files it wrote; a later page (on either worker) gets that record and those files in its own
+    checkout, as if it had run the command itself. The lock makes a page that needs a run the other worker is
+    making wait for it instead of making it again."""
+    key = [a for a in argv if not INERT_WHEN_SHRUNK.match(a)]
+    if key != argv:  # it shares the run without its inert overrides: check that it composes as written
+        job = [a for a in argv[1:] if a not in ("-m", "--multirun")] + ["--cfg", "job"]
+        proc = subprocess.run([sys.executable, *job], cwd=cwd, env=env, capture_output=True, text=True,
+                              timeout=TIMEOUT)
+        assert proc.returncode == 0, f"`{' '.join(job)}` exited {proc.returncode}:\n{proc.stderr[-3000:]}"
+    entry = shared / hashlib.sha256(json.dumps(key).encode()).hexdigest()[:20]
+    with FileLock(f"{entry}.lock"):
+        if not (entry / "run.json").is_file():
+            before = _files(cwd)
+            proc = subprocess.run([sys.executable, *argv[1:]], cwd=cwd, env=env, capture_output=True, text=True,
+                                  timeout=TIMEOUT)
+            written = sorted(rel for rel, stamp in _files(cwd).items() if before.get(rel) != stamp)
+            # a run that changed a file it did not create (a shared mlflow.db) depends on the page: not shared
+            shared = not any(rel in before for rel in written)
+            _copy(written if shared else [], cwd, entry / "files")
+            (entry / "run.json").write_text(json.dumps({"argv": argv, "returncode": proc.returncode, "stdout":
+                                                        proc.stdout, "stderr": proc.stderr, "written": written,
+                                                        "shared": shared, "cwd": str(cwd)}))
+            return proc
+        run = json.loads((entry / "run.json").read_text())
+        if not run["shared"]:
+            return subprocess.run([sys.executable, *argv[1:]], cwd=cwd, env=env, capture_output=True, text=True,
+                                  timeout=TIMEOUT)
+        _copy(run["written"], entry / "files", cwd)
+        here = {name: run[name].replace(run["cwd"], str(cwd)) for name in ("stdout", "stderr")}  # paths it printed
+        return subprocess.CompletedProcess(argv, run["returncode"], here["stdout"], here["stderr"])
+
+
 def _env(cwd: Path) -> dict:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "WANDB_MODE": "offline", "WANDB_SILENT": "true",
            "HYDRA_FULL_ERROR": "0"}
@@ -289,7 +376,7 @@ def _param(c: Command):
 
 
 @pytest.mark.parametrize("command", [_param(c) for c in COMMANDS])
-def test_documented_command_runs_as_written(command: Command, workdir: Path):
+def test_documented_command_runs_as_written(command: Command, workdir: Path, shared_runs: Path):
     if command.needs:
         pytest.skip(f"needs {command.needs} (marked in {command.where})")
     if command.kind == "file":  # the reader saves it: the commands after it use it
@@ -316,8 +403,11 @@ def test_documented_command_runs_as_written(command: Command, workdir: Path):
         if command.serves:
             _serves(argv, env, workdir, command)
             continue
-        proc = subprocess.run([sys.executable if argv[0] == "python" else argv[0], *argv[1:]], cwd=workdir,
-                              env=env, capture_output=True, text=True, timeout=TIMEOUT)
+        if _shareable(argv, env, _env(workdir)):  # the same training on several pages: one run (run_once)
+            proc = run_once(argv, workdir, env, shared_runs)
+        else:
+            proc = subprocess.run([sys.executable if argv[0] == "python" else argv[0], *argv[1:]], cwd=workdir,
+                                  env=env, capture_output=True, text=True, timeout=TIMEOUT)
         shown = f"{command.where}: `{' '.join(argv)}` exited {proc.returncode}\n{proc.stdout[-2000:]}\n" \
                 f"{proc.stderr[-3000:]}"
         if command.output:  # a console block: the documented output, and the exit code it implies
