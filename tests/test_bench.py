@@ -549,7 +549,7 @@ def test_ttt_runs_names_zoos_contenders(tmp_path, capsys):
     assert [r["contender"] for r in rows] == ["nanoGPT", "zoo, fast preset"], md
     assert "Failed: zoo, fast preset: `" in md and "` exited 3" in md and "compile=true" not in md
     assert bench.main(["--only", "ttt", "--ttt-runs", "fast,nope", "--out", "-"]) == 2
-    valid = "defaults, float32, fast, fast_compiled"
+    valid = "defaults, float32, fast, margin, fast_compiled"
     assert capsys.readouterr().err == f"error: --ttt-runs: unknown 'nope'; valid: {valid}\n"
 
 

@@ -41,6 +41,8 @@ TTT_RUNS: dict[str, tuple[str, tuple[str, ...]]] = {
     "defaults": ("zoo, defaults", ("experiment=nanogpt_cpu",)),
     "float32": ("zoo, float32", ("experiment=nanogpt_cpu", "trainer.precision=32-true")),
     "fast": ("zoo, fast preset", ("experiment=nanogpt_cpu_fast",)),
+    # issue 44's candidate: the fast preset with batch 24, larger learning rates and 200 steps
+    "margin": ("zoo, fast preset, batch 24", ("experiment=nanogpt_cpu_margin",)),
     # the same compiled: its first round compiles into an empty cache, later rounds reuse it (section_ttt)
     "fast_compiled": ("zoo, fast preset, compiled", ("experiment=nanogpt_cpu_fast", "compile=true")),
 }
@@ -312,7 +314,7 @@ def section_ttt(sess: Session, train: Sequence[str] = TRAIN) -> str:
         f"`{train_command()}` with `data=text_file data.path=<the file>` and ({zoo_cmds}): the same 4-layer model, "
         "batch and context on the same file (the last 10% is validation for both), nanoGPT's schedule "
         "(2000 steps, evaluating every 250) but for the fast preset's own (its parts, optimizer, steps and "
-        "evaluations are in conf/experiment/nanogpt_cpu_fast.yaml). "
+        "evaluations are in conf/experiment/nanogpt_cpu_fast.yaml and nanogpt_cpu_margin.yaml). "
         "torch.compile's on-disk cache (`TORCHINDUCTOR_CACHE_DIR`) is empty at the section's start, so a compiled "
         "contender's first round includes compiling from scratch and its later rounds reuse the cache, as a "
         "user's later runs on the same machine do. "
