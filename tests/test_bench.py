@@ -403,74 +403,153 @@ def test_data_section_tables():
     assert all(positive(r["batch ms"]) for r in loader)
 
 
-@pytest.mark.parametrize("given", [1.6, None])
-def test_ttt_times_both_programs_to_the_target(tmp_path, given):
-    """Stand-ins for nanoGPT's train.py (evaluation lines on stdout) and zoo's (summary.json with each evaluation's
-    wall time): the times are read from each, put on the clock of the process start, and compared. The target is
-    the one given, or else nanoGPT's own final validation loss (1.5 here)."""
+def _ttt_text(tmp_path: Path) -> Path:
+    lines = ["to be or not to be, that is the question", "whether tis nobler in the mind to suffer",
+             "the slings and arrows of outrageous fortune"]
+    text = tmp_path / "input.txt"
+    text.write_text("\n".join(lines[i % 3] for i in range(40)) + "\n")  # its last 10%: 2 windows of 64 + 1
+    return text
+
+
+def _fake_nanogpt(tmp_path: Path, text: Path, evals=((0, 4.0), (250, 1.7), (500, 1.5))) -> tuple[Path, dict]:
+    """A stand-in for nanoGPT: its prepare.py writes meta.pkl as nanoGPT's does (every character of the file,
+    sorted); its train.py prints evaluation lines and, after each but step 0's, saves ckpt.pt (the same random
+    GPT each time, keys and shapes of nanoGPT's model.py) and says so. Returns the checkout and the state dict."""
     nano = tmp_path / "nanoGPT"
     (nano / "data" / "shakespeare_char").mkdir(parents=True)
-    (nano / "data" / "shakespeare_char" / "prepare.py").write_text("open('train.bin', 'w').write('x')\n")
+    (nano / "data" / "shakespeare_char" / "prepare.py").write_text(textwrap.dedent("""
+        import pickle
+        chars = sorted(set(open("input.txt").read()))
+        stoi = {c: i for i, c in enumerate(chars)}
+        pickle.dump({"vocab_size": len(chars), "stoi": stoi, "itos": dict(enumerate(chars))}, open("meta.pkl", "wb"))
+        open("train.bin", "w").write("x")
+    """))
     (nano / "configurator.py").write_text("")
-    (nano / "train.py").write_text(textwrap.dedent("""
-        import os, sys, time
-        assert os.path.exists("configurator.py") and os.path.exists("data/shakespeare_char/train.bin")
+    args = dict(n_layer=1, n_head=2, n_embd=8, block_size=64, bias=False, vocab_size=len(set(text.read_text())),
+                dropout=0.0)
+    g = torch.Generator().manual_seed(0)
+    sd = {"transformer.wte.weight": torch.randn(args["vocab_size"], 8, generator=g),
+          "transformer.wpe.weight": torch.randn(64, 8, generator=g), "transformer.ln_f.weight": torch.ones(8)}
+    for name, shape in (("ln_1", (8,)), ("attn.c_attn", (24, 8)), ("attn.c_proj", (8, 8)), ("ln_2", (8,)),
+                        ("mlp.c_fc", (32, 8)), ("mlp.c_proj", (8, 32))):
+        sd[f"transformer.h.0.{name}.weight"] = torch.randn(*shape, generator=g)
+    sd["lm_head.weight"] = sd["transformer.wte.weight"]
+    torch.save({"model": sd, "model_args": args}, nano / "weights.pt")
+    (nano / "train.py").write_text(textwrap.dedent(f"""
+        import os, pathlib, shutil, sys, time
+        assert os.path.exists("configurator.py") and os.path.exists("data/shakespeare_char/meta.pkl")
         assert "--device=cpu" in sys.argv and sys.argv[1].endswith("train_shakespeare_char.py"), sys.argv
-        for step, val in ((0, 4.0), (250, 1.7), (500, 1.5)):
-            print(f"step {step}: train loss {val + 0.1:.4f}, val loss {val:.4f}")
+        assert "--always_save_checkpoint=True" in sys.argv, sys.argv
+        out = pathlib.Path(next(a.split("=", 1)[1] for a in sys.argv if a.startswith("--out_dir=")))
+        out.mkdir(exist_ok=True)
+        for step, val in {tuple(evals)!r}:
+            print(f"step {{step}}: train loss {{val + 0.1:.4f}}, val loss {{val:.4f}}", flush=True)
+            if step:
+                print(f"saving checkpoint to {{out}}", flush=True)
+                shutil.copy({str(nano / "weights.pt")!r}, out / "ckpt.pt")
             time.sleep(0.3)
+            print(f"iter {{step}}: loss 1.0", flush=True)
     """))
+    return nano, sd
+
+
+_ZOO_STAND_IN = textwrap.dedent("""
+    import json, os, pathlib, sys, time
+    import torch
+    import zoo
+    from zoo.data.corpus import read_text_file, split_text
+    from zoo.data.tokenizers import CharTokenizer
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"].endswith("inductor")  # the section's own, empty at its start
+    run = pathlib.Path(next(a.split("=", 1)[1] for a in sys.argv if a.startswith("hydra.run.dir=")))
+    text = next(a.split("=", 1)[1] for a in sys.argv if a.startswith("data.path="))
+    assert "data=text_file" in sys.argv and any(a.startswith("experiment=nanogpt_cpu") for a in sys.argv), sys.argv
+    fp32 = "trainer.precision=32-true" in sys.argv
+    tok = CharTokenizer().fit(split_text(read_text_file(text))[0])
+    cfg = dict(name="decoder_only", vocab_size=tok.vocab_size, d_model=16, n_layers=1, n_heads=2, max_seq_len=64,
+               dropout=0.0)
+    model = zoo.build_model(cfg)
+    (run / "checkpoints").mkdir(parents=True)
+    started = time.time()
+    for step in (250, 500):
+        with torch.no_grad():  # float32's last: every weight zero, the uniform distribution; else far worse
+            for p in model.parameters():
+                p.zero_() if fp32 and step == 500 else p.normal_(0, 10.0)
+        ckpt = {"hyper_parameters": {"cfg": {"model": cfg}}, "global_step": step, "tokenizer": tok.state_dict(),
+                "state_dict": {"model." + k: v for k, v in model.state_dict().items()}}
+        torch.save(ckpt, run / "checkpoints" / "tmp")
+        os.replace(run / "checkpoints" / "tmp", run / "checkpoints" / "last.ckpt")  # as zoo's: a rename
+        time.sleep(0.3)
+    history = [{"step": 250, "val_loss": 1.7, "wall_time_s": 0.4},
+               {"step": 500, "val_loss": 1.5 if fp32 else 1.65, "wall_time_s": time.time() - started}]
+    summary = {"wall_time_s": time.time() - started + 0.1, "eval_time_s": 0.1, "history": history}
+    (run / "summary.json").write_text(json.dumps(summary))
+""")
+
+
+@pytest.mark.parametrize("given", [9.0, None])
+def test_ttt_times_both_programs_to_the_target(tmp_path, given):
+    """Stand-ins for nanoGPT's train.py (evaluation lines on stdout, a ckpt.pt after each) and zoo's (summary.json
+    with each evaluation's wall time, checkpoints/last.ckpt replaced at each): every checkpoint is scored on the
+    yardstick, the target is the one given or nanoGPT's final model's score, checked here against GPT-2's forward
+    written out in tests/test_bench_yardstick.py; the same checkpoint scored twice (nanoGPT's 250 and 500) gives
+    the same number; zoo's uniform model scores log(vocabulary)."""
+    from test_bench_yardstick import gpt2_logits
+
+    text = _ttt_text(tmp_path)
+    nano, sd = _fake_nanogpt(tmp_path, text)
     stand_in = tmp_path / "zoo_train.py"
-    stand_in.write_text(textwrap.dedent("""
-        import json, os, pathlib, sys, time
-        assert os.environ["TORCHINDUCTOR_CACHE_DIR"].endswith("inductor")  # the section's own, empty at its start
-        run = pathlib.Path(next(a.split("=", 1)[1] for a in sys.argv if a.startswith("hydra.run.dir=")))
-        assert "data=text_file" in sys.argv and any(a.startswith("experiment=nanogpt_cpu") for a in sys.argv), sys.argv
-        fp32 = "trainer.precision=32-true" in sys.argv
-        time.sleep(1.0)  # as if the run took one second (so far, on its own clock, 0.8 s after its start)
-        history = [{"step": 250, "val_loss": 1.7, "wall_time_s": 0.4}, {"step": 500, "val_loss": 1.5 if fp32 else 1.65,
-                   "wall_time_s": 0.7}]
-        run.mkdir(parents=True)
-        summary = {"wall_time_s": 0.8, "eval_time_s": 0.1, "history": history}
-        (run / "summary.json").write_text(json.dumps(summary))
-    """))
-    text = tmp_path / "input.txt"
-    text.write_text("to be or not to be\n")
-    md = sections.ttt.section_ttt(bench.Session(quick(nanogpt=nano, text=text, ttt_target=given, ttt_pairs=2)),
+    stand_in.write_text(_ZOO_STAND_IN)
+    md = sections.ttt.section_ttt(bench.Session(quick(nanogpt=nano, text=text, ttt_target=given, ttt_pairs=2,
+                                                      ttt_runs=("defaults", "float32"))),
                                   train=(sys.executable, str(stand_in)))
+    scores = {r["contender"]: r for r in rows_of(md, "| contender | yardstick, final (each round) |")}
     rows = {r["contender"]: r for r in rows_of(md, "| contender | time to target s (each round) |")}
-    assert set(rows) == {"nanoGPT", *(label for label, _ in sections.ttt.TTT_RUNS.values())}, md
-    assert ("reaches **1.6000** (given)" if given else "reaches **1.5000** (nanoGPT's own final") in md
+    assert set(rows) == set(scores) == {"nanoGPT", "zoo, defaults", "zoo, float32"}, md
+    # nanoGPT's final model on the yardstick, by hand: its characters, the windows, the forward written out
+    content = text.read_text()
+    cut = int(len(content) * 0.9)
+    val = content[cut:]
+    stoi = {c: i for i, c in enumerate(sorted(set(content)))}
+    ids = torch.tensor([stoi[c] for c in val[:2 * 64 + 1]])
+    logits = gpt2_logits({k: v.double() for k, v in sd.items()}, dict(n_embd=8, n_head=2, n_layer=1),
+                         ids[:-1].view(2, 64))
+    want = torch.nn.functional.cross_entropy(logits.flatten(0, 1), ids[1:]).item()
+    assert "2 non-overlapping windows of 64 characters" in md
+    target = given if given else want
+    assert f"**The target: {target:.4f}** " + ("(given)" if given else "(nanoGPT's final model") in md, md
+    assert scores["nanoGPT"]["yardstick, final (each round)"] == f"{want:.4f}, {want:.4f}"
+    assert scores["nanoGPT"]["median ± SE (windows)"].startswith(f"{want:.4f} ± ")
+    assert scores["nanoGPT"]["own estimate, final"] == "1.5000"
+    curve = next(ln for ln in md.splitlines() if ln.startswith("- nanoGPT: "))
+    assert curve == f"- nanoGPT: 250: {want:.4f} (1.7000), 500: {want:.4f} (1.5000)"  # one model, twice
+    vocab = len(set(content[:cut])) + 20  # zoo's char tokenizer: the training split's characters after 20 specials
+    assert scores["zoo, float32"]["yardstick, final (each round)"] == ", ".join([f"{math.log(vocab):.4f}"] * 2)
+    assert float(scores["zoo, defaults"]["yardstick, final (each round)"].split(", ")[0]) > target
+    # nanoGPT reaches its own final model's score at its first checkpoint (the same model), timed from the spawn
     nano_times = [float(x) for x in rows["nanoGPT"]["time to target s (each round)"].split(", ")]
-    assert len(nano_times) == 2 and all(0.6 <= t < float(rows["nanoGPT"]["process wall s"]) for t in nano_times)
-    assert rows["nanoGPT"]["vs nanoGPT"] == "1.00x" and rows["nanoGPT"]["final val_loss"] == "1.5000"
-    # zoo, float32 reaches 1.6 (and 1.5) at its second evaluation: 0.7 s into its run, which began ~0.2 s after the
-    # spawn plus the interpreter's start
-    fp32 = [float(x) for x in rows["zoo, float32"]["time to target s (each round)"].split(", ")]
-    assert all(0.7 < t < float(rows["zoo, float32"]["process wall s"]) for t in fp32), md
-    assert rows["zoo, float32"]["eval share"].endswith("%")
+    assert len(nano_times) == 2 and all(0 < t < float(rows["nanoGPT"]["process wall s"]) for t in nano_times)
+    assert rows["nanoGPT"]["step reached"] == "250, 250" and rows["nanoGPT"]["vs nanoGPT"] == "1.00x"
+    fp32 = rows["zoo, float32"]
+    assert fp32["step reached"] == "500, 500" and fp32["eval share"].endswith("%"), md
+    assert all(0 < float(t) < float(fp32["process wall s"]) for t in fp32["time to target s (each round)"].split(", "))
+    positive(fp32["SE s (rounds)"])
     assert rows["zoo, defaults"]["time to target s (each round)"] == "not reached, not reached"
-    assert rows["zoo, defaults"]["median s"] == "-" and rows["zoo, defaults"]["final val_loss"] == "1.6500"
+    assert rows["zoo, defaults"]["median s"] == "-" and scores["zoo, defaults"]["own estimate, final"] == "1.6500"
 
 
 def test_ttt_runs_names_zoos_contenders(tmp_path, capsys):
     """--ttt-runs keeps nanoGPT and just the zoo contenders named; an unknown name is refused in one line."""
-    nano = tmp_path / "nanoGPT"
-    (nano / "data" / "shakespeare_char").mkdir(parents=True)
-    (nano / "data" / "shakespeare_char" / "prepare.py").write_text("")
-    (nano / "configurator.py").write_text("")
-    (nano / "train.py").write_text("print('step 20: train loss 1.6000, val loss 1.5000')\n")
+    text = _ttt_text(tmp_path)
+    nano, _ = _fake_nanogpt(tmp_path, text, evals=((20, 1.5),))
     stand_in = tmp_path / "zoo_train.py"
     stand_in.write_text("import sys; print(sys.argv); sys.exit(3)\n")
-    text = tmp_path / "input.txt"
-    text.write_text("to be or not to be\n")
     md = sections.ttt.section_ttt(bench.Session(quick(nanogpt=nano, text=text, ttt_runs=("fast",))),
                                   train=(sys.executable, str(stand_in)))
     rows = rows_of(md, "| contender | time to target s (each round) |")
     assert [r["contender"] for r in rows] == ["nanoGPT", "zoo, fast preset"], md
     assert "Failed: zoo, fast preset: `" in md and "` exited 3" in md and "compile=true" not in md
     assert bench.main(["--only", "ttt", "--ttt-runs", "fast,nope", "--out", "-"]) == 2
-    valid = "defaults, float32, fast, fast_compiled"
+    valid = "defaults, float32, fast, margin, fast_compiled"
     assert capsys.readouterr().err == f"error: --ttt-runs: unknown 'nope'; valid: {valid}\n"
 
 

@@ -54,7 +54,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--text", default=None, help="ttt: the text file both sides train on (e.g. tinyshakespeare.txt)")
     p.add_argument("--ttt-pairs", type=int, default=None, help="ttt: rounds of every contender (default 3)")
     p.add_argument("--ttt-target", type=float, default=None,
-                   help="ttt: the validation loss to reach (default: nanoGPT's own final one on the file)")
+                   help="ttt: the yardstick loss to reach (default: nanoGPT's final model's there)")
     p.add_argument("--ttt-runs", default=None,
                    help=f"ttt: zoo's contenders, comma-separated, of {','.join(TTT_RUNS)} (default: all)")
     p.add_argument("--device", default="cpu", help="cpu, or cuda / cuda:N for the mfu section on a GPU")
