@@ -18,6 +18,9 @@ from zoo.report.tables import Report
 class ReportAfterSweep(Callback):
     """A Hydra callback (`hydra.callbacks`) that writes the sweep's report when a multirun ends.
 
+    `skipped` maps each variant the study leaves out to why (study=narang's rows that do not apply to its
+    application): every report lists them under "Not run here".
+
     The first metric's report goes into the sweep directory, any further one into report_<metric>/; `also`
     names more reports of the first metric, each against its own baseline, into <name>/: a baseline, or a mapping
     with `baseline` and `target` (study=speedrun's drop-one effects: {drop_one: {baseline: speedrun=full, target:
@@ -26,9 +29,11 @@ class ReportAfterSweep(Callback):
     report."""
 
     def __init__(self, metrics: Sequence[str] = ("val_loss",), baseline: str | None = None,
-                 also: Mapping[str, str | Mapping] | None = None, target: float | None = None):
+                 also: Mapping[str, str | Mapping] | None = None, target: float | None = None,
+                 skipped: Mapping[str, str] | None = None):
         self.metrics, self.baseline, self.target = _metrics(metrics), _baseline("baseline", baseline), \
             _target("target", target)
+        _skipped(skipped)  # the reports read it from the sweep's multirun.yaml, as a rerun of zoo.report does
         if also is not None and not isinstance(also, Mapping):
             raise ReportError(f"hydra.callbacks.report.also: expected a mapping of report names to baselines, got "
                               f"{also!r}")
@@ -99,6 +104,15 @@ def _target(where: str, value) -> float | None:
     if value is None or (isinstance(value, int | float) and not isinstance(value, bool)):
         return value
     raise ReportError(f"hydra.callbacks.report.{where}: expected a number or null, got {value!r}")
+
+
+def _skipped(value) -> None:
+    if value is None or (isinstance(value, Mapping) and all(isinstance(k, str) and isinstance(v, str) and v.strip()
+                                                            for k, v in value.items())):
+        return
+    got = dict(value) if isinstance(value, Mapping) else value
+    raise ReportError(f"hydra.callbacks.report.skipped: expected a mapping of variants to the reason each is not run "
+                      f"(funnel: decoder-only), got {got!r}")
 
 
 def _also(name: str, value) -> dict:

@@ -10,7 +10,7 @@ from zoo.cli.common import EXIT_ERROR, EXIT_OK, OneLineParser
 from zoo.io import WriteError, atomic_write_text
 from zoo.report.ladder import build_ladder
 from zoo.report.plots import plot_curves, plot_final, plot_ladder
-from zoo.report.runs import ReportError, load_runs, match_jobs, metric_direction
+from zoo.report.runs import ReportError, load_runs, match_jobs, metric_direction, skipped_variants
 from zoo.report.stats import mean_std
 from zoo.report.tables import (
     Report,
@@ -56,7 +56,8 @@ def build_report(root: Path, metric: str = "val_loss", target: float | None = No
     else:  # a ladder compares each variant with the baseline across sizes: its verdicts
         intro, sentences = f"each variant against {ladder.baseline} across sizes", ladder.sentences()
     return Report(root, metric, higher, target, note, factors, rows, table(rows, factors, metric, target, higher),
-                  intro, sentences, len(runs), match_jobs(root, runs), ladder=ladder, ref=ref)
+                  intro, sentences, len(runs), match_jobs(root, runs), ladder=ladder, ref=ref,
+                  skipped=skipped_variants(root))
 
 
 def _non_finite(runs: list, metric: str) -> str:

@@ -436,6 +436,21 @@ def planned_jobs(root: Path) -> tuple[list[list[str]] | None, str]:
     return [list(job) for batch in batches for job in batch], "multirun.yaml"
 
 
+def skipped_variants(root: Path) -> dict[str, str]:
+    """The variants the sweep's study leaves out, each with its reason: hydra.callbacks.report.skipped in its
+    multirun.yaml (study=narang's rows that do not apply to its application); {} where there is none."""
+    path = root / "multirun.yaml"
+    if not_a_file(path) or not path.is_file():
+        return {}
+    try:
+        from omegaconf import OmegaConf
+
+        found = OmegaConf.select(OmegaConf.create(read_yaml(path)), "hydra.callbacks.report.skipped", default=None)
+        return {str(k): str(v) for k, v in (OmegaConf.to_container(found) if found is not None else {}).items()}
+    except Exception:  # an unreadable plan is no reason to withhold the report
+        return {}
+
+
 def match_jobs(root: Path, runs: list[Run]) -> Plan:
     """Each planned job with the run directory holding its overrides; runs on disk if there is no plan."""
     planned, source = planned_jobs(root)
