@@ -159,3 +159,26 @@ def test_the_seq2seq_vocabulary_is_the_task_s():
     from zoo.data.tokenizers import build_tokenizer
 
     assert build_tokenizer("char").fit(TASK_ALPHABET).vocab_size == STUDIES[SEQ2SEQ]
+
+
+# study=catalogue: the catalogue's ideas outside Narang et al.'s table, each on the same vanilla
+CATALOGUE = sorted(p.stem for p in (CONF / "catalogue").glob("*.yaml"))
+
+
+def test_study_catalogue_runs_every_file_of_its_group():
+    cfg = study("catalogue")
+    rows = str(cfg["hydra"]["sweeper"]["params"]["catalogue"]).split(",")
+    assert rows[0] == "vanilla" and cfg["hydra"]["callbacks"]["report"]["baseline"] == "catalogue=vanilla"
+    assert sorted(rows) == CATALOGUE and len(rows) == len(set(rows))
+    assert spec(["study=catalogue"], 65) == spec(["study=narang"], 65)  # one vanilla for both studies
+
+
+@pytest.mark.parametrize("row", [r for r in CATALOGUE if r != "vanilla"])
+def test_each_catalogue_row_is_the_vanilla_plus_exactly_its_change(row):
+    cfg = yaml.safe_load((CONF / "catalogue" / f"{row}.yaml").read_text())
+    groups = {m.group(1) for d in cfg.get("defaults", []) if isinstance(d, dict)
+              for k in d if (m := re.fullmatch(r"override /(\w+)", k))}
+    keys = set(flatten_config(cfg.get("model") or {}))
+    base, got = spec(["study=catalogue"], 65), spec(["study=catalogue", f"catalogue={row}"], 65)
+    differ = {k for k in base.keys() | got.keys() if base.get(k) != got.get(k)}
+    assert differ and not {k for k in differ if k not in keys and k.split(".")[0] not in groups}, (row, differ)
