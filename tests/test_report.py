@@ -305,14 +305,14 @@ def test_report_of_a_real_multirun(multirun, tmp_path):
         assert re.fullmatch(r"\[-?\d+\.\d{4}, \d+\.\d{4}\]", row["final 95% CI"])
     assert re.search(r"^- (relu vs swiglu|swiglu vs relu): \d\.\d{4} lower val_loss \(better\), "
                      r"(larger than|within) seed noise \(Welch t, p=[\d.e-]+, n=2 vs 2\)\.$", md, re.M)
-    for name in ("curves.png", "final.png"):
+    for name in ("curves.png", "final.png", "effects.png"):  # effects: the other variant against the best
         data = (out / name).read_bytes()
         assert data.startswith(PNG) and len(data) > 5000
     summary = json.loads((multirun / "0" / "summary.json").read_text())
     assert summary["directions"] == {"val_loss": "min", "val_ppl": "min", "val_bpc": "min"}
     assert set(summary["load"]) == {"loadavg", "cpu_count"} and len(summary["load"]["loadavg"]) == 3
     page = (out / "report.html").read_text()
-    assert page.count("data:image/png;base64,") == 2 and "<table" in page and "src='curves.png'" not in page
+    assert page.count("data:image/png;base64,") == 3 and "<table" in page and "src='curves.png'" not in page
     # the report writes next to the runs by default
     assert main([str(multirun)]) == 0 and (multirun / "report.html").is_file()
 
@@ -592,7 +592,7 @@ def test_report_html_renders_in_chromium(multirun, tmp_path):
     out = tmp_path / "report"
     assert main([str(multirun), "--out", str(out)]) == 0
     counts, console = render(out / "report.html")
-    assert counts == {"images": 2, "broken": 0, "tables": 3} and console == []  # variants, effects, jobs
+    assert counts == {"images": 3, "broken": 0, "tables": 3} and console == []  # variants, effects, jobs
     # the probe sees what it must: a corrupt image, a missing table, a script error
     page = (out / "report.html").read_text()
     (out / "bad.html").write_text(page.replace("base64,iVBOR", "base64,AAAA", 1)

@@ -9,7 +9,7 @@ from pathlib import Path
 from zoo.cli.common import EXIT_ERROR, EXIT_OK, OneLineParser
 from zoo.io import WriteError, atomic_write_text
 from zoo.report.ladder import build_ladder
-from zoo.report.plots import plot_curves, plot_final, plot_ladder
+from zoo.report.plots import plot_curves, plot_effects, plot_final, plot_ladder
 from zoo.report.runs import ReportError, load_runs, match_jobs, metric_direction, skipped_variants
 from zoo.report.stats import mean_std
 from zoo.report.tables import (
@@ -81,6 +81,11 @@ def write_report(report: Report, out_dir: Path) -> list[Path]:
         report.plots = [("curves.png", plot_curves(report.rows, report.metric, report.target, out_dir / "curves.png")),
                         ("final.png", plot_final(report.rows, report.metric, out_dir / "final.png"))]
         written += [out_dir / "curves.png", out_dir / "final.png"]
+        if report.ref is not None and sum(r.final[2] >= 2 for r in report.rows if r is not report.ref) and \
+                report.ref.final[2] >= 2:  # the effects with their intervals: one line per variant
+            report.plots.append(("effects.png", plot_effects(report.rows, report.ref, report.metric, report.higher,
+                                                             out_dir / "effects.png")))
+            written.append(out_dir / "effects.png")
         if report.ladder is not None:
             report.plots.insert(0, ("ladder.png", plot_ladder(report.ladder, out_dir / "ladder.png")))
             written.insert(0, out_dir / "ladder.png")
