@@ -239,8 +239,10 @@ def _smaller(arg: str) -> str:
 def shrink(argv: list[str]) -> list[str]:
     """Append overrides that make a documented command cheap; a size it sets itself is only ever lowered."""
     if argv[:2] == ["python", "train.py"] or argv[:4] == ["python", "-m", "zoo", "train"]:  # zoo train: the same
-        # a command that names each block (model.funnel's groups, a list of model.sublayers) keeps its depth
-        per_block = any(a.startswith(("model.funnel=", "model.sublayers=[")) for a in argv)
+        # a command that names each block (model.funnel's groups, a list of model.sublayers) keeps its depth, and so
+        # does a study whose rows do (study=narang_seq2seq's funnel, study=catalogue's sandwich_sublayers)
+        per_block = any(a.startswith(("model.funnel=", "model.sublayers=[", "study=narang", "study=catalogue"))
+                        for a in argv)
         argv = [a if per_block and a.startswith("model.n_layers=") else _smaller(a) for a in argv]
         keys = {a.lstrip("+~").partition("=")[0] for a in argv[2:]}
         if "hparams_search=lr_warmup" in argv:  # an Optuna search: a few trials instead of 20

@@ -22,7 +22,8 @@ from zoo.report.ladder import Gap, fit_power_law, verdict
 
 ROOT = Path(__file__).resolve().parents[1]
 CLIMBED = {"ffn": "ffn", "position": "position", "attention": "attention", "norm_placement": "norm",
-           "norm_type": "norm", "speedrun": "speedrun"}
+           "norm_type": "norm", "speedrun": "speedrun", "narang": "narang", "narang_bpe": "narang",
+           "narang_seq2seq": "narang", "catalogue": "catalogue"}
 
 
 def _compose(overrides: list[str]):
@@ -41,7 +42,8 @@ def test_cpu3_climbs_a_subset_of_its_study_at_three_sizes_in_a_fixed_directory(s
     climbed, offered = set(params[key].split(",")), set(alone.hydra.sweeper.params[key].split(","))
     assert 2 <= len(climbed) and climbed <= offered
     assert ladder.hydra.sweep.dir == f"multirun/study-{study}/ladder-cpu3"  # no timestamp: a rerun continues
-    assert ladder.tokens_per_param == (1 if study == "norm_placement" else 2)  # its 8 layers: see its climb file
+    # norm_placement's 8 layers, the encoder-decoder's 4 + 4: see their climb files
+    assert ladder.tokens_per_param == {"norm_placement": 1, "narang_seq2seq": 0.5}.get(study, 2)
     assert ladder.hydra.launcher.n_jobs == 2 and ladder.threads == 1
 
 

@@ -187,6 +187,49 @@ def test_effects_against_the_baseline_have_welch_intervals(tmp_path):
     assert effects["swiglu"][1].startswith(f"{(2.6 + 1.0 + 1.0) / 3 - (1.5 + 1.6 + 1.8) / 3:+.4g} [")
 
 
+def test_effects_give_a_verdict_and_each_variant_s_size_beside_the_baseline_s(tmp_path):
+    """study=narang's rows beside their cost: the verdict follows Welch's p and the metric's direction, and params
+    and FLOPs are marked where they differ from the baseline's by more than 1%."""
+    sweep(tmp_path, {"relu": [[3.0, 2.0, 1.0], [3.1, 2.1, 1.1], [3.2, 2.2, 1.2]],
+                     "gelu": [[3.0, 2.5, 1.5], [3.0, 2.6, 1.6], [3.0, 2.7, 1.8]],
+                     "swiglu": [[3.0, 2.5, 1.55], [3.0, 2.6, 1.5], [3.0, 2.7, 1.9]]})
+    for job, params in ((0, 1005), (1, 1005), (2, 1005), (6, 2000), (7, 2000), (8, 2000)):  # relu within 1%
+        summary = json.loads((tmp_path / str(job) / "summary.json").read_text())
+        summary["params"]["total"] = params
+        summary["flops_per_token"]["train"] = 9000 if params == 2000 else 6000
+        (tmp_path / str(job) / "summary.json").write_text(json.dumps(summary))
+    assert main([str(tmp_path), "--baseline", "ffn=gelu"]) == 0
+    head, *body = next(t for t in tables((tmp_path / "report.md").read_text()) if t[0][0] == "variant")
+    effects = {r[0]: dict(zip(head, r, strict=True)) for r in body}
+    assert effects["relu"]["verdict"] == "better" and effects["swiglu"]["verdict"] == "within noise"
+    assert effects["relu"]["params"] == "1K" and effects["relu"]["FLOPs/token (train)"] == "6K"
+    assert effects["swiglu"]["params"] == "2K (+100% params)"
+    assert effects["swiglu"]["FLOPs/token (train)"] == "9K (+50% FLOPs)"
+    assert main([str(tmp_path), "--baseline", "ffn=relu", "--out", str(tmp_path / "r")]) == 0
+    head, *body = next(t for t in tables((tmp_path / "r" / "report.md").read_text()) if t[0][0] == "variant")
+    assert dict(zip(head, body[0], strict=True))["verdict"] == "worse"  # gelu against relu
+
+
+def test_a_study_s_skipped_variants_are_listed_with_their_reasons(tmp_path):
+    """hydra.callbacks.report.skipped in the sweep's multirun.yaml: every report of it lists them, the callback's
+    and one written again by python -m zoo.report."""
+    from zoo.report import ReportAfterSweep, ReportError
+
+    sweep(tmp_path, {"relu": [[2.0, 1.0], [2.0, 1.1]], "gelu": [[2.0, 1.5], [2.0, 1.6]]})
+    skipped = {"funnel": "decoder-only: zoo refuses model.funnel", "untie_head": "this is the row untied"}
+    (tmp_path / "multirun.yaml").write_text(json.dumps({"hydra": {"callbacks": {"report": {"skipped": skipped}}}}))
+    assert main([str(tmp_path)]) == 0
+    md = (tmp_path / "report.md").read_text()
+    assert "## Not run here" in md
+    listed = next(t for t in tables(md) if t[0] == ["variant", "why"])
+    assert {r[0]: r[1] for r in listed[1:]} == skipped
+    sweep(tmp_path / "plain", {"relu": [[2.0, 1.0]]})
+    assert main([str(tmp_path / "plain")]) == 0 and "Not run here" not in (tmp_path / "plain" / "report.md").read_text()
+    ReportAfterSweep(skipped=skipped)
+    with pytest.raises(ReportError, match="hydra.callbacks.report.skipped"):
+        ReportAfterSweep(skipped={"funnel": ""})
+
+
 def test_one_seed_has_no_interval(tmp_path):
     sweep(tmp_path, {"relu": [[2.0, 1.0]], "gelu": [[2.0, 1.5]]})
     assert main([str(tmp_path), "--metric", "val_loss"]) == 0
@@ -262,14 +305,14 @@ def test_report_of_a_real_multirun(multirun, tmp_path):
         assert re.fullmatch(r"\[-?\d+\.\d{4}, \d+\.\d{4}\]", row["final 95% CI"])
     assert re.search(r"^- (relu vs swiglu|swiglu vs relu): \d\.\d{4} lower val_loss \(better\), "
                      r"(larger than|within) seed noise \(Welch t, p=[\d.e-]+, n=2 vs 2\)\.$", md, re.M)
-    for name in ("curves.png", "final.png"):
+    for name in ("curves.png", "final.png", "effects.png"):  # effects: the other variant against the best
         data = (out / name).read_bytes()
         assert data.startswith(PNG) and len(data) > 5000
     summary = json.loads((multirun / "0" / "summary.json").read_text())
     assert summary["directions"] == {"val_loss": "min", "val_ppl": "min", "val_bpc": "min"}
     assert set(summary["load"]) == {"loadavg", "cpu_count"} and len(summary["load"]["loadavg"]) == 3
     page = (out / "report.html").read_text()
-    assert page.count("data:image/png;base64,") == 2 and "<table" in page and "src='curves.png'" not in page
+    assert page.count("data:image/png;base64,") == 3 and "<table" in page and "src='curves.png'" not in page
     # the report writes next to the runs by default
     assert main([str(multirun)]) == 0 and (multirun / "report.html").is_file()
 
@@ -549,7 +592,7 @@ def test_report_html_renders_in_chromium(multirun, tmp_path):
     out = tmp_path / "report"
     assert main([str(multirun), "--out", str(out)]) == 0
     counts, console = render(out / "report.html")
-    assert counts == {"images": 2, "broken": 0, "tables": 3} and console == []  # variants, effects, jobs
+    assert counts == {"images": 3, "broken": 0, "tables": 3} and console == []  # variants, effects, jobs
     # the probe sees what it must: a corrupt image, a missing table, a script error
     page = (out / "report.html").read_text()
     (out / "bad.html").write_text(page.replace("base64,iVBOR", "base64,AAAA", 1)

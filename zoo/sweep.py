@@ -82,6 +82,19 @@ def planned_jobs(root: Path) -> tuple[list[list[str]] | None, str]:
 PLAIN_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,99}")
 
 
+def skipped_variants(root: Path) -> dict[str, str]:
+    """The variants the sweep's study leaves out, each with its reason: hydra.callbacks.report.skipped in its
+    multirun.yaml (study=narang's rows that do not apply to its application); {} where there is none."""
+    path = root / "multirun.yaml"
+    if not_a_file(path) or not path.is_file():
+        return {}
+    try:
+        found = OmegaConf.select(OmegaConf.create(read_yaml(path)), "hydra.callbacks.report.skipped", default=None)
+        return {str(k): str(v) for k, v in (OmegaConf.to_container(found) if found is not None else {}).items()}
+    except Exception:  # an unreadable plan is no reason to withhold the report
+        return {}
+
+
 def _plain(where: str, value: object, what: str) -> str:
     if not isinstance(value, str) or not PLAIN_NAME.fullmatch(value) or set(value) == {"."}:
         raise ReportError(f"hydra.callbacks.report.{where}: expected {what} (letters, digits, _ . -; no '/' or "
@@ -126,6 +139,17 @@ def _also(name: str, value: object) -> dict[str, Any]:
             "target": _target(f"{where}.target", value.get("target"))}
 
 
+def _skipped(value: object) -> dict[str, str]:
+    if value is None:
+        return {}
+    if isinstance(value, Mapping) and all(isinstance(k, str) and isinstance(v, str) and v.strip()
+                                          for k, v in value.items()):
+        return dict(value)
+    got = dict(value) if isinstance(value, Mapping) else value
+    raise ReportError(f"hydra.callbacks.report.skipped: expected a mapping of variants to the reason each is not run "
+                      f"(funnel: decoder-only), got {got!r}")
+
+
 @dataclass(frozen=True)
 class ReportArguments:
     """zoo.report.ReportAfterSweep's arguments, checked (its docstring says what each is)."""
@@ -134,17 +158,19 @@ class ReportArguments:
     baseline: str | None
     target: float | None
     also: dict[str, dict[str, Any]]  # name -> {baseline, target}
+    skipped: dict[str, str]  # variant -> why the study does not run it (the reports read it from multirun.yaml)
 
 
 def report_arguments(metrics: Sequence[str] = ("val_loss",), baseline: str | None = None,
                      also: Mapping[str, str | Mapping[str, Any]] | None = None,
-                     target: float | None = None) -> ReportArguments:
+                     target: float | None = None, skipped: Mapping[str, str] | None = None) -> ReportArguments:
     """The report callback's arguments, or ReportError in one line naming the bad one."""
     checked = _metrics(metrics), _baseline("baseline", baseline), _target("target", target)
     if also is not None and not isinstance(also, Mapping):
         raise ReportError(f"hydra.callbacks.report.also: expected a mapping of report names to baselines, got "
                           f"{also!r}")
-    return ReportArguments(*checked, {_name(name): _also(name, v) for name, v in (also or {}).items()})
+    return ReportArguments(*checked, {_name(name): _also(name, v) for name, v in (also or {}).items()},
+                           _skipped(skipped))
 
 
 _NAMES = ("zoo.report.ReportAfterSweep", "zoo.report.callback.ReportAfterSweep")  # as the configs name it, and in full

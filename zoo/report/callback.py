@@ -23,6 +23,9 @@ if TYPE_CHECKING:
 class ReportAfterSweep(Callback):
     """A Hydra callback (`hydra.callbacks`) that writes the sweep's report when a multirun ends.
 
+    `skipped` maps each variant the study leaves out to why (study=narang's rows that do not apply to its
+    application): every report lists them under "Not run here".
+
     The first metric's report goes into the sweep directory, any further one into report_<metric>/; `also`
     names more reports of the first metric, each against its own baseline, into <name>/: a baseline, or a mapping
     with `baseline` and `target` (study=speedrun's drop-one effects: {drop_one: {baseline: speedrun=full, target:
@@ -31,8 +34,11 @@ class ReportAfterSweep(Callback):
     report."""
 
     def __init__(self, metrics: Sequence[str] = ("val_loss",), baseline: str | None = None,
-                 also: Mapping[str, str | Mapping[str, Any]] | None = None, target: float | None = None):
-        args = report_arguments(metrics, baseline, also, target)  # checked: one ReportError line
+                 also: Mapping[str, str | Mapping[str, Any]] | None = None, target: float | None = None,
+                 skipped: Mapping[str, str] | None = None):
+        # checked: one ReportError line; `skipped` is read back from the sweep's multirun.yaml, as a rerun of
+        # zoo.report does
+        args = report_arguments(metrics, baseline, also, target, skipped)
         self.metrics, self.baseline, self.target, self.also = args.metrics, args.baseline, args.target, args.also
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:

@@ -9,7 +9,7 @@ from pathlib import Path
 from zoo.commands import EXIT_ERROR, EXIT_OK, OneLineParser
 from zoo.io import WriteError, atomic_write_text
 from zoo.report.ladder import build_ladder
-from zoo.report.plots import plot_curves, plot_final, plot_ladder
+from zoo.report.plots import plot_curves, plot_effects, plot_final, plot_ladder
 from zoo.report.runs import ReportError, Run, load_runs, match_jobs, metric_direction
 from zoo.report.stats import mean_std
 from zoo.report.tables import (
@@ -22,6 +22,7 @@ from zoo.report.tables import (
     reference,
     table,
 )
+from zoo.sweep import skipped_variants
 
 
 def build_report(root: Path, metric: str = "val_loss", target: float | None = None,
@@ -56,7 +57,8 @@ def build_report(root: Path, metric: str = "val_loss", target: float | None = No
     else:  # a ladder compares each variant with the baseline across sizes: its verdicts
         intro, sentences = f"each variant against {ladder.baseline} across sizes", ladder.sentences()
     return Report(root, metric, higher, target, note, factors, rows, table(rows, factors, metric, target, higher),
-                  intro, sentences, len(runs), match_jobs(root, runs), ladder=ladder, ref=ref)
+                  intro, sentences, len(runs), match_jobs(root, runs), ladder=ladder, ref=ref,
+                  skipped=skipped_variants(root))
 
 
 def _non_finite(runs: list[Run], metric: str) -> str:
@@ -80,6 +82,11 @@ def write_report(report: Report, out_dir: Path) -> list[Path]:
         report.plots = [("curves.png", plot_curves(report.rows, report.metric, report.target, out_dir / "curves.png")),
                         ("final.png", plot_final(report.rows, report.metric, out_dir / "final.png"))]
         written += [out_dir / "curves.png", out_dir / "final.png"]
+        if report.ref is not None and sum(r.final[2] >= 2 for r in report.rows if r is not report.ref) and \
+                report.ref.final[2] >= 2:  # the effects with their intervals: one line per variant
+            report.plots.append(("effects.png", plot_effects(report.rows, report.ref, report.metric, report.higher,
+                                                             out_dir / "effects.png")))
+            written.append(out_dir / "effects.png")
         if report.ladder is not None:
             report.plots.insert(0, ("ladder.png", plot_ladder(report.ladder, out_dir / "ladder.png")))
             written.insert(0, out_dir / "ladder.png")

@@ -145,3 +145,32 @@ def plot_ladder(ladder: Ladder, path: Path) -> str:
     atomic_write(path, lambda f: fig.savefig(f, format="png"), mode="wb")
     return (f"Final {ladder.metric} against training compute (log-log) per variant: mean over seeds at each size "
             "with its 95% CI (Student t), seeds as dots, the fitted power law dashed.")
+
+
+def plot_effects(rows: list[Row], ref: Row, metric: str, higher: bool, path: Path) -> str:
+    """One line per variant: its difference from ref in mean final metric with the difference's 95% interval
+    (Welch), a vertical line at no effect; green where it is better beyond noise, red where worse (study=narang's
+    many rows read at a glance)."""
+    from zoo.report.stats import welch_test
+
+    shown = [(r, w) for r in rows if r is not ref and (w := welch_test(r.variant.finals(metric),
+                                                                        ref.variant.finals(metric))) is not None]
+    fig = _figure(7.5, max(2.5, 0.28 * len(shown) + 1.4))
+    ax = fig.add_subplot()
+    for y, (_, w) in enumerate(reversed(shown)):
+        lo, hi = w.interval()
+        beyond = w.p < 0.05
+        color = ("C2" if (w.diff > 0) == higher else "C3") if beyond else "0.45"
+        ax.plot([lo, hi], [y, y], color=color, lw=2)
+        ax.plot([w.diff], [y], "o", color=color, ms=4)
+    ax.axvline(0.0, color="black", lw=1)
+    ax.set_yticks(range(len(shown)))
+    ax.set_yticklabels([r.variant.label for r, _ in reversed(shown)], fontsize=8)
+    ax.set_xlabel(f"Δ final {metric} against {ref.variant.label}")
+    ax.set_title(f"effect on final {metric}: difference of means, 95% interval (Welch)\n"
+                 "green: better beyond seed noise, red: worse, grey: within noise", fontsize=9)
+    ax.grid(axis="x", alpha=0.3)
+    fig.tight_layout()
+    atomic_write(path, lambda f: fig.savefig(f, format="png"), mode="wb")
+    return (f"Each variant's effect on the final {metric} against {ref.variant.label}: the difference of the means "
+            "and its 95% interval (Welch); green better and red worse beyond seed noise (p < 0.05), grey within it.")

@@ -273,13 +273,37 @@ def _effect(a: Sequence[float | None], b: Sequence[float | None]) -> str:
     return f"{w.diff:+.4g} [{lo:+.4g}, {hi:+.4g}], p={w.p:.2g}"
 
 
-def effects_table(rows: list[Row], ref: Row, metric: str) -> pd.DataFrame:
+def verdict(a: list[float], b: list[float], higher: bool) -> str:
+    """better / worse: a's mean differs from b's beyond seed noise (Welch, p < 0.05), in that direction; else within
+    noise, or '-' where a group has one seed."""
+    w = welch_test(a, b)
+    if w is None:
+        return "-"
+    if w.p >= ALPHA:
+        return "within noise"
+    return "better" if (w.diff > 0) == higher else "worse"
+
+
+def _size(x: float | None, ref: float | None, what: str) -> str:
+    """A count beside the reference's: '1.12M (+41% params)' where it differs by more than 1%, else the count."""
+    if x is None or ref is None or not ref or abs(x - ref) <= 0.01 * abs(ref):
+        return _human(x)
+    return f"{_human(x)} ({(x - ref) / ref:+.0%} {what})"
+
+
+def effects_table(rows: list[Row], ref: Row, metric: str, higher: bool = False) -> pd.DataFrame:
     """Each variant's effect against ref: the difference of the means of its final value, of its steps to the
-    target and of its seconds to it, each with its 95% interval and Welch's p."""
+    target and of its seconds to it, each with its 95% interval and Welch's p; the verdict on the final value; and
+    the variant's parameters and train FLOPs per token, marked where they differ from ref's (an effect bought with
+    size, as Narang et al.'s Table 1 reports beside each row)."""
     body = [[r.variant.label, _effect(r.variant.finals(metric), ref.variant.finals(metric)),
-             _effect(r.steps, ref.steps), _effect(r.seconds, ref.seconds)]
+             _effect(r.steps, ref.steps), _effect(r.seconds, ref.seconds),
+             verdict(r.variant.finals(metric), ref.variant.finals(metric), higher),
+             _size(r.params, ref.params, "params") + (f", {_human(r.active)} active" if r.active is not None else ""),
+             _size(r.flops, ref.flops, "FLOPs")]
             for r in rows if r is not ref and r.final[2] > 0]
-    return pd.DataFrame(body, columns=["variant", f"Δ final {metric}", "Δ steps to target", "Δ seconds to target"])
+    return pd.DataFrame(body, columns=["variant", f"Δ final {metric}", "Δ steps to target", "Δ seconds to target",
+                                       "verdict", "params", "FLOPs/token (train)"])
 
 
 def jobs_table(plan: Plan, root: Path) -> pd.DataFrame:
@@ -314,7 +338,11 @@ VERDICT_TEXT = ("Each variant's gap to {baseline} (mean final {metric} of the va
                 "inconclusive. Beyond noise: p < 0.05.")
 EFFECTS = ("Each variant's mean minus {ref}'s: of the final {metric}, of the steps to the target and of the seconds to "
            "it (negative: lower, or sooner), with the difference's 95% interval (Student t, Welch-Satterthwaite "
-           "degrees of freedom) and Welch's p. A time is compared only where every seed of both reached the target.")
+           "degrees of freedom) and Welch's p. A time is compared only where every seed of both reached the target. "
+           "verdict: better or worse than {ref} in final {metric} beyond seed noise (p < 0.05), else within noise. "
+           "params and FLOPs/token: the variant's, with the change from {ref}'s where it exceeds 1%.")
+SKIPPED = ("The study's variants that this sweep does not run, each with the study's reason "
+           "(hydra.callbacks.report.skipped in its config).")
 MIXED_CPUS = ("Mixed CPU instruction sets: {counts}. In float32 a run repeats to every digit on the same instruction "
               "set only; across these, results differ within seed noise (docs/reliability.md, \"Reproducibility "
               "across machines\"), so a difference between variants smaller than that noise may be the machines'.")
@@ -344,14 +372,17 @@ class Report:
     plots: list[tuple[str, str]] = field(default_factory=list)  # (file name, caption)
     ladder: Ladder | None = None  # a sweep over sizes (zoo.report.ladder)
     ref: Row | None = None  # the row the effects are measured against (reference); None: no effects table
+    skipped: dict[str, str] = field(default_factory=dict)  # variants the study does not run here -> why
 
     def sections(self) -> list[tuple[str, str, pd.DataFrame]]:
         """(heading, what it shows, table) for the effects against the reference, and a ladder's ranking, fits
         and verdicts."""
         out = []
-        if self.ref is not None and len(effects := effects_table(self.rows, self.ref, self.metric)):
+        if self.ref is not None and len(effects := effects_table(self.rows, self.ref, self.metric, self.higher)):
             label = self.ref.variant.label
             out.append((f"Effects against {label}", EFFECTS.format(metric=self.metric, ref=label), effects))
+        if self.skipped:
+            out.append(("Not run here", SKIPPED, pd.DataFrame(list(self.skipped.items()), columns=["variant", "why"])))
         lad = self.ladder
         if lad is None:
             return out
