@@ -12,7 +12,20 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from hydra._internal.hydra import Hydra
+from hydra._internal.utils import create_automatic_config_search_path, get_args_parser
+from hydra.core.config_search_path import SearchPathQuery
+from hydra.core.global_hydra import GlobalHydra
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.errors import HydraException
+from hydra.types import RunMode
+from hydra.utils import instantiate
+from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
 from zoo.component import ConfigError  # torch-free: train.py's checks run before torch loads
+from zoo.io import MAX_SWEEP_JOBS, sweep_size
+from zoo.sweep import ReportError, check_callbacks
 
 # Exact dotted paths, no prefixes: a prefix such as "zoo." also admits whatever a zoo module imports
 # (zoo.report.np.savez writes files). To allow another class, add its full path to the right group below.
@@ -89,8 +102,6 @@ def check_targets(node: Any, path: str = "") -> None:
 
 def instantiate_allowed(cfg: dict, key: str, **kwargs: Any) -> Any:
     """hydra.utils.instantiate for one object (at config `key`), after checking every nested _target_."""
-    from hydra.utils import instantiate
-
     check_targets(cfg, key)
     return instantiate(cfg, **kwargs)
 
@@ -111,15 +122,6 @@ def check_argv(argv: list[str], app_file: str, config_path: str = "conf", config
     Reads argv as Hydra does (--config-dir, --config-path, --config-name, -m, hydra.mode=MULTIRUN) and composes
     the same config; a sweep over a config group is composed once per choice. Commands that run nothing
     (--help, --cfg, --info, ...) are not checked. A config Hydra cannot compose is left to Hydra to report."""
-    from hydra._internal.utils import create_automatic_config_search_path, get_args_parser
-    from hydra.core.config_search_path import SearchPathQuery
-    from hydra.core.global_hydra import GlobalHydra
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-    from hydra.errors import HydraException
-    from hydra.types import RunMode
-    from omegaconf import OmegaConf
-    from omegaconf.errors import OmegaConfBaseException
-
     try:
         args = get_args_parser().parse_args(argv)
     except SystemExit:  # argparse has printed its usage error; Hydra will do the same
@@ -129,8 +131,6 @@ def check_argv(argv: list[str], app_file: str, config_path: str = "conf", config
     if args.experimental_rerun is not None:  # it unpickles a saved config and runs it: nothing could check it
         return ("--experimental-rerun: not supported (it unpickles a config, which could run any code); "
                 "valid: rerun with the overrides saved in <run dir>/.hydra/overrides.yaml")
-    from hydra._internal.hydra import Hydra
-
     overrides = list(args.overrides)
     try:
         parsed = OverridesParser.create().parse_overrides(overrides)
@@ -195,8 +195,6 @@ def check_argv(argv: list[str], app_file: str, config_path: str = "conf", config
 
 
 def too_many_jobs(parsed: list, where: str) -> str | None:
-    from zoo.io import MAX_SWEEP_JOBS, sweep_size
-
     if sweep_size(parsed) > MAX_SWEEP_JOBS:
         return f"{where}: the sweep plans more than {MAX_SWEEP_JOBS} jobs; valid: fewer values (a sweep's jobs " \
                "are its sweeps' lengths multiplied)"
@@ -230,11 +228,8 @@ def check_search(sweeper: dict, parsed: list) -> str | None:
 
 
 def _check_report_callbacks(callbacks: dict) -> None:
-    """The report callback's own arguments, checked before Hydra creates it (imported here: it loads the report's
-    statistics, which a single run without callbacks need not wait for)."""
-    from zoo.report.callback import check_callbacks
-    from zoo.report.runs import ReportError
-
+    """The report callback's own arguments (zoo.sweep: the report's, without its statistics), checked before Hydra
+    creates it."""
     try:
         check_callbacks(callbacks)
     except ReportError as e:
