@@ -45,3 +45,25 @@ def test_the_preflight_answers_without_torch(warm_options, args, error):
         assert answer == "None"
     else:
         assert answer.startswith(repr(error)[:-1]) and "\\n" not in answer, answer
+
+
+@pytest.mark.parametrize("args,configs", [
+    (["trainer.max_steps=3", "model.attention.n_kv_heads=2", "attention=gqa"], 1),
+    (["-m", "ffn=gelu,swiglu", "seed=0,1"], 2),  # one config per choice of the swept group, none per seed
+    (["-m", "study=ffn"], 1 + 6),  # and one per choice its hydra.sweeper.params sweep (ffn: six of them)
+], ids=["good", "sweep", "study"])
+def test_the_preflight_composes_once(monkeypatch, args, configs):
+    """Every check reads one composition (zoo.training.preflight.compose_command), made once per command: counted
+    at the one composing function and at Hydra's own, which every other way of composing goes through."""
+    from hydra._internal.hydra import Hydra
+
+    from zoo.cli import train
+    from zoo.training import preflight as module
+
+    commands, ours, hydras = [], [], []
+    for owner, name, calls in ((train, "compose_command", commands), (module, "compose", ours),
+                               (Hydra, "compose_config", hydras)):
+        real = getattr(owner, name)
+        monkeypatch.setattr(owner, name, lambda *a, _real=real, _calls=calls, **k: _calls.append(a) or _real(*a, **k))
+    assert train.preflight(args) is None
+    assert (len(commands), len(ours), len(hydras)) == (1, configs, configs)

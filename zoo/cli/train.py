@@ -11,6 +11,7 @@ Component options can be written short: `norm.type=rmsnorm` means `model.norm.ty
 from __future__ import annotations
 
 import sys
+from functools import cache, partial
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -34,6 +35,7 @@ from zoo.training.cli import (  # no torch: fast answers
     expand,
     help_text,
 )
+from zoo.training.preflight import Composed, compose_command
 from zoo.training.safety import check_argv  # no torch either
 
 if TYPE_CHECKING:
@@ -77,21 +79,24 @@ class SweepEnd(Callback):
               f"{shlex.quote(str(root))}", flush=True)
 
 
-def check_arguments(args: list[str]) -> str | None:
-    """The command line's mistakes as one line, before Hydra composes and before torch loads."""
+def check_arguments(args: list[str], composed: Composed | None = None) -> str | None:
+    """The command line's mistakes as one line, before Hydra starts and before torch loads. `composed`: the command's
+    one composition (preflight); composed here when not given."""
     if "--hydra-help" in args:
         return None
     conf = config_dir()
     # a busy or unusable hydra.run.dir (hydra.sweep.dir) is refused before Hydra writes .hydra/ into it
-    return check_plugins() or check_extras_given(args) or check_group_choices(args, conf) or check_keys(args, conf) \
-        or check_run_dir_free(args) or check_output_dirs(args)
+    return check_plugins() or check_extras_given(args) or check_group_choices(args, conf) \
+        or check_keys(args, conf, composed) or check_run_dir_free(args) or check_output_dirs(args)
 
 
 def preflight(args: list[str]) -> str | None:
     """Every check before Hydra starts, torch not loaded (tests/test_preflight.py): the command line's mistakes,
     then a class the config names that is not allowed, before Hydra instantiates hydra.callbacks, the launcher or
-    the sweeper. The first problem as one line, else None."""
-    return check_arguments(args) or check_argv(args, __file__, config_search_path())
+    the sweeper. The first problem as one line, else None. The config is composed once for all of them
+    (zoo.training.preflight.compose_command), when the first check that reads it asks."""
+    composed = cache(partial(compose_command, args, __file__, config_search_path()))
+    return check_arguments(args, composed) or check_argv(args, __file__, config_search_path(), composed=composed)
 
 
 def run_hydra(args: list[str]) -> None:

@@ -9,8 +9,6 @@ import difflib
 import os
 from pathlib import Path
 
-from hydra import compose, initialize_config_dir  # the pre-flight composes: Hydra is loaded on every path here
-from hydra.core.global_hydra import GlobalHydra
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import ChoiceSweep, RangeSweep
 from hydra.errors import HydraException
@@ -23,8 +21,10 @@ from zoo.config.schema import KINDS, generated_options, one_line, register
 from zoo.data.corpus import DataError, check_text_file
 from zoo.io import RunDirError, busy_message, check_run_dir, is_running, is_secondary_rank, owned_path
 from zoo.registry import load_plugins
+from zoo.training.preflight import Composed, Failed, compose_command
 from zoo.training.safety import too_many_jobs
 
+TASK_FILE = str(Path(__file__).resolve().parents[1] / "cli" / "train.py")  # the task Hydra runs: zoo.cli.train
 COMPONENTS = ("attention.", "position.", "norm.", "ffn.")
 # Hydra flags that take the next argument as their value (that argument is not an override).
 _VALUE_FLAGS = ("--config-path", "-cp", "--config-name", "-cn", "--config-dir", "-cd", "--cfg", "-c",
@@ -117,30 +117,20 @@ def _leaves(cfg, prefix: str = "") -> list[str]:
     return out
 
 
-def _compose_all(args: list[str], conf_dir: Path) -> tuple[list | None, str | None]:
-    """(the primary config composed for each group choice given: the first of a sweep, then each other value
-    of a swept group in turn; None when composition fails), and the one-line error of a preset's wrongly
-    typed value (zoo.config.schema.one_line), else None: Hydra then reports the failure itself."""
-    groups = {}
-    for arg in overrides(args):
-        key, _, value = arg.partition("=")
-        if _is_group(key.lstrip("+~"), conf_dir) and not any(c in value for c in "()[]{}*$"):
-            groups[key] = value.split(",")
-    first = {k: v[0] for k, v in groups.items()}
-    variants = [first] + [{**first, k: c} for k, v in groups.items() for c in v[1:]]
-    register()
-    GlobalHydra.instance().clear()
-    try:
-        with initialize_config_dir(config_dir=str(conf_dir), version_base="1.3"):
-            return [compose("config", overrides=[f"{k}={v}" for k, v in choice.items()])
-                    for choice in variants], None
-    except Exception as e:
-        return None, one_line(e)
-    finally:
-        GlobalHydra.instance().clear()
+def _compose_all(args: list[str], conf_dir: Path, composed: Composed | None = None) -> tuple[list | None, str | None]:
+    """(the primary config composed for each group choice given, zoo.training.preflight.Composition.primary; None
+    when composition fails), and the one-line error of a preset's wrongly typed value (zoo.config.schema.one_line),
+    else None: Hydra then reports the failure itself. `composed`: the pre-flight's one composition, when it has one
+    (zoo.cli.train.preflight); else these arguments are composed from conf_dir here."""
+    found = composed() if composed is not None else compose_command(args, TASK_FILE, str(conf_dir))
+    if isinstance(found, Failed):
+        return None, one_line(found.error)
+    if found is None:
+        return None, None
+    return found.primary, None
 
 
-def check_keys(args: list[str], conf_dir: Path) -> str | None:
+def check_keys(args: list[str], conf_dir: Path, composed: Composed | None = None) -> str | None:
     """One-line error for `key=value` naming a key the composed config does not have (closest valid key
     suggested), or for a required key (`???`) left unset, else None. Hydra's own report is many lines, and
     its `+key` advice for a misspelling leads to a traceback later."""
@@ -152,7 +142,7 @@ def check_keys(args: list[str], conf_dir: Path) -> str | None:
         if key.startswith(("+", "~")) or key.startswith("hydra") or _is_group(key, conf_dir) or "/" in key:
             continue  # additions and deletions are explicit; hydra.* and group/option are Hydra's own
         given.append(key)
-    configs, error = _compose_all(args, conf_dir)
+    configs, error = _compose_all(args, conf_dir, composed)
     if configs is None:
         return error
     known = set().union(*(_leaves(c) for c in configs))
