@@ -51,6 +51,7 @@ class Composition:
     name: str
     variants: list[list[str]]  # each config's overrides: the Hydra overrides and one choice of each group
     configs: list[DictConfig]
+    complete: bool = True  # False: composed without the command line's Hydra overrides, which do not compose
     _primary: list[DictConfig] | None = field(default=None, repr=False)
 
     @property
@@ -131,8 +132,18 @@ def compose_command(argv: list[str], app_file: str, config_path: str, config_nam
         first = {k: v[0] for k, v in groups.items()}
         choices = [first] + [{**first, k: c} for k, v in groups.items() for c in v[1:]]
         variants = [own + [f"{k}={v}" for k, v in choice.items()] for choice in choices]
+        try:
+            composition.configs = [compose(hydra, name, v) for v in variants]
+        except Exception:  # Hydra's and OmegaConf's errors span many types (an assertion among them)
+            if not own:
+                raise
+            # A Hydra override that does not compose (hydra/launcher=nope) is Hydra's to report, and the allow-list
+            # then checks nothing (complete: False); the key and type checks still read the config without it:
+            # the one command that composes twice.
+            variants = [[o for o in v if o not in own] for v in variants]
+            composition.configs = [compose(hydra, name, v) for v in variants]
+            composition.complete = False
         composition.variants = variants
-        composition.configs = [compose(hydra, name, v) for v in variants]
         return composition
     except Exception as e:  # Hydra's and OmegaConf's errors span many types: each check decides what to say
         return Failed(e)

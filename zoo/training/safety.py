@@ -145,7 +145,7 @@ def check_argv(argv: list[str], app_file: str, config_path: str = "conf", config
     except HydraException:
         return None
     found = composed() if composed is not None else compose_command(argv, app_file, config_path, config_name)
-    if not isinstance(found, Composition):
+    if not isinstance(found, Composition) or not found.complete:
         return None  # Hydra reports a config it cannot compose itself, before running anything
     try:
         # The first config, Hydra's section included: what Hydra instantiates callbacks, launcher and sweeper from
