@@ -45,3 +45,28 @@ def test_the_preflight_answers_without_torch(warm_options, args, error):
         assert answer == "None"
     else:
         assert answer.startswith(repr(error)[:-1]) and "\\n" not in answer, answer
+
+
+@pytest.mark.parametrize("args,configs,error", [
+    (["trainer.max_steps=3", "model.attention.n_kv_heads=2", "attention=gqa"], 1, None),
+    (["-m", "ffn=gelu,swiglu", "seed=0,1"], 2, None),  # one config per choice of the swept group, none per seed
+    (["-m", "study=ffn"], 1 + 6, None),  # and one per choice its hydra.sweeper.params sweep (ffn: six of them)
+    # a Hydra override that does not compose: Hydra's to report; the keys are checked on the config without it
+    (["hydra/launcher=nope", "model.d_modl=3"], 2, "model.d_modl: unknown key (did you mean model.d_model?)"),
+], ids=["good", "sweep", "study", "bad-hydra-override"])
+def test_the_preflight_composes_once(monkeypatch, args, configs, error):
+    """Every check reads one composition (zoo.training.preflight.compose_command), made once per command: counted
+    at the one composing function and at Hydra's own, which every other way of composing goes through."""
+    from hydra._internal.hydra import Hydra
+
+    from zoo.cli import train
+    from zoo.training import preflight as module
+
+    commands, ours, hydras = [], [], []
+    for owner, name, calls in ((train, "compose_command", commands), (module, "compose", ours),
+                               (Hydra, "compose_config", hydras)):
+        real = getattr(owner, name)
+        monkeypatch.setattr(owner, name, lambda *a, _real=real, _calls=calls, **k: _calls.append(a) or _real(*a, **k))
+    answer = train.preflight(args)
+    assert answer is None if error is None else answer is not None and answer.startswith(error), answer
+    assert (len(commands), len(ours), len(hydras)) == (1, configs, configs)

@@ -30,10 +30,12 @@ from zoo.io import first_line
 def compose(overrides: list[str]) -> dict:
     """The config train.py would see for these overrides, as a plain dict (no hydra node); ConfigError in one
     line for an override that does not compose."""
+    # lazy: `zoo eval --help` and `zoo inspect --help` answer without Hydra (its compose API and omegaconf 0.16 s)
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
     from omegaconf import OmegaConf
 
+    from zoo.config.schema import one_line
     from zoo.training.cli import check_group_choices, expand
 
     conf = config_dir()
@@ -47,8 +49,6 @@ def compose(overrides: list[str]) -> dict:
             cfg = hydra_compose("config", overrides=overrides)
         plain = OmegaConf.to_container(cfg, resolve=True)
     except Exception as e:  # hydra and omegaconf errors span many lines and types: keep the first line
-        from zoo.config.schema import one_line
-
         if typed := one_line(e):  # a wrongly typed value: its key, the value and the type
             raise ConfigError(typed) from None
         raise ConfigError(f"overrides: {first_line(e)}") from None

@@ -11,10 +11,15 @@ Component options can be written short: `norm.type=rmsnorm` means `model.norm.ty
 from __future__ import annotations
 
 import sys
+from functools import cache, partial
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from hydra import version
+from hydra._internal.utils import _run_hydra, get_args_parser
+from hydra.core.hydra_config import HydraConfig
 from hydra.experimental.callback import Callback
+from hydra.types import RunMode
 
 from zoo.cli.common import EXIT_ERROR, EXIT_OK, JOB_CODES, command, config_dir, config_search_path, run_as
 from zoo.component import ConfigError
@@ -30,6 +35,7 @@ from zoo.training.cli import (  # no torch: fast answers
     expand,
     help_text,
 )
+from zoo.training.preflight import Composed, compose_command
 from zoo.training.safety import check_argv  # no torch either
 
 if TYPE_CHECKING:
@@ -39,9 +45,7 @@ if TYPE_CHECKING:
 def task(cfg: DictConfig) -> float | None:
     """What Hydra runs for each job: one training run."""
     # torch and Lightning load here, after the argument checks and --help: a typo costs no import time.
-    from hydra.core.hydra_config import HydraConfig
-    from hydra.types import RunMode
-
+    # lazy: the checks and --help run without them (torch 2.75 s, Lightning about 7 s more, quiet)
     from zoo.training import final_metric
     from zoo.training import main as train
 
@@ -75,21 +79,24 @@ class SweepEnd(Callback):
               f"{shlex.quote(str(root))}", flush=True)
 
 
-def check_arguments(args: list[str]) -> str | None:
-    """The command line's mistakes as one line, before Hydra composes and before torch loads."""
+def check_arguments(args: list[str], composed: Composed | None = None) -> str | None:
+    """The command line's mistakes as one line, before Hydra starts and before torch loads. `composed`: the command's
+    one composition (preflight); composed here when not given."""
     if "--hydra-help" in args:
         return None
     conf = config_dir()
     # a busy or unusable hydra.run.dir (hydra.sweep.dir) is refused before Hydra writes .hydra/ into it
-    return check_plugins() or check_extras_given(args) or check_group_choices(args, conf) or check_keys(args, conf) \
-        or check_run_dir_free(args) or check_output_dirs(args)
+    return check_plugins() or check_extras_given(args) or check_group_choices(args, conf) \
+        or check_keys(args, conf, composed) or check_run_dir_free(args) or check_output_dirs(args)
 
 
 def preflight(args: list[str]) -> str | None:
     """Every check before Hydra starts, torch not loaded (tests/test_preflight.py): the command line's mistakes,
     then a class the config names that is not allowed, before Hydra instantiates hydra.callbacks, the launcher or
-    the sweeper. The first problem as one line, else None."""
-    return check_arguments(args) or check_argv(args, __file__, config_search_path())
+    the sweeper. The first problem as one line, else None. The config is composed once for all of them
+    (zoo.training.preflight.compose_command), when the first check that reads it asks."""
+    composed = cache(partial(compose_command, args, __file__, config_search_path()))
+    return check_arguments(args, composed) or check_argv(args, __file__, config_search_path(), composed=composed)
 
 
 def run_hydra(args: list[str]) -> None:
@@ -97,9 +104,6 @@ def run_hydra(args: list[str]) -> None:
     read from sys.argv, which stays as the user typed it (`zoo train ...`): a process Lightning starts for
     another DDP rank repeats sys.argv, and must land here again. _run_hydra is what @hydra.main calls (Hydra's
     own, private; the same since Hydra 1.1)."""
-    from hydra import version
-    from hydra._internal.utils import _run_hydra, get_args_parser
-
     version.setbase("1.3")  # what @hydra.main(version_base="1.3") sets
     parser = get_args_parser()
     _run_hydra(args=parser.parse_args(args), args_parser=parser, task_function=task,

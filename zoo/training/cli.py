@@ -4,10 +4,27 @@ Everything here loads without torch or Lightning, so a typo is answered in a fra
 
 from __future__ import annotations
 
+import copy
 import difflib
 import os
 from pathlib import Path
 
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.core.override_parser.types import ChoiceSweep, RangeSweep
+from hydra.errors import HydraException
+from omegaconf import AnyNode, BooleanNode, DictConfig, ListConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from zoo.commands import command, missing_module, needs
+from zoo.component import ConfigError
+from zoo.config.schema import KINDS, generated_options, one_line, register
+from zoo.data.corpus import DataError, check_text_file
+from zoo.io import RunDirError, busy_message, check_run_dir, is_running, is_secondary_rank, owned_path
+from zoo.registry import load_plugins
+from zoo.training.preflight import Composed, Failed, compose_command
+from zoo.training.safety import too_many_jobs
+
+TASK_FILE = str(Path(__file__).resolve().parents[1] / "cli" / "train.py")  # the task Hydra runs: zoo.cli.train
 COMPONENTS = ("attention.", "position.", "norm.", "ffn.")
 # Hydra flags that take the next argument as their value (that argument is not an override).
 _VALUE_FLAGS = ("--config-path", "-cp", "--config-name", "-cn", "--config-dir", "-cd", "--cfg", "-c",
@@ -33,15 +50,11 @@ def overrides(args: list[str]) -> list[str]:
 
 
 def _is_group(key: str, conf_dir: Path) -> bool:
-    from zoo.config.schema import KINDS
-
     return "/" not in key and ((conf_dir / key).is_dir() or key in KINDS)
 
 
 def _options(group: str, conf_dir: Path) -> list[str]:
     """A group's options: its preset files, and the components registered with no preset (zoo.config.schema)."""
-    from zoo.config.schema import generated_options, register
-
     register()
     files = {p.stem for p in (conf_dir / group).glob("*.yaml") if not p.stem.startswith("_")}
     return sorted(files | set(generated_options(group)))
@@ -49,9 +62,6 @@ def _options(group: str, conf_dir: Path) -> list[str]:
 
 def check_plugins() -> str | None:
     """Import the modules ZOO_PLUGINS names (zoo.registry), or say in one line why one does not import."""
-    from zoo.component import ConfigError
-    from zoo.registry import load_plugins
-
     try:
         load_plugins()
     except ConfigError as e:
@@ -84,8 +94,6 @@ def help_text(args: list[str], conf_dir: Path, doc: str, command: str = "python 
     configs, _ = _compose_all(args, conf_dir)
     if configs is None:
         return None
-    from omegaconf import OmegaConf
-
     options = [f"{g}: {', '.join(_options(g, conf_dir))}" for g in _groups(conf_dir)]
     return "\n".join([doc.strip(), "", "== Configuration groups (group=option) ==", *options, "",
                       "== Config (override any key: key=value) ==", OmegaConf.to_yaml(configs[0]).rstrip(), "",
@@ -93,16 +101,12 @@ def help_text(args: list[str], conf_dir: Path, doc: str, command: str = "python 
 
 
 def _groups(conf_dir: Path) -> list[str]:
-    from zoo.config.schema import KINDS
-
     dirs = {d.name for d in conf_dir.iterdir() if d.is_dir() and d.name != "hydra" and d.name[0] != "_"}
     return sorted(dirs | set(KINDS))
 
 
 def _leaves(cfg, prefix: str = "") -> list[str]:
     """Every key path of a composed config, parents included (`model`, `model.d_model`, ...)."""
-    from omegaconf import DictConfig
-
     out = []
     for key in cfg.keys():
         path = f"{prefix}{key}"
@@ -113,35 +117,20 @@ def _leaves(cfg, prefix: str = "") -> list[str]:
     return out
 
 
-def _compose_all(args: list[str], conf_dir: Path) -> tuple[list | None, str | None]:
-    """(the primary config composed for each group choice given: the first of a sweep, then each other value
-    of a swept group in turn; None when composition fails), and the one-line error of a preset's wrongly
-    typed value (zoo.config.schema.one_line), else None: Hydra then reports the failure itself."""
-    from hydra import compose, initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
-
-    from zoo.config.schema import one_line, register
-
-    groups = {}
-    for arg in overrides(args):
-        key, _, value = arg.partition("=")
-        if _is_group(key.lstrip("+~"), conf_dir) and not any(c in value for c in "()[]{}*$"):
-            groups[key] = value.split(",")
-    first = {k: v[0] for k, v in groups.items()}
-    variants = [first] + [{**first, k: c} for k, v in groups.items() for c in v[1:]]
-    register()
-    GlobalHydra.instance().clear()
-    try:
-        with initialize_config_dir(config_dir=str(conf_dir), version_base="1.3"):
-            return [compose("config", overrides=[f"{k}={v}" for k, v in choice.items()])
-                    for choice in variants], None
-    except Exception as e:
-        return None, one_line(e)
-    finally:
-        GlobalHydra.instance().clear()
+def _compose_all(args: list[str], conf_dir: Path, composed: Composed | None = None) -> tuple[list | None, str | None]:
+    """(the primary config composed for each group choice given, zoo.training.preflight.Composition.primary; None
+    when composition fails), and the one-line error of a preset's wrongly typed value (zoo.config.schema.one_line),
+    else None: Hydra then reports the failure itself. `composed`: the pre-flight's one composition, when it has one
+    (zoo.cli.train.preflight); else these arguments are composed from conf_dir here."""
+    found = composed() if composed is not None else compose_command(args, TASK_FILE, str(conf_dir))
+    if isinstance(found, Failed):
+        return None, one_line(found.error)
+    if found is None:
+        return None, None
+    return found.primary, None
 
 
-def check_keys(args: list[str], conf_dir: Path) -> str | None:
+def check_keys(args: list[str], conf_dir: Path, composed: Composed | None = None) -> str | None:
     """One-line error for `key=value` naming a key the composed config does not have (closest valid key
     suggested), or for a required key (`???`) left unset, else None. Hydra's own report is many lines, and
     its `+key` advice for a misspelling leads to a traceback later."""
@@ -153,7 +142,7 @@ def check_keys(args: list[str], conf_dir: Path) -> str | None:
         if key.startswith(("+", "~")) or key.startswith("hydra") or _is_group(key, conf_dir) or "/" in key:
             continue  # additions and deletions are explicit; hydra.* and group/option are Hydra's own
         given.append(key)
-    configs, error = _compose_all(args, conf_dir)
+    configs, error = _compose_all(args, conf_dir, composed)
     if configs is None:
         return error
     known = set().union(*(_leaves(c) for c in configs))
@@ -169,8 +158,6 @@ def check_keys(args: list[str], conf_dir: Path) -> str | None:
             words = [k.rpartition(".")[2] for k in siblings]
             close = difflib.get_close_matches(parts[bad], words, n=1, cutoff=0.6)
             hint = f" (did you mean {'.'.join(parts[:bad] + close + parts[bad + 1:])}?)" if close else ""
-            from zoo.cli.common import command
-
             where = ", ".join(siblings) if siblings else f"see {command('train')} --cfg job"
             extra = "; a Lightning Trainer argument not in conf/trainer is added with +trainer.<name>=..." \
                 if parent == "trainer" else ""
@@ -178,8 +165,6 @@ def check_keys(args: list[str], conf_dir: Path) -> str | None:
     if error := _check_types(args, configs, conf_dir) or _check_data_path(args, configs) \
             or _check_extras(args, configs):
         return error
-    from omegaconf import OmegaConf
-
     for cfg in configs:
         for key in sorted(OmegaConf.missing_keys(cfg)):
             if key not in given:
@@ -190,17 +175,6 @@ def check_keys(args: list[str], conf_dir: Path) -> str | None:
 def _check_types(args: list[str], configs: list, conf_dir: Path) -> str | None:
     """One-line error for the first `key=value` whose value (any value of a sweep, `seed=0,x`) does not fit the
     key's type in the schema (zoo.config.schema), e.g. `model.d_model: got 'abc'; valid: an integer`; else None."""
-    import copy
-
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-    from hydra.core.override_parser.types import ChoiceSweep, RangeSweep
-    from hydra.errors import HydraException
-    from omegaconf import AnyNode, BooleanNode, ListConfig, OmegaConf
-    from omegaconf.errors import OmegaConfBaseException
-
-    from zoo.config.schema import one_line
-    from zoo.training.safety import too_many_jobs
-
     try:
         parsed = OverridesParser.create().parse_overrides(overrides(args))
     except HydraException:
@@ -267,10 +241,6 @@ def _check_extras(args: list[str], configs: list) -> str | None:
     """`logger=mlflow` without mlflow (and every other extra in EXTRAS) as one line naming the command that
     installs it here (zoo.cli.common.pip_install), before torch loads and before Hydra makes a run directory. The
     configs hold the group choices; a key given on the command line (each value of a sweep) replaces theirs."""
-    from omegaconf import OmegaConf
-
-    from zoo.cli.common import missing_module, needs
-
     given: dict[str, list[str]] = {}
     for arg in overrides(args):
         key, _, value = arg.lstrip("+").partition("=")
@@ -291,10 +261,7 @@ def _check_data_path(args: list[str], configs: list) -> str | None:
     """data.path's one-line error (a missing text file, a directory that is not a prepared corpus), before
     torch loads: the run would say the same after seconds of imports. The configs hold the group choices;
     a data.path on the command line replaces theirs."""
-    from omegaconf import OmegaConf
-
-    from zoo.data.corpus import DataError, check_text_file
-    from zoo.data.tokens import read_manifest
+    from zoo.data.tokens import read_manifest  # lazy: a refused key or --help answers without numpy (numpy 0.08 s)
 
     given = [a.partition("=")[2] for a in overrides(args) if a.partition("=")[0].lstrip("+") == "data.path"]
     for cfg in configs:
@@ -359,8 +326,6 @@ def check_run_dir_free(args: list[str]) -> str | None:
 
     Checked before Hydra starts, because Hydra writes .hydra/ and its log into the directory first;
     the run checks again (and takes the lock) itself."""
-    from zoo.io import busy_message, is_running, is_secondary_rank
-
     if is_secondary_rank() or asks_for_sweep(args):
         return None  # a DDP worker runs in its first process's directory; a sweep's jobs in hydra.sweep.dir
     for arg in args:
@@ -379,8 +344,6 @@ def check_output_dirs(args: list[str]) -> str | None:
     location it cannot write (read-only, no permission), zoo's or Hydra's names there as links or of the wrong
     kind, or a look-alike run (zoo.io.check_run_dir). Checked before Hydra starts, because Hydra creates the
     directory and writes .hydra/ (multirun.yaml in a sweep) first, and its own failure is a traceback."""
-    from zoo.io import RunDirError, check_run_dir, is_secondary_rank
-
     given = {k: v for k, _, v in (a.partition("=") for a in overrides(args))}
     sweep = asks_for_sweep(args)
     key = "hydra.sweep.dir" if sweep else "hydra.run.dir"
@@ -411,8 +374,6 @@ def check_output_dirs(args: list[str]) -> str | None:
 
 def _check_entry(path: Path, kind: str) -> None:
     """RunDirError unless `path` is absent or a `kind` ("file" or "dir"), not a link."""
-    from zoo.io import owned_path
-
     if kind == "file":
         owned_path(path.parent, path.name)
     else:
@@ -420,8 +381,6 @@ def _check_entry(path: Path, kind: str) -> None:
 
 
 def _refuse_link_or_file(path: Path) -> None:
-    from zoo.io import RunDirError
-
     if path.is_symlink():
         raise RunDirError(f"'{path}' is a symbolic link (to '{os.readlink(path)}'); zoo never writes through a "
                           "link in its output directories: remove the link")

@@ -44,9 +44,14 @@ from torch import nn
 from zoo.build import COMPONENTS, ConfigError, resolve_config
 from zoo.commands import needs
 from zoo.component import option_fields
+from zoo.convert import ConversionError, check_pretrained, config_from_hf, first_line, from_pretrained
 from zoo.data.corpus import DataError
-from zoo.data.tokenizers import N_SPECIAL, SENTINEL_IDS, SPECIALS
+from zoo.data.tokenizers import N_SPECIAL, SENTINEL_IDS, SPECIALS, HFTokenizer
+from zoo.data.tokens import read_manifest
+from zoo.net import bound_network
 from zoo.registry import POSITION
+from zoo.training.console import say
+from zoo.training.data import DATA, TokenData
 
 PREFIX = "hf:"
 VALID = "hf:<Hugging Face model id or save_pretrained directory>, or null"
@@ -109,12 +114,9 @@ def _base_config(source: str) -> dict:
         what = "not a directory" if path.exists() else "no such directory"
         raise ConfigError(f"init_from: 'hf:{source}': {what} (a save_pretrained folder or a hub id)")
     try:
-        import transformers
+        import transformers  # optional: hf
     except ImportError:
         raise ConfigError(needs("transformers", "hf", "init_from")) from None
-    from zoo.convert import ConversionError, check_pretrained, config_from_hf
-    from zoo.net import bound_network
-
     bound_network()  # a hub that never answers: ZOO_NET_TIMEOUT_S, not forever
     try:
         if Path(_path(source)).exists():  # a local directory: checked whole, weights too, before any data is read
@@ -127,8 +129,6 @@ def _base_config(source: str) -> dict:
 
 
 def _hub_config(transformers: Any, source: str) -> Any:
-    from zoo.convert import first_line
-
     try:
         return transformers.AutoConfig.from_pretrained(_path(source))
     except Exception as e:  # offline hub misses: one line, whatever was raised
@@ -199,12 +199,7 @@ def _use_tokenizer(data: dict, source: str, overrides: list[str]) -> None:
                               f"valid with init_from: {ours} (the default)")
         data["tokenizer"] = ours
         return
-    from zoo.training.data import DATA, TokenData
-
     if data.get("kind") in DATA and issubclass(DATA.get(data["kind"]), TokenData):  # a prepared corpus
-        from zoo.data.tokenizers import HFTokenizer
-        from zoo.data.tokens import read_manifest
-
         if not isinstance(data.get("path"), str):
             return  # the data module names the missing path
         theirs = read_manifest(data["path"])["tokenizer"]
@@ -255,9 +250,7 @@ def vocab_size(init: InitFrom, tokenizer_vocab: int) -> int:
 def special_rows(source: str) -> dict[int, tuple[int, str]]:
     """zoo special id -> (pretrained id, its token) whose row it starts from (SPECIAL_ROLES); the specials left out
     take the mean row."""
-    import transformers
-
-    from zoo.convert import first_line
+    import transformers  # optional: hf (init_from=hf: checked it is installed before the run)
 
     try:
         tok = transformers.AutoTokenizer.from_pretrained(_path(source))
@@ -322,8 +315,6 @@ def _grouped(names: list[str]) -> str:
 def load_weights(model: nn.Module, source: str) -> str:
     """Copy the converted checkpoint into `model` (built and initialised by zoo) where names and shapes match.
     Returns the one-line report: loaded, fresh (zoo's init kept), unused pretrained tensors."""
-    from zoo.convert import ConversionError, from_pretrained
-
     try:
         converted = from_pretrained(_path(source))
     except ConversionError as e:  # the directory changed since apply() checked it
@@ -357,8 +348,6 @@ def load_weights(model: nn.Module, source: str) -> str:
 
 def init_weights(model: nn.Module, init_from: str | None) -> None:
     """The run's weights from init_from (a fresh run only: a resume takes its checkpoint's); says what it loaded."""
-    from zoo.training.console import say
-
     source = source_in(init_from)
     if source is None:
         return

@@ -1,18 +1,29 @@
 """Only known classes may be instantiated from a config: every `_target_` must be on an explicit allow-list.
 
 Two places instantiate from a config: the run (loggers, in zoo.training.runner) and Hydra itself, which
-builds `hydra.callbacks`, the launcher and the sweeper before the task function runs. `check_argv` composes
-the config train.py is about to run, Hydra's section included, and checks it before Hydra gets that far.
+builds `hydra.callbacks`, the launcher and the sweeper before the task function runs. `check_argv` checks the
+config train.py is about to run, Hydra's section included (the pre-flight's one composition, zoo.training.preflight),
+before Hydra gets that far.
 """
 
 from __future__ import annotations
 
 import math
 import sys
-from pathlib import Path
 from typing import Any
 
+from hydra._internal.utils import get_args_parser
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.errors import HydraException
+from hydra.types import RunMode
+from hydra.utils import instantiate
+from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
 from zoo.component import ConfigError  # torch-free: train.py's checks run before torch loads
+from zoo.io import MAX_SWEEP_JOBS, sweep_size
+from zoo.sweep import ReportError, check_callbacks
+from zoo.training.preflight import Composed, Composition, compose_command
 
 # Exact dotted paths, no prefixes: a prefix such as "zoo." also admits whatever a zoo module imports
 # (zoo.report.np.savez writes files). To allow another class, add its full path to the right group below.
@@ -89,8 +100,6 @@ def check_targets(node: Any, path: str = "") -> None:
 
 def instantiate_allowed(cfg: dict, key: str, **kwargs: Any) -> Any:
     """hydra.utils.instantiate for one object (at config `key`), after checking every nested _target_."""
-    from hydra.utils import instantiate
-
     check_targets(cfg, key)
     return instantiate(cfg, **kwargs)
 
@@ -103,23 +112,16 @@ def _sweep_values(override: Any) -> list[Any]:
     return [override.value().start] if hasattr(override.value(), "end") else list(override.sweep_iterator())
 
 
-def check_argv(argv: list[str], app_file: str, config_path: str = "conf", config_name: str = "config") -> str | None:
+def check_argv(argv: list[str], app_file: str, config_path: str = "conf", config_name: str = "config",
+               composed: Composed | None = None) -> str | None:
     """The one-line error for the first disallowed `_target_` in the config(s) `python <app_file> <argv>` would
     run, Hydra's own section (callbacks, launcher, sweeper, logging) included, or for bad arguments of the sweep's
     report callback; None if all are allowed.
 
-    Reads argv as Hydra does (--config-dir, --config-path, --config-name, -m, hydra.mode=MULTIRUN) and composes
-    the same config; a sweep over a config group is composed once per choice. Commands that run nothing
+    Reads argv as Hydra does (--config-dir, --config-path, --config-name, -m, hydra.mode=MULTIRUN); the config is
+    the pre-flight's one composition (`composed`, zoo.training.preflight), made here when none is given: one config
+    per choice of a swept group. Commands that run nothing
     (--help, --cfg, --info, ...) are not checked. A config Hydra cannot compose is left to Hydra to report."""
-    from hydra._internal.utils import create_automatic_config_search_path, get_args_parser
-    from hydra.core.config_search_path import SearchPathQuery
-    from hydra.core.global_hydra import GlobalHydra
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-    from hydra.errors import HydraException
-    from hydra.types import RunMode
-    from omegaconf import OmegaConf
-    from omegaconf.errors import OmegaConfBaseException
-
     try:
         args = get_args_parser().parse_args(argv)
     except SystemExit:  # argparse has printed its usage error; Hydra will do the same
@@ -129,8 +131,6 @@ def check_argv(argv: list[str], app_file: str, config_path: str = "conf", config
     if args.experimental_rerun is not None:  # it unpickles a saved config and runs it: nothing could check it
         return ("--experimental-rerun: not supported (it unpickles a config, which could run any code); "
                 "valid: rerun with the overrides saved in <run dir>/.hydra/overrides.yaml")
-    from hydra._internal.hydra import Hydra
-
     overrides = list(args.overrides)
     try:
         parsed = OverridesParser.create().parse_overrides(overrides)
@@ -144,20 +144,12 @@ def check_argv(argv: list[str], app_file: str, config_path: str = "conf", config
         return str(e)
     except HydraException:
         return None
-    search_path = create_automatic_config_search_path(str(Path(app_file).resolve()), None,
-                                                      args.config_path or config_path)
-    if args.config_dir is not None:
-        if not Path(args.config_dir).is_dir():
-            return None
-        search_path.prepend(provider="command-line", path=f"file://{Path(args.config_dir).resolve()}",
-                            anchor=SearchPathQuery(provider="schema"))
-    name = args.config_name or config_name
+    found = composed() if composed is not None else compose_command(argv, app_file, config_path, config_name)
+    if not isinstance(found, Composition) or not found.complete:
+        return None  # Hydra reports a config it cannot compose itself, before running anything
     try:
-        hydra = Hydra.create_main_hydra2(task_name=Path(app_file).stem, config_search_path=search_path)
-        # The master config, what Hydra instantiates callbacks, launcher and sweeper from (composed as
-        # Hydra's get_mode does, so one composition serves a single run and a sweep).
-        cfg = hydra.compose_config(name, overrides, run_mode=RunMode.MULTIRUN, with_log_configuration=False,
-                                   from_shell=True, validate_sweep_overrides=False)
+        # The first config, Hydra's section included: what Hydra instantiates callbacks, launcher and sweeper from
+        cfg = found.configs[0]
         check_targets(OmegaConf.to_container(cfg, resolve=False))
         if callbacks := OmegaConf.to_container(cfg.hydra.callbacks, resolve=True):
             _check_report_callbacks(callbacks)
@@ -165,38 +157,31 @@ def check_argv(argv: list[str], app_file: str, config_path: str = "conf", config
             # Each choice of a swept group (on the command line or in hydra.sweeper.params, as the study
             # presets do) may carry its own targets, and each job configures logging from its own config:
             # one config per choice.
-            first = [o.input_line if not o.is_sweep_override() else f"{o.get_key_element()}={_sweep_values(o)[0]}"
-                     for o in parsed]
             params = OmegaConf.to_container(cfg.hydra.sweeper, resolve=False).get("params") or {}
             in_config = OverridesParser.create().parse_overrides([f"{k}={v}" for k, v in params.items()])
             if too_many := too_many_jobs(in_config + parsed, "hydra.sweeper.params and the command line"):
                 return too_many
             if search := check_search(OmegaConf.to_container(cfg.hydra.sweeper, resolve=True), in_config + parsed):
                 return search
-            for o in parsed + in_config:
-                if not (o.is_sweep_override() and hydra.config_loader.repository.group_exists(o.key_or_group)):
+            for other in found.configs[1:]:  # the command line's other choices: composed already
+                check_targets(OmegaConf.to_container(other, resolve=False))
+            for o in in_config:
+                if not (o.is_sweep_override() and found.is_group(o.key_or_group)):
                     continue
-                others = [f for f, p in zip(first, parsed, strict=True) if p.key_or_group != o.key_or_group]
                 for v in _sweep_values(o):
                     try:
-                        cfg = hydra.compose_config(name, [*others, f"{o.get_key_element()}={v}"],
-                                                   run_mode=RunMode.RUN, with_log_configuration=False,
-                                                   from_shell=True)
+                        other = found.choice(o.get_key_element(), v)
                     except (HydraException, OmegaConfBaseException):
                         continue  # a choice that does not compose fails its own job, before it runs
-                    check_targets(OmegaConf.to_container(cfg, resolve=False))
+                    check_targets(OmegaConf.to_container(other, resolve=False))
     except ConfigError as e:
         return str(e)
     except (HydraException, OmegaConfBaseException, OSError, ValueError):
         return None  # Hydra reports a config it cannot compose itself, before running anything
-    finally:
-        GlobalHydra.instance().clear()
     return None
 
 
 def too_many_jobs(parsed: list, where: str) -> str | None:
-    from zoo.io import MAX_SWEEP_JOBS, sweep_size
-
     if sweep_size(parsed) > MAX_SWEEP_JOBS:
         return f"{where}: the sweep plans more than {MAX_SWEEP_JOBS} jobs; valid: fewer values (a sweep's jobs " \
                "are its sweeps' lengths multiplied)"
@@ -230,11 +215,8 @@ def check_search(sweeper: dict, parsed: list) -> str | None:
 
 
 def _check_report_callbacks(callbacks: dict) -> None:
-    """The report callback's own arguments, checked before Hydra creates it (imported here: it loads the report's
-    statistics, which a single run without callbacks need not wait for)."""
-    from zoo.report.callback import check_callbacks
-    from zoo.report.runs import ReportError
-
+    """The report callback's own arguments (zoo.sweep: the report's, without its statistics), checked before Hydra
+    creates it."""
     try:
         check_callbacks(callbacks)
     except ReportError as e:
