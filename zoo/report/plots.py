@@ -10,7 +10,7 @@ import numpy as np
 
 from zoo.io import atomic_write
 from zoo.report.ladder import Ladder, compute
-from zoo.report.stats import confidence_interval
+from zoo.report.stats import confidence_interval, welch_test
 from zoo.report.tables import Row, fmt
 
 MIN_EVALS = 3  # fewer evaluations than this make no curve: plot the training loss instead
@@ -151,8 +151,6 @@ def plot_effects(rows: list[Row], ref: Row, metric: str, higher: bool, path: Pat
     """One line per variant: its difference from ref in mean final metric with the difference's 95% interval
     (Welch), a vertical line at no effect; green where it is better beyond noise, red where worse (study=narang's
     many rows read at a glance)."""
-    from zoo.report.stats import welch_test
-
     shown = [(r, w) for r in rows if r is not ref and (w := welch_test(r.variant.finals(metric),
                                                                         ref.variant.finals(metric))) is not None]
     fig = _figure(7.5, max(2.5, 0.28 * len(shown) + 1.4))

@@ -16,6 +16,7 @@ from torch import nn
 
 from zoo.bench.contenders.base import NotInstalled
 from zoo.bench.settings import Settings, Shape
+from zoo.build import build_model
 
 
 def load_nanogpt(path: Path):
@@ -90,8 +91,6 @@ def zoo_config_of_nanogpt(model_args: Mapping[str, Any]) -> dict:
 def zoo_from_nanogpt(state: Mapping[str, torch.Tensor], model_args: Mapping[str, Any]) -> nn.Module:
     """nanoGPT's GPT (its state_dict and model_args) as zoo's decoder_only, in eval mode: every nanoGPT weight is
     read exactly once and every zoo parameter written (load_state_dict's strict check), or one-line error."""
-    import zoo
-
     sd = {k.removeprefix("_orig_mod."): v for k, v in state.items() if not k.endswith(".attn.bias")
           or v.dim() != 4}  # the causal-mask buffer
     cfg = zoo_config_of_nanogpt(model_args)
@@ -112,7 +111,7 @@ def zoo_from_nanogpt(state: Mapping[str, torch.Tensor], model_args: Mapping[str,
         said = "; ".join(f"{what}: {', '.join(names[:4])}{' ...' if len(names) > 4 else ''}"
                          for what, names in (("unknown keys", unread), ("missing keys", absent)) if names)
         raise NanoGPTCheckpointError(f"nanoGPT checkpoint: not the GPT of its model.py with these model_args ({said})")
-    model = zoo.build_model(cfg).to(sd["transformer.wte.weight"].dtype)  # the checkpoint's dtype, not float32's
+    model = build_model(cfg).to(sd["transformer.wte.weight"].dtype)  # the checkpoint's dtype, not float32's
     try:
         model.load_state_dict({z: sd[n] for z, n in pairs.items()}, strict=True)
     except RuntimeError as e:  # a shape that model_args does not imply
