@@ -77,11 +77,6 @@ def planned_jobs(root: Path) -> tuple[list[list[str]] | None, str]:
     return [list(job) for batch in batches for job in batch], "multirun.yaml"
 
 
-# Checked when Hydra creates the callback, before the first run: a typo would otherwise surface after the sweep.
-# A metric and an `also` name each name a directory inside the sweep's (report_<metric>/, <name>/): a plain name.
-PLAIN_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,99}")
-
-
 def skipped_variants(root: Path) -> dict[str, str]:
     """The variants the sweep's study leaves out, each with its reason: hydra.callbacks.report.skipped in its
     multirun.yaml (study=narang's rows that do not apply to its application); {} where there is none."""
@@ -90,9 +85,15 @@ def skipped_variants(root: Path) -> dict[str, str]:
         return {}
     try:
         found = OmegaConf.select(OmegaConf.create(read_yaml(path)), "hydra.callbacks.report.skipped", default=None)
-        return {str(k): str(v) for k, v in (OmegaConf.to_container(found) if found is not None else {}).items()}
+        skipped = OmegaConf.to_container(found) if found is not None else {}
+        return {str(k): str(v) for k, v in skipped.items()} if isinstance(skipped, dict) else {}
     except Exception:  # an unreadable plan is no reason to withhold the report
         return {}
+
+
+# Checked when Hydra creates the callback, before the first run: a typo would otherwise surface after the sweep.
+# A metric and an `also` name each name a directory inside the sweep's (report_<metric>/, <name>/): a plain name.
+PLAIN_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,99}")
 
 
 def _plain(where: str, value: object, what: str) -> str:
