@@ -12,7 +12,10 @@ against the allow-list).
 
 from __future__ import annotations
 
+import argparse
+import contextlib
 import copy
+import io
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -97,15 +100,22 @@ def _without_hydra(cfg: DictConfig) -> DictConfig:
     return primary
 
 
+def hydra_args(argv: list[str]) -> argparse.Namespace:
+    """argv as Hydra's own parser reads it, printing nothing: SystemExit where it cannot (Hydra prints that usage
+    error itself when it runs, after the checks that need no parse, such as the output directory's, have answered)."""
+    with contextlib.redirect_stderr(io.StringIO()):
+        return get_args_parser().parse_args(argv)
+
+
 def compose_command(argv: list[str], app_file: str, config_path: str, config_name: str = "config") \
         -> Composition | Failed | None:
     """The configs `python <app_file> <argv>` would run (Composition), Failed when they do not compose, None when the
     command names a config folder that is not one (Hydra says so) or its overrides do not parse (Hydra reports
     them). Reads argv as Hydra does: --config-dir, --config-path, --config-name."""
     try:
-        args = get_args_parser().parse_args(argv)
+        args = hydra_args(argv)
         parsed = OverridesParser.create().parse_overrides(list(args.overrides))
-    except (SystemExit, HydraException):  # argparse has printed its usage error; Hydra reports the rest
+    except (SystemExit, HydraException):  # a usage error or a bad override: Hydra reports them
         return None
     search_path = create_automatic_config_search_path(str(Path(app_file).resolve()), None,
                                                       args.config_path or config_path)

@@ -12,7 +12,6 @@ import math
 import sys
 from typing import Any
 
-from hydra._internal.utils import get_args_parser
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import HydraException
 from hydra.types import RunMode
@@ -23,7 +22,7 @@ from omegaconf.errors import OmegaConfBaseException
 from zoo.component import ConfigError  # torch-free: train.py's checks run before torch loads
 from zoo.io import MAX_SWEEP_JOBS, sweep_size
 from zoo.sweep import ReportError, check_callbacks
-from zoo.training.preflight import Composed, Composition, compose_command
+from zoo.training.preflight import Composed, Composition, compose_command, hydra_args
 
 # Exact dotted paths, no prefixes: a prefix such as "zoo." also admits whatever a zoo module imports
 # (zoo.report.np.savez writes files). To allow another class, add its full path to the right group below.
@@ -123,8 +122,8 @@ def check_argv(argv: list[str], app_file: str, config_path: str = "conf", config
     per choice of a swept group. Commands that run nothing
     (--help, --cfg, --info, ...) are not checked. A config Hydra cannot compose is left to Hydra to report."""
     try:
-        args = get_args_parser().parse_args(argv)
-    except SystemExit:  # argparse has printed its usage error; Hydra will do the same
+        args = hydra_args(argv)
+    except SystemExit:  # a usage error: Hydra prints it when it runs
         return None
     if args.help or args.hydra_help or args.cfg or args.info or args.shell_completion:
         return None
