@@ -347,11 +347,12 @@ def run_once(argv: list[str], cwd: Path, env: dict, shared: Path) -> subprocess.
                                   timeout=TIMEOUT)
             written = sorted(rel for rel, stamp in _files(cwd).items() if before.get(rel) != stamp)
             # a run that changed a file it did not create (a shared mlflow.db) depends on the page: not shared
-            shared = not any(rel in before for rel in written)
-            _copy(written if shared else [], cwd, entry / "files")
+            shareable = not any(rel in before for rel in written)
+            entry.mkdir(exist_ok=True)  # a refused command writes no file, and still leaves its record
+            _copy(written if shareable else [], cwd, entry / "files")
             (entry / "run.json").write_text(json.dumps({"argv": argv, "returncode": proc.returncode, "stdout":
                                                         proc.stdout, "stderr": proc.stderr, "written": written,
-                                                        "shared": shared, "cwd": str(cwd)}))
+                                                        "shared": shareable, "cwd": str(cwd)}))
             return proc
         run = json.loads((entry / "run.json").read_text())
         if not run["shared"]:
