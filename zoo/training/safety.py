@@ -97,7 +97,7 @@ def check_targets(node: Any, path: str = "") -> None:
             check_targets(v, f"{path}[{i}]")
 
 
-def instantiate_allowed(cfg: dict, key: str, **kwargs: Any) -> Any:
+def instantiate_allowed(cfg: dict[str, Any], key: str, **kwargs: Any) -> Any:
     """hydra.utils.instantiate for one object (at config `key`), after checking every nested _target_."""
     check_targets(cfg, key)
     return instantiate(cfg, **kwargs)
@@ -109,6 +109,12 @@ def _sweep_values(override: Any) -> list[Any]:
     if not override.is_sweep_override():
         return [override.value()]
     return [override.value().start] if hasattr(override.value(), "end") else list(override.sweep_iterator())
+
+
+def _mapping(node: Any, resolve: bool) -> dict[Any, Any]:
+    """A section of Hydra's config (callbacks, sweeper: mappings) as plain data."""
+    plain = OmegaConf.to_container(node, resolve=resolve)
+    return plain if isinstance(plain, dict) else {}
 
 
 def check_argv(argv: list[str], app_file: str, config_path: str = "conf", config_name: str = "config",
@@ -150,17 +156,17 @@ def check_argv(argv: list[str], app_file: str, config_path: str = "conf", config
         # The first config, Hydra's section included: what Hydra instantiates callbacks, launcher and sweeper from
         cfg = found.configs[0]
         check_targets(OmegaConf.to_container(cfg, resolve=False))
-        if callbacks := OmegaConf.to_container(cfg.hydra.callbacks, resolve=True):
+        if callbacks := _mapping(cfg.hydra.callbacks, resolve=True):
             _check_report_callbacks(callbacks)
         if args.multirun or cfg.hydra.mode == RunMode.MULTIRUN:
             # Each choice of a swept group (on the command line or in hydra.sweeper.params, as the study
             # presets do) may carry its own targets, and each job configures logging from its own config:
             # one config per choice.
-            params = OmegaConf.to_container(cfg.hydra.sweeper, resolve=False).get("params") or {}
+            params = _mapping(cfg.hydra.sweeper, resolve=False).get("params") or {}
             in_config = OverridesParser.create().parse_overrides([f"{k}={v}" for k, v in params.items()])
             if too_many := too_many_jobs(in_config + parsed, "hydra.sweeper.params and the command line"):
                 return too_many
-            if search := check_search(OmegaConf.to_container(cfg.hydra.sweeper, resolve=True), in_config + parsed):
+            if search := check_search(_mapping(cfg.hydra.sweeper, resolve=True), in_config + parsed):
                 return search
             for other in found.configs[1:]:  # the command line's other choices: composed already
                 check_targets(OmegaConf.to_container(other, resolve=False))
@@ -180,7 +186,7 @@ def check_argv(argv: list[str], app_file: str, config_path: str = "conf", config
     return None
 
 
-def too_many_jobs(parsed: list, where: str) -> str | None:
+def too_many_jobs(parsed: list[Any], where: str) -> str | None:
     if sweep_size(parsed) > MAX_SWEEP_JOBS:
         return f"{where}: the sweep plans more than {MAX_SWEEP_JOBS} jobs; valid: fewer values (a sweep's jobs " \
                "are its sweeps' lengths multiplied)"
@@ -190,7 +196,7 @@ def too_many_jobs(parsed: list, where: str) -> str | None:
 OPTUNA = "hydra_plugins.hydra_optuna_sweeper.optuna_sweeper.OptunaSweeper"
 
 
-def check_search(sweeper: dict, parsed: list) -> str | None:
+def check_search(sweeper: dict[str, Any], parsed: list[Any]) -> str | None:
     """A search sweeper's (Optuna's) settings, before its first trial: n_trials and n_jobs at least 1, and each
     interval it samples (hydra.sweeper.params, then the command line) low < high, and low > 0 for a log one."""
     if sweeper.get("_target_") != OPTUNA:
@@ -213,7 +219,7 @@ def check_search(sweeper: dict, parsed: list) -> str | None:
     return None
 
 
-def _check_report_callbacks(callbacks: dict) -> None:
+def _check_report_callbacks(callbacks: dict[str, Any]) -> None:
     """The report callback's own arguments (zoo.sweep: the report's, without its statistics), checked before Hydra
     creates it."""
     try:
