@@ -80,7 +80,7 @@ def _zoo(bin_dir: Path, cwd: Path, *args: str, code: int = 0, **env: str) -> sub
 
 def test_the_venv_imports_its_own_zoo_and_configs(installed, empty):
     code = ("import json, zoo, hydra_plugins.zoo_launcher.parallel_launcher as launcher\n"
-            "from zoo.cli.common import config_dir, config_search_path\n"
+            "from zoo.commands import config_dir, config_search_path\n"
             "print(json.dumps([zoo.__file__, launcher.__file__, str(config_dir()), config_search_path()]))")
     out = _zoo(installed, empty, "python", "-c", code).stdout
     package, launcher, conf, search = json.loads(out)

@@ -16,7 +16,7 @@ from omegaconf import OmegaConf
 from tests.helpers import compose_cfg, save_pretrained_tokenizer, write_corpus
 from zoo import count_params
 from zoo.build import ConfigError
-from zoo.cli.common import config_dir
+from zoo.commands import config_dir
 from zoo.config.plan import plan
 from zoo.hardware import adamw_implementation, resolve_precision
 from zoo.prepare import prepare

@@ -12,7 +12,7 @@ from omegaconf import OmegaConf
 
 from tests.helpers import compose_cfg
 from zoo.build import flatten_config
-from zoo.cli.common import config_dir
+from zoo.commands import config_dir
 
 CONF = config_dir()
 VARIANTS = sorted(p.stem for p in (CONF / "speedrun").glob("*.yaml"))

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from tests.helpers import compose_cfg
-from zoo.cli.common import config_dir
+from zoo.commands import config_dir
 from zoo.config.schema import KINDS
 from zoo.registry import REGISTRIES
 from zoo.training.cli import _options

@@ -1,25 +1,10 @@
-"""What zoo's command-line tools share: a config composed as train.py composes it, and (from zoo.commands, where
-the modules below the tools find them) exit codes, a parser whose mistakes are one line and where the configs are.
+"""A config composed as train.py composes it, for the tools that read one (zoo eval, zoo inspect). What every tool
+shares (exit codes, a parser whose mistakes are one line, where the configs are) is zoo.commands.
 Nothing here imports torch: `zoo --help` and a tool's usage errors answer at once."""
 
 from __future__ import annotations
 
-from zoo.commands import (  # noqa: F401 - re-exported for the tools that import them from here
-    CONFIG_PACKAGE,
-    EXIT_ERROR,
-    EXIT_OK,
-    JOB_CODES,
-    OneLineParser,
-    clone_config_dir,
-    command,
-    config_dir,
-    config_search_path,
-    missing_module,
-    needs,
-    pip_install,
-    run_as,
-    train_command,
-)
+from zoo.commands import config_dir
 from zoo.component import ConfigError  # no torch
 from zoo.io import first_line
 

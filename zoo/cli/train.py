@@ -21,7 +21,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 
-from zoo.cli.common import EXIT_ERROR, EXIT_OK, JOB_CODES, command, config_dir, config_search_path, run_as
+from zoo.commands import EXIT_ERROR, EXIT_OK, JOB_CODES, command, config_dir, config_search_path, run_as
 from zoo.component import ConfigError
 from zoo.io import collect_once_at_exit, pause_gc_while_loading, resume_gc
 from zoo.training.cli import (  # no torch: fast answers

@@ -258,7 +258,7 @@ def component_node(kind: str, name: str, rows: list[Any]) -> type:
 
 def register(conf_dir: Path | None = None) -> None:
     """Put the schema and every component's node in Hydra's ConfigStore; call before composing. `conf_dir`: the
-    configs' folder (default zoo.cli.common.config_dir: the clone's conf/, else the wheel's). Stored once per
+    configs' folder (default zoo.commands.config_dir: the clone's conf/, else the wheel's). Stored once per
     process and folder while the registered options stay the same (`--help` asks once per group)."""
     conf_dir = config_dir() if conf_dir is None else conf_dir
     specs = option_specs()

@@ -239,7 +239,7 @@ def check_extras_given(args: list[str]) -> str | None:
 
 def _check_extras(args: list[str], configs: list) -> str | None:
     """`logger=mlflow` without mlflow (and every other extra in EXTRAS) as one line naming the command that
-    installs it here (zoo.cli.common.pip_install), before torch loads and before Hydra makes a run directory. The
+    installs it here (zoo.commands.pip_install), before torch loads and before Hydra makes a run directory. The
     configs hold the group choices; a key given on the command line (each value of a sweep) replaces theirs."""
     given: dict[str, list[str]] = {}
     for arg in overrides(args):
