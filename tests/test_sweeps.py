@@ -1,5 +1,6 @@
 """Sweeps: Hydra multiruns with zoo's parallel launcher (a failing run, a killed run), Optuna, budget=params."""
 
+import contextlib
 import json
 import os
 import re
@@ -284,6 +285,37 @@ def test_parallel_launcher_survives_a_killed_job(tmp_path, start):
     how = "was killed by SIGKILL" if "killed" not in start else "(was killed by SIGKILL|ended with exit code 255)"
     assert re.search(rf"#1 : [^\n]* : its process {how} before the job finished", out), out[-3000:]
     assert "1 of 5 jobs died before finishing: #1" in out
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, pytest.param(signal.SIGTERM, marks=pytest.mark.slow)],
+                         ids=["SIGINT", "SIGTERM"])
+def test_a_signal_to_the_sweep_stops_it_and_its_running_jobs(tmp_path, sig):
+    """4 runs, 2 at a time, none of which would end by itself, the sweep started with SIGINT ignored (as a script's
+    background job or nohup starts it). Once both run, `sig` goes to the sweep's process alone: no other job starts,
+    each running one stops at a step (last.ckpt, an `interrupted` summary), and the sweep ends."""
+    sweep = tmp_path / "sweep"
+    cmd = [sys.executable, "train.py", "-m", "hydra/launcher=parallel", "hydra.launcher.n_jobs=2", "threads=1",
+           *LONGER, "trainer.max_steps=1000000", "trainer.val_check_interval=1000000", "logger=csv",
+           "seed=0,1,2,3", f"hydra.sweep.dir={sweep}"]
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+    try:
+        deadline = time.monotonic() + 300
+        while not all((sweep / job / "metrics.csv").is_file() for job in "01"):
+            assert proc.poll() is None and time.monotonic() < deadline, "the sweep ended before both jobs ran"
+            time.sleep(0.1)
+        proc.send_signal(sig)
+        out, _ = proc.communicate(timeout=120)  # a step and a checkpoint each: seconds
+    finally:
+        with contextlib.suppress(ProcessLookupError):  # the jobs too, if they outlived it
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode != 0, out[-3000:]
+    assert "interrupted: waiting for 2 running jobs to stop" in out, out[-3000:]
+    assert sorted(p.name for p in sweep.iterdir() if p.name.isdigit()) == ["0", "1"], out[-3000:]  # none started
+    for job in "01":
+        summary = json.loads((sweep / job / "summary.json").read_text())
+        assert summary["status"] == "interrupted" and summary["steps"] >= 1, summary
+        assert (sweep / job / "checkpoints" / "last.ckpt").is_file()
 
 
 @pytest.mark.slow

@@ -20,9 +20,11 @@ import os
 import pickle
 import signal
 import sys
+import threading
 import time
 import traceback
 from collections import deque
+from contextlib import contextmanager
 from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
 from pathlib import Path
@@ -91,51 +93,75 @@ def launch(launcher, job_overrides, initial_job_idx: int) -> list[JobReturn]:
     results: list[JobReturn | None] = [None] * len(job_overrides)
     lost: list[_Job] = []
     interrupted = False
-    while pending or running:
-        try:
-            while pending and len(running) < launcher.n_jobs:
-                pos, overrides = pending.popleft()
-                running.append(_start(ctx, payload, pos, initial_job_idx + pos, list(overrides), own_console))
-                running[-1].varying = varying
-            # A job is over once its pipe is closed (it sent its result, or died) and its process has exited.
-            ready = wait([j.conn if j.conn is not None else j.proc.sentinel for j in running],
-                         PROGRESS_EVERY_S if own_console else None)
-            for job in list(running):
-                if job.conn is not None and job.conn in ready:
-                    _receive(job)
-                    if own_console and job.output_dir is not None and not job.announced:
-                        job.announced = True
-                        log.info(f"{job.tag()} started; its console: {Path(job.output_dir) / CONSOLE}")
-                if job.conn is None and wait([job.proc.sentinel], 0):
-                    job.proc.join()
-                    running.remove(job)
-                    if job.result is None:
-                        lost.append(job)
-                        job.result = _lost(job)
-                    elif own_console:
-                        log.info(f"{job.tag()} {outcome(job.output_dir)}")
-                    results[job.pos] = job.result
-            if own_console and not ready:  # a quiet spell: where each running job is
+    with _interrupted_by_signals():
+        while pending or running:
+            try:
+                while pending and len(running) < launcher.n_jobs:
+                    pos, overrides = pending.popleft()
+                    running.append(_start(ctx, payload, pos, initial_job_idx + pos, list(overrides), own_console))
+                    running[-1].varying = varying
+                # A job is over once its pipe is closed (it sent its result, or died) and its process has exited.
+                ready = wait([j.conn if j.conn is not None else j.proc.sentinel for j in running],
+                             PROGRESS_EVERY_S if own_console else None)
+                for job in list(running):
+                    if job.conn is not None and job.conn in ready:
+                        _receive(job)
+                        if own_console and job.output_dir is not None and not job.announced:
+                            job.announced = True
+                            log.info(f"{job.tag()} started; its console: {Path(job.output_dir) / CONSOLE}")
+                    if job.conn is None and wait([job.proc.sentinel], 0):
+                        job.proc.join()
+                        running.remove(job)
+                        if job.result is None:
+                            lost.append(job)
+                            job.result = _lost(job)
+                        elif own_console:
+                            log.info(f"{job.tag()} {outcome(job.output_dir)}")
+                        results[job.pos] = job.result
+                if own_console and not ready:  # a quiet spell: where each running job is
+                    for job in running:
+                        if job.output_dir is not None and (where := progress(job.output_dir)):
+                            log.info(f"{job.tag()} {where}")
+            except KeyboardInterrupt:
+                if interrupted:
+                    for job in running:
+                        job.proc.kill()
+                        job.proc.join()
+                    raise
+                # Ctrl-C or SIGTERM: start no more jobs, ask the running ones to stop (SIGTERM: zoo's runs finish
+                # the step and save last.ckpt; a job that had the signal already just hears it again), keep reading
+                # their results until they exit, then end the sweep.
+                interrupted = True
+                pending.clear()
                 for job in running:
-                    if job.output_dir is not None and (where := progress(job.output_dir)):
-                        log.info(f"{job.tag()} {where}")
-        except KeyboardInterrupt:
-            if interrupted:
-                for job in running:
-                    job.proc.kill()
-                    job.proc.join()
-                raise
-            # Ctrl-C reached the jobs too (one process group), and zoo's runs stop cleanly on it: start no
-            # more, keep reading the running ones' results until they exit, then end the sweep.
-            interrupted = True
-            pending.clear()
-            log.warning(f"interrupted: waiting for {len(running)} running jobs to stop (Ctrl-C again kills them)")
+                    job.proc.terminate()
+                log.warning(f"interrupted: waiting for {len(running)} running jobs to stop (Ctrl-C again kills them)")
     if interrupted:
         raise KeyboardInterrupt
     if lost:
         log.error(f"{len(lost)} of {len(job_overrides)} jobs died before finishing: "
                   f"{', '.join(f'#{j.num}' for j in lost)}; the others ran to the end")
     return results
+
+
+@contextmanager
+def _interrupted_by_signals():
+    """While the jobs run, SIGINT and SIGTERM raise KeyboardInterrupt here. SIGINT even where this process
+    inherited it ignored (started in the background by a script, or by nohup): the jobs' own handler takes it
+    anyway (zoo.training.callbacks.GracefulStop), and a launcher that ignored it would start the next jobs as the
+    running ones stop. SIGTERM, Python's default for which is to die at once, leaves the jobs running unwatched."""
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt
+
+    if threading.current_thread() is not threading.main_thread():  # signals can only be set there
+        yield
+        return
+    previous = {sig: signal.signal(sig, interrupt) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def _start(ctx, payload: bytes, pos: int, num: int, overrides: list[str], own_console: bool) -> _Job:
