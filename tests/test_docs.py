@@ -1,24 +1,27 @@
 """Every command in README.md and docs/*.md runs as written.
 
-Commands come from the docs themselves: each line of a ```bash block, each `$ ` line of a console block
-(whose following lines are the output it must print), each ```python block, and each inline `python ...`
-command; a ```python <file>.py block is a file the reader saves, written for the commands after it. They run in
-document order in one fresh working directory holding links to train.py, sample.py and conf/, as in a user's
-checkout, so a later command finds what an earlier one wrote
-(`outputs/<date>/<time>/checkpoints/best.ckpt`). Each page has its own directory and runs on its own
-pytest-xdist worker (an `xdist_group` per page): a page's commands rely only on what that page ran before them,
-as a reader who opens that page alone would. The only changes shrink a run: overrides appended for
-steps, sizes and seeds the command leaves at their defaults, and steps or sizes it sets lowered to the
-test's; placeholders (`<ckpt>`) are filled with the path the command describes. A command that needs
-what this machine lacks says so in the docs with a trailing `# needs: <what>` and is skipped with that
-reason. A training command that several pages show (the same shrunk argv, reading nothing of its checkout) is
-trained once per session and its exit code, output and files shared with the other pages (run_once).
+Commands come from the docs themselves: each line of a ```bash block, each `$ ` line of a console block (whose
+following lines are the output it must print), each ```python block, and each inline `python ...` command; a
+```python <file>.py block is a file the reader saves, written for the commands after it. They run in document order
+in one fresh working directory holding links to train.py, sample.py and conf/, as in a user's checkout, so a later
+command finds what an earlier one wrote (`outputs/<date>/<time>/checkpoints/best.ckpt`). Each page has its own
+directory and runs on one pytest-xdist worker (an `xdist_group` per page): a page's commands rely only on what that
+page ran before them, as a reader who opens that page alone would. A training command that reads nothing of its
+checkout (`detached`: most studies and sweeps, the slowest commands) runs in a directory and group of its own, on
+whichever worker is free; a later command of its page that reads what the page wrote first gets its files
+(`materialize`), as if it had run there. The only changes shrink a run: overrides appended for steps, sizes and
+seeds the command leaves at their defaults, and steps or sizes it sets lowered to the test's; placeholders
+(`<ckpt>`) are filled with the path the command describes. A command that needs what this machine lacks says so in
+the docs with a trailing `# needs: <what>` and is skipped with that reason. A training command that several pages
+show (the same shrunk argv, reading nothing of its checkout) is trained once per session and its exit code, output
+and files shared with the other pages (run_once).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import re
 import shlex
@@ -163,6 +166,39 @@ def _in_order(commands: list[Command]) -> list[Command]:
 COMMANDS = _in_order(collect())
 
 
+def detached(command: Command) -> bool:
+    """A training command whose run depends on its argv alone and that writes only its own Hydra directories (no
+    logger's shared store): it needs none of its page's history, so it runs apart (its own checkout and xdist group)."""
+    if command.kind != "shell" or command.needs or command.serves or command.output or "&&" in command.text:
+        return False
+    argv = shlex.split(command.text)
+    return argv[:2] == ["python", "train.py"] and \
+        not any(READS_CHECKOUT.search(a) or re.match(r"[+~]*logger[=.]", a) for a in argv[2:])
+
+
+def group(command: Command) -> str:
+    """The xdist group and checkout a command runs in: its page's, or its own when detached."""
+    return f"{command.where} {command.text}" if detached(command) else page(command)  # two may share a line
+
+
+def _study(command: Command) -> tuple[str, ...] | None:
+    """A study command's sweep directory, by what names it: the study, its ladder, its budget."""
+    if not (m := re.search(r"\bstudy=(\w+)", command.text)):
+        return None
+    return (m.group(1), *re.findall(r"\b(?:ladder|budget)=\w+", command.text))
+
+
+def depends_on(command: Command) -> list[Command]:
+    """The detached commands of the page whose files this command's checkout needs before it runs, in page order: every
+    earlier one for a command that reads what the page wrote (a placeholder), the same study's earlier runs for a
+    detached study (a fixed sweep directory that the later command continues)."""
+    earlier = [c for c in COMMANDS[:COMMANDS.index(command)]  # not a slow one: the default run does not run it
+               if page(c) == page(command) and detached(c) and not slow(c)]
+    if detached(command):
+        return [c for c in earlier if _study(command) and _study(c) == _study(command)]
+    return earlier if _reads(command) else []
+
+
 def test_the_docs_have_commands():
     assert len([c for c in COMMANDS if c.kind == "shell"]) >= 20, [c.text for c in COMMANDS]
     assert any("study=" in c.text for c in COMMANDS)
@@ -170,7 +206,7 @@ def test_the_docs_have_commands():
 
 @pytest.fixture(scope="module")
 def checkouts() -> dict[str, Path]:
-    """One user's checkout per page, made when the page's first command runs."""
+    """One user's checkout per group (a page, or a detached command), made when the group's first command runs."""
     return {}
 
 
@@ -178,11 +214,11 @@ def checkouts() -> dict[str, Path]:
 def workdir(command: Command, checkouts: dict[str, Path], tmp_path_factory) -> Path:
     """A user's checkout: train.py, sample.py and conf/ where the docs expect them, and what this page's earlier
     commands wrote."""
-    if page(command) not in checkouts:
-        d = checkouts[page(command)] = tmp_path_factory.mktemp(re.sub(r"\W", "_", page(command)))
+    if group(command) not in checkouts:
+        d = checkouts[group(command)] = tmp_path_factory.mktemp(re.sub(r"\W", "_", group(command))[:60])
         for name in ("train.py", "sample.py", "conf"):
             (d / name).symlink_to(ROOT / name)
-    return checkouts[page(command)]
+    return checkouts[group(command)]
 
 
 def _latest(pattern: str, cwd: Path) -> str:
@@ -363,6 +399,23 @@ def run_once(argv: list[str], cwd: Path, env: dict, shared: Path) -> subprocess.
         return subprocess.CompletedProcess(argv, run["returncode"], here["stdout"], here["stderr"])
 
 
+MATERIALIZED: dict[Path, set[str]] = {}  # checkout -> the detached commands whose files it holds
+
+
+def materialize(command: Command, cwd: Path, shared: Path) -> None:
+    """Bring the files of the detached commands this one depends on into its checkout, in page order (run_once: the
+    record another worker made, or the run itself when none did yet)."""
+    done = MATERIALIZED.setdefault(cwd, set())
+    for dep in depends_on(command):
+        if group(dep) not in done:
+            proc = run_once(shrink(shlex.split(dep.text)), cwd, _env(cwd), shared)
+            assert proc.returncode == 0, f"{command.where} needs {dep.where} `{dep.text}`, which exited " \
+                                         f"{proc.returncode}:\n{proc.stderr[-2000:]}"
+            done.add(group(dep))
+    if detached(command):
+        done.add(group(command))
+
+
 def _env(cwd: Path) -> dict:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "WANDB_MODE": "offline", "WANDB_SILENT": "true",
            "HYDRA_FULL_ERROR": "0"}
@@ -370,11 +423,35 @@ def _env(cwd: Path) -> dict:
     return env
 
 
-def _param(c: Command):
+# A study sweeping more variants than this trains one shrunk run per variant for minutes (study=narang and its
+# application twins, study=catalogue: 35-47 each): its command runs with the slow tests. The default run keeps the
+# presets' machinery (their two-row study, docs/studies.md `study=narang narang=vanilla,swiglu`), and
+# tests/test_narang.py composes and builds every row of every one of them.
+BIG_STUDY = 30
+
+
+def variants(command: Command) -> int:
+    """How many variants a study command sweeps (seeds aside): its preset's sweeper params, each as the command
+    overrides it."""
+    import yaml
+
+    m = re.search(r"\bstudy=(\w+)", command.text)
+    if not m or not (preset := ROOT / "conf" / "study" / f"{m.group(1)}.yaml").is_file():
+        return 0
+    params = ((yaml.safe_load(preset.read_text()).get("hydra") or {}).get("sweeper") or {}).get("params") or {}
+    given = dict(a.split("=", 1) for a in shlex.split(command.text) if "=" in a)
+    return math.prod(len(str(given.get(k, v)).split(",")) for k, v in params.items() if k != "seed")
+
+
+def slow(c: Command) -> bool:
     """Benchmark commands run with the slow tests: the full benchmark compiles models for minutes even with --quick,
-    and each section's --quick run (5-15 s each) repeats what tests/test_bench.py checks section by section."""
-    slow = c.text.startswith("python -m zoo.bench") and "--help" not in c.text
-    marks = [pytest.mark.xdist_group(page(c)), *([pytest.mark.slow] if slow else [])]
+    and each section's --quick run (5-15 s each) repeats what tests/test_bench.py checks section by section. So do
+    the big studies (BIG_STUDY)."""
+    return c.text.startswith("python -m zoo.bench") and "--help" not in c.text or variants(c) > BIG_STUDY
+
+
+def _param(c: Command):
+    marks = [pytest.mark.xdist_group(group(c)), *([pytest.mark.slow] if slow(c) else [])]
     return pytest.param(c, id=f"{c.where} {c.text[:60]}", marks=marks)
 
 
@@ -390,6 +467,7 @@ def test_documented_command_runs_as_written(command: Command, workdir: Path, sha
                               capture_output=True, text=True, timeout=TIMEOUT)
         assert proc.returncode == 0, f"{command.where}: the Python example fails:\n{proc.stderr[-3000:]}"
         return
+    materialize(command, workdir, shared_runs)
     parts = [p.strip() for p in command.text.split("&&")]
     runnable = [p for p in parts if not p.startswith(tuple(SETUP))]
     if not runnable:
