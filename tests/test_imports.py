@@ -134,8 +134,17 @@ def imports(source: str) -> list[Import]:
     return found
 
 
+def _packages(imp: Import) -> list[Import]:
+    """Importing zoo.a.b runs zoo/a/__init__.py first: an edge to each package holding the target, but not to one
+    that holds the importing module (Python is already running that package's __init__)."""
+    parts = imp.target.split(".")
+    held = [".".join(parts[:i]) for i in range(2, len(parts))]
+    return [Import(imp.source, p, imp.line, imp.local, imp.reason) for p in held
+            if p in MODULES and not imp.source.startswith(p + ".") and p != imp.source]
+
+
 ALL = [imp for source in MODULES for imp in imports(source)]
-EDGES = [imp for imp in ALL if imp.target in MODULES]
+EDGES = [edge for imp in ALL if imp.target in MODULES for edge in (imp, *_packages(imp))]
 
 
 def layer(module: str) -> str | None:

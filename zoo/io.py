@@ -24,6 +24,11 @@ from typing import IO, Any
 from zoo.component import ConfigError  # no torch
 
 
+class DataError(ValueError):
+    """Bad data or data settings; the message is one line naming the config key to change. Defined here, below the
+    data layer, so that zoo.net can raise one without importing the zoo.data package (whose tokenizers import it)."""
+
+
 def cache_dir() -> Path:
     """zoo's per-user cache: `$ZOO_CACHE`, else `$XDG_CACHE_HOME/zoo`, else `~/.cache/zoo`."""
     root = os.environ.get("ZOO_CACHE") or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "zoo"

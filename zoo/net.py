@@ -19,7 +19,7 @@ import os
 import sys
 
 from zoo.component import ConfigError
-from zoo.data.corpus import DataError
+from zoo.io import DataError
 
 TIMEOUT_ENV = "ZOO_NET_TIMEOUT_S"
 DEFAULT_TIMEOUT_S = 10.0

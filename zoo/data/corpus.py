@@ -13,6 +13,7 @@ import shlex
 from pathlib import Path
 
 from zoo.commands import command
+from zoo.io import DataError as DataError  # zoo.data's error; below the data layer (zoo.net subclasses it)
 from zoo.io import special_file
 
 DEFAULT_CORPUS = Path(__file__).resolve().parent / "shakespeare.txt.gz"
@@ -28,10 +29,6 @@ def too_big(what: str, size: int, prepare_args: str) -> str:
     return (f"{what} is {size / 1e6:,.0f} MB, more than the {MAX_TEXT_BYTES / 1e6:.0f} MB a run reads into memory; "
             f"prepare it once with `{command('prepare')} {prepare_args} --out corpus.tokens` and train with "
             "data=tokens data.path=corpus.tokens")
-
-
-class DataError(ValueError):
-    """Bad data or data settings; the message is one line naming the config key to change."""
 
 
 class DataFileNotFoundError(DataError, FileNotFoundError):
