@@ -12,7 +12,7 @@ import hashlib
 import json
 import math
 import zlib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +22,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from zoo.commands import command, needs
-from zoo.config.data import DataOptions, TaskOptions, TextOptions, TokensOptions, WindowOptions, data_options
+from zoo.config.data import DataOptions, HFOptions, TaskOptions, TextOptions, TokensOptions, WindowOptions, data_options
 from zoo.data import corpus
 from zoo.data.corpus import DataError, load_default_corpus, read_text_file, split_text
 from zoo.data.tasks import TASK_ALPHABET, get_task, sequence_len, task_splits
@@ -37,6 +37,7 @@ DATA = Registry("data")  # keyed by cfg.data.kind
 # Validation windows (and their masking) do not depend on the run's seed: every run of a sweep, every
 # seed included, is scored on the same tokens, so seed-to-seed spread is training noise alone.
 VAL_SEED = 0
+Batch = dict[str, torch.Tensor]  # what an objective makes of windows or pairs (Objective.text_batch, task_batch)
 
 
 def generator(seed: int, stream: str, i: int) -> torch.Generator:
@@ -49,7 +50,7 @@ class StepLoader:
     Stateful: Lightning stores `state_dict()` in checkpoints, so a resumed run continues at the next
     batch. With several processes, process r of w takes batches i * w + r."""
 
-    def __init__(self, make: Callable[[torch.Generator], dict], seed: int, length: int, rank: int = 0,
+    def __init__(self, make: Callable[[torch.Generator], Batch], seed: int, length: int, rank: int = 0,
                  world: int = 1):
         self.make, self.seed, self.length, self.rank, self.world = make, seed, length, rank, world
         self.start, self._yielded = 0, 0
@@ -57,16 +58,16 @@ class StepLoader:
     def __len__(self) -> int:
         return self.length
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[Batch]:
         start, self.start = self.start, 0
         for i in range(start, self.length):
             self._yielded = i + 1
             yield self.make(generator(self.seed, "train", i * self.world + self.rank))
 
-    def state_dict(self) -> dict:
+    def state_dict(self) -> dict[str, int]:
         return {"next": self._yielded}  # saved after the step that used batch _yielded - 1
 
-    def load_state_dict(self, state: dict) -> None:
+    def load_state_dict(self, state: dict[str, int]) -> None:
         self.start = state["next"]
 
 
@@ -76,7 +77,7 @@ class TokenSplit:
     A window never crosses from one part into the next; its start is uniform over all parts' starts, so a
     single part draws exactly what one tensor would: `randint(0, len - length - 1)`."""
 
-    def __init__(self, parts: list[np.ndarray]):
+    def __init__(self, parts: Sequence[np.ndarray]):  # arrays, or np.memmap shards
         self.parts = parts
         self.len = sum(len(p) for p in parts)
 
@@ -102,34 +103,42 @@ def data_fingerprint(source: str, content: bytes) -> dict[str, str]:
     return {"source": source, "sha256": hashlib.sha256(content).hexdigest()}
 
 
-class ZooData(L.LightningDataModule):
+class ZooData(L.LightningDataModule):  # type: ignore[misc]  # Lightning is read untyped (pyproject.toml)
     """Shared by every data kind: `objective` turns raw examples into a lineage's batches."""
 
     tokenizer: Tokenizer
     fingerprint: dict[str, str]  # data_fingerprint(): set by each kind once it has read its data
     is_task = False
-    long_val_batches: list[dict] = []  # text data with data.long_context: validation at a longer length
 
     def __init__(self, cfg: DataOptions, seed: int, steps: int):
         super().__init__()
         self.cfg, self.seed, self.steps = cfg, seed, steps
-        self.batch_size = cfg.batch_size
-        sizes = {"batch_size": cfg.batch_size}
+        self.batch_size = _positive("batch_size", cfg.batch_size)
         if isinstance(cfg, WindowOptions):
-            sizes["context"] = cfg.context
+            _positive("context", cfg.context)
             if cfg.long_context is not None:  # optional: null turns it off
-                sizes["long_context"] = cfg.long_context
-        for key, value in sizes.items():
-            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-                raise DataError(f"data.{key}: must be a positive integer, got {value!r}")
+                _positive("long_context", cfg.long_context)
         self.objective: Objective | None = None  # set by the training run once the model is known
+
+    def _objective(self) -> Objective:
+        assert self.objective is not None, "the training run sets data.objective before it asks for batches"
+        return self.objective
 
     def required_len(self) -> int:
         """The longest sequence the model will see (sizes learned positions)."""
         raise NotImplementedError
 
-    def train_batch(self, g: torch.Generator) -> dict:
+    def train_batch(self, g: torch.Generator) -> Batch:
         raise NotImplementedError
+
+    @property
+    def val_batches(self) -> list[Batch]:
+        raise NotImplementedError
+
+    @property
+    def long_val_batches(self) -> list[Batch]:
+        """Text data with data.long_context: validation at a longer length; none by default."""
+        return []
 
     def train_dataloader(self) -> StepLoader:
         rank, world = (self.trainer.global_rank, self.trainer.world_size) if self.trainer else (0, 1)
@@ -150,6 +159,7 @@ class WindowData(ZooData):
     tokens_per_char: float
 
     def _make_val_windows(self, cfg: WindowOptions) -> None:
+        assert cfg.context is not None  # ZooData.__init__ refused one that is not a positive integer
         self.context = cfg.context
         for split, tokens in (("train", self.train_tokens), ("validation", self.val_tokens)):
             if not tokens.fits(self.context):
@@ -158,7 +168,7 @@ class WindowData(ZooData):
         g = generator(VAL_SEED, "val", 0)
         self.val_windows = [self._windows(self.val_tokens, g) for _ in range(cfg.eval_batches)]
         self.long_context = cfg.long_context  # also evaluated at this length: extrapolation
-        self.long_val_windows = []
+        self.long_val_windows: list[torch.Tensor] = []
         if self.long_context is not None:
             if not self.val_tokens.fits(self.long_context):
                 raise DataError(f"data.long_context: {self.long_context} is not shorter than the validation split "
@@ -173,24 +183,25 @@ class WindowData(ZooData):
     def _windows(self, tokens: TokenSplit, g: torch.Generator, context: int | None = None) -> torch.Tensor:
         return tokens.windows(g, self.batch_size, context or self.context)
 
-    def train_batch(self, g):
-        return self.objective.text_batch(self._windows(self.train_tokens, g), g)
+    def train_batch(self, g: torch.Generator) -> Batch:
+        return self._objective().text_batch(self._windows(self.train_tokens, g), g)
 
     @property
-    def val_batches(self) -> list[dict]:
+    def val_batches(self) -> list[Batch]:
         g = generator(VAL_SEED, "val-objective", 0)
-        return [self.objective.text_batch(w, g) for w in self.val_windows]
+        return [self._objective().text_batch(w, g) for w in self.val_windows]
 
     @property
-    def long_val_batches(self) -> list[dict]:
+    def long_val_batches(self) -> list[Batch]:
         g = generator(VAL_SEED, "val-long-objective", 0)
-        return [self.objective.text_batch(w, g) for w in self.long_val_windows]
+        return [self._objective().text_batch(w, g) for w in self.long_val_windows]
 
 
 @DATA.register("text")
 class TextData(WindowData):
     """A text split 90/10 into train and validation, tokenized in memory (data.tokenizer)."""
 
+    cfg: TextOptions
     def __init__(self, cfg: TextOptions, seed: int, steps: int):
         super().__init__(cfg, seed, steps)
         text = self.read_text()
@@ -224,6 +235,7 @@ class TextData(WindowData):
 class HFTextData(TextData):
     """A Hugging Face dataset by name (or a local data files builder such as 'text'), joined into one text."""
 
+    cfg: HFOptions  # build_data gives data.kind=hf its options
     def read_text(self) -> str:
         try:
             import datasets
@@ -254,6 +266,7 @@ class HFTextData(TextData):
             raise DataError(corpus.too_big(f"data.dataset: '{self.cfg.dataset}'", size, args))
 
     def _bpe_cache_path(self) -> Path:
+        assert self.cfg.dataset is not None  # read_text has loaded it
         return cache_dir() / f"{self.cfg.dataset.replace('/', '_')}.bpe.json"
 
 
@@ -289,14 +302,20 @@ class TokenData(WindowData):
 class TaskData(ZooData):
     """A synthetic seq2seq task; validation is in-distribution, test has longer inputs."""
 
+    cfg: TaskOptions
     is_task = True
 
     def __init__(self, cfg: TaskOptions, seed: int, steps: int):
         super().__init__(cfg, seed, steps)
-        self.task = get_task(cfg.task)
+        name = str(cfg.task)  # a missing one (None) is refused there as unknown, naming the valid tasks
+        self.task = get_task(name)
         self.tokenizer = build_tokenizer("char").fit(TASK_ALPHABET)
-        splits = task_splits(cfg.task, cfg.n_train, cfg.n_val, cfg.n_test,
-                             tuple(cfg.train_len), tuple(cfg.test_len), seed=cfg.seed)
+        # every task preset (conf/data/) sets these; zoo.config.checks.check_data refuses bad ones before a run
+        assert cfg.n_train is not None and cfg.n_val is not None and cfg.n_test is not None
+        assert cfg.train_len is not None and cfg.test_len is not None
+        (train_lo, train_hi), (test_lo, test_hi) = cfg.train_len, cfg.test_len
+        splits = task_splits(name, cfg.n_train, cfg.n_val, cfg.n_test,
+                             (train_lo, train_hi), (test_lo, test_hi), seed=cfg.seed)
         encode = self.tokenizer.encode
         self.splits = {k: [(encode(s), encode(t)) for s, t in v] for k, v in splits.items()}
         # the examples the task's settings generate: a change of the generator is a change of the data too
@@ -304,17 +323,19 @@ class TaskData(ZooData):
         self.tokens_per_char = 1.0
 
     def required_len(self) -> int:
+        assert self.cfg.test_len is not None  # __init__ made the test split from it
         return sequence_len(self.task.name, self.cfg.test_len[1])
 
-    def train_batch(self, g):
+    def train_batch(self, g: torch.Generator) -> Batch:
         pairs = self.splits["train"]
         idx = torch.randint(0, len(pairs), (self.batch_size,), generator=g).tolist()
-        return self.objective.task_batch([pairs[i] for i in idx])
+        return self._objective().task_batch([pairs[i] for i in idx])
 
     @property
-    def val_batches(self) -> list[dict]:
+    def val_batches(self) -> list[Batch]:
         pairs = self.splits["val"]
-        return [self.objective.task_batch(pairs[i:i + self.batch_size]) for i in range(0, len(pairs), self.batch_size)]
+        return [self._objective().task_batch(pairs[i:i + self.batch_size])
+                for i in range(0, len(pairs), self.batch_size)]
 
 
 def build_data(cfg: DataOptions | Mapping[str, Any], seed: int, steps: int) -> ZooData:
@@ -323,7 +344,15 @@ def build_data(cfg: DataOptions | Mapping[str, Any], seed: int, steps: int) -> Z
     options = cfg if isinstance(cfg, DataOptions) else data_options(cfg)
     if options.kind not in DATA:
         raise DataError(f"data.kind: unknown '{options.kind}'; valid: {', '.join(DATA.names())}")
-    return DATA.get(options.kind)(options, seed, steps)
+    data: ZooData = DATA.get(options.kind)(options, seed, steps)
+    return data
+
+
+def _positive(key: str, value: object) -> int:
+    """A size that must be a positive integer (data.batch_size, data.context, ...), or a one-line error naming it."""
+    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+        raise DataError(f"data.{key}: must be a positive integer, got {value!r}")
+    return value
 
 
 def bits_per_char(loss: float, tokens_per_char: float) -> float:

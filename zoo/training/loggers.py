@@ -19,16 +19,18 @@ from __future__ import annotations
 import collections
 import contextlib
 import fcntl
+import functools
 import socket
 import sys
 import urllib.parse
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 from hydra.core.hydra_config import HydraConfig
 from hydra.experimental.callback import Callback
 from lightning.pytorch.utilities import rank_zero_only
+from omegaconf import DictConfig
 
 from zoo.build import ConfigError, flatten_config
 from zoo.commands import pip_install
@@ -36,7 +38,7 @@ from zoo.net import RETRIES, bound_network, timeout_s
 from zoo.sweep import parse_overrides, planned_jobs
 from zoo.training.console import say, warn
 from zoo.training.resume import RESUME_MAY_CHANGE
-from zoo.training.safety import instantiate_allowed
+from zoo.training.safety import instantiate_allowed, plain_mapping
 
 DEFAULT_EXPERIMENT = "zoo"  # MLflow experiment of runs outside a multirun
 ROLE_TAG, SWEEP_TAG = "zoo.role", "zoo.sweep_dir"
@@ -45,20 +47,20 @@ KIND_TAG, MODEL_TRAINING = "mlflow.experimentKind", "custom_model_development"
 STORE_SCHEMES = ("sqlite", "http", "https", "postgresql", "mysql", "mssql", "databricks", "file", "")  # MLflow's
 
 
-def build_loggers(nodes: Mapping[str, Mapping[str, Any]], seed: int, run_dir: Path) -> list:
+def build_loggers(nodes: Mapping[str, Mapping[str, Any]], seed: int, run_dir: Path) -> list[Any]:
     """The Lightning loggers the run's logger section asks for (name -> its `_target_` node: RunPlan.logger),
     writing into `run_dir`; seed: the run's (a dashboard names the run by it)."""
     loggers = []
     for key, cfg in nodes.items():
         target = str(cfg.get("_target_", ""))
-        extra = {}
+        extra: dict[str, Any] = {}
         if target.endswith(REMOTE):
             bound_network()
         if target.endswith("WandbLogger"):
             extra = _wandb_naming(cfg, seed)
         elif target.endswith("MLFlowLogger"):
             extra = _mlflow_run(cfg, f"logger.{key}", seed)
-        logger = instantiate_allowed(cfg, f"logger.{key}", save_dir=str(run_dir), **extra)
+        logger = instantiate_allowed(dict(cfg), f"logger.{key}", save_dir=str(run_dir), **extra)
         if target.endswith(REMOTE):
             _start(logger, cfg, f"logger.{key}")
             Dashboard(logger, key, str(cfg.get("tracking_uri") or "W&B"), run_dir)
@@ -69,7 +71,7 @@ def build_loggers(nodes: Mapping[str, Mapping[str, Any]], seed: int, run_dir: Pa
 REMOTE = ("WandbLogger", "MLFlowLogger")  # the loggers that talk to a server
 
 
-def _start(logger: Any, cfg: dict, key: str) -> None:
+def _start(logger: Any, cfg: Mapping[str, Any], key: str) -> None:
     """Attach to the dashboard's run now, while a failure is still a config error (one line, exit code 2):
     MLflow reads the run made above, W&B starts one (in its offline mode, with no server)."""
     if rank_zero_only.rank != 0:  # DDP: Lightning logs from rank 0 only
@@ -95,22 +97,22 @@ class Dashboard:
         self.name, self.where, self.run_dir = name, where, run_dir
         self.failure: str | None = None  # why the first failed call failed
         self.step: int | None = None  # the last step it was given, when it failed
-        self.missed: collections.Counter = collections.Counter()
+        self.missed: collections.Counter[str] = collections.Counter()
         for method, what in self.CALLS.items():
             if method == "after_save_checkpoint" and not getattr(logger, "_log_model", False):
                 what = None  # checkpoints go to the dashboard only with log_model
             setattr(logger, method, self._guarded(getattr(logger, method), what))
         logger.zoo_dashboard = self
 
-    def _guarded(self, method, what: str | None):
-        def call(*args, **kwargs):
+    def _guarded(self, method: Callable[..., Any], what: str | None) -> Callable[..., Any]:
+        @functools.wraps(method)  # its __wrapped__: the logger's own method (finish_loggers calls it)
+        def call(*args: Any, **kwargs: Any) -> Any:
             if self.failure is None:  # the step it stopped answering at
                 self.step = kwargs.get("step", self.step)
             return self.call(what, method, *args, **kwargs)
-        call.__wrapped__ = method
         return call
 
-    def call(self, what: str | None, fn, *args, **kwargs) -> Any:
+    def call(self, what: str | None, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """fn(*args, **kwargs), or None, counting `what` as not logged, once the dashboard has failed."""
         if self.failure is None:
             try:
@@ -139,7 +141,7 @@ def _reason(e: BaseException) -> str:
     return text[:200]
 
 
-def log_config(loggers: list, plain: dict) -> None:
+def log_config(loggers: list[Any], plain: Mapping[str, Any]) -> None:
     """The dashboards' params are what a comparison needs: the job's factors (`ffn`: `relu`) and its seed, each
     once under its override's name. The whole resolved config is config.yaml, logged as a file at the end."""
     params = {**job_factors(), "seed": plain["seed"]}
@@ -157,7 +159,7 @@ def log_config(loggers: list, plain: dict) -> None:
 DASHBOARDS = ("MLFlowLogger", "WandbLogger", "TensorBoardLogger")
 
 
-def finish_loggers(loggers: list, summary: dict, run_dir: Path) -> None:
+def finish_loggers(loggers: list[Any], summary: Mapping[str, Any], run_dir: Path) -> None:
     """After summary.json is written: final and best metrics and files to the dashboards, then close the runs."""
     final = summary.get("final") or {}
     logged = set((summary.get("history") or [{}])[-1])
@@ -165,8 +167,9 @@ def finish_loggers(loggers: list, summary: dict, run_dir: Path) -> None:
     best = {f"best/{k}": v["value"] for k, v in (summary.get("best") or {}).items()}  # each metric's best value
     step = summary.get("steps", 0)
     for lg in loggers:
-        dashboard = getattr(lg, "zoo_dashboard", None)
+        dashboard: Dashboard | None = getattr(lg, "zoo_dashboard", None)
         if _is(lg, "WandbLogger"):  # closing makes an offline run's files (config, history) complete
+            assert dashboard is not None  # build_loggers guards every remote logger
             dashboard.call("the final metrics", lg.experiment.summary.update, {**derived, **best})
             if (run_dir / "config.yaml").is_file():  # an artifact: W&B's own files/config.yaml holds the params
                 dashboard.call("config.yaml", _wandb_files, lg.experiment, run_dir, ("config.yaml", "summary.json"))
@@ -174,12 +177,13 @@ def finish_loggers(loggers: list, summary: dict, run_dir: Path) -> None:
         elif _is(lg, "TensorBoardLogger"):
             _tensorboard_hparams(lg, {**final, **best}, {**derived, **best}, step, summary.get("seed"))
         elif _is(lg, "MLFlowLogger"):
+            assert dashboard is not None  # build_loggers guards every remote logger
             if derived or best:
                 dashboard.call("the final metrics", lg.log_metrics.__wrapped__, {**derived, **best}, step=step)
             for name in ("summary.json", "config.yaml"):
                 if (run_dir / name).is_file():
                     dashboard.call(name, lg.experiment.log_artifact, lg.run_id, str(run_dir / name))
-            status = {"completed": "FINISHED", "diverged": "FAILED"}.get(summary.get("status"), "KILLED")
+            status = {"completed": "FINISHED", "diverged": "FAILED"}.get(str(summary.get("status")), "KILLED")
             dashboard.call("the end status", lg.experiment.set_terminated, lg.run_id, status)
         if dashboard is not None and (line := dashboard.report()):
             warn(line)
@@ -251,7 +255,7 @@ def run_label(seed: Any) -> str:
     return ",".join([*(f"{k}={v}" for k, v in job_factors().items()), f"seed={seed}"])
 
 
-def _wandb_naming(logger_cfg: dict, seed: Any) -> dict:
+def _wandb_naming(logger_cfg: Mapping[str, Any], seed: Any) -> dict[str, Any]:
     """Runs of one sweep share a wandb group (the sweep directory); a run is named by its factors and seed."""
     try:
         HydraConfig.get()
@@ -285,7 +289,7 @@ def _artifact_location(uri: str, configured: str | None) -> str | None:
 
 
 @contextlib.contextmanager
-def _store_lock(uri: str):
+def _store_lock(uri: str) -> Iterator[None]:
     """Serialise the first use of a SQLite store: two processes creating its tables at once collide."""
     if not uri.startswith("sqlite:///"):
         yield
@@ -298,7 +302,7 @@ def _store_lock(uri: str):
             fcntl.flock(f.fileno(), fcntl.LOCK_UN)
 
 
-def _checked_uri(cfg: dict, key: str) -> str:
+def _checked_uri(cfg: Mapping[str, Any], key: str) -> str:
     """The tracking URI, after checking that mlflow is installed and a server answers."""
     try:
         import mlflow  # noqa: F401
@@ -325,7 +329,7 @@ def _checked_uri(cfg: dict, key: str) -> str:
 
 
 @contextlib.contextmanager
-def _store_errors(key: str, uri: str):
+def _store_errors(key: str, uri: str) -> Iterator[None]:
     """MLflow's errors about the store (unknown scheme, unreadable file) as one line naming the key."""
     from mlflow.exceptions import MlflowException
 
@@ -336,7 +340,7 @@ def _store_errors(key: str, uri: str):
                           "http://<host>:<port> of a running server") from None
 
 
-def _experiment_id(client, name: str, artifact_location: str | None) -> str:
+def _experiment_id(client: Any, name: str, artifact_location: str | None) -> str:  # client: an MlflowClient
     """Get or create; two jobs creating the same experiment at once both end up with it."""
     from mlflow.exceptions import MlflowException
 
@@ -346,17 +350,18 @@ def _experiment_id(client, name: str, artifact_location: str | None) -> str:
             client.restore_experiment(found.experiment_id)
         if KIND_TAG not in found.tags:
             client.set_experiment_tag(found.experiment_id, KIND_TAG, MODEL_TRAINING)
-        return found.experiment_id
+        return str(found.experiment_id)
     try:
-        return client.create_experiment(name, artifact_location=artifact_location, tags={KIND_TAG: MODEL_TRAINING})
+        return str(client.create_experiment(name, artifact_location=artifact_location,
+                                            tags={KIND_TAG: MODEL_TRAINING}))
     except MlflowException:
         found = client.get_experiment_by_name(name)
         if found is None:
             raise
-        return found.experiment_id
+        return str(found.experiment_id)
 
 
-def _mlflow_run(cfg: dict, key: str, seed: int) -> dict:
+def _mlflow_run(cfg: Mapping[str, Any], key: str, seed: int) -> dict[str, Any]:
     """Create this job's MLflow run (in the sweep's experiment, under the sweep's parent run when there is
     one) and return the MLFlowLogger arguments that attach to it."""
     if rank_zero_only.rank != 0:  # DDP: Lightning logs from rank 0 only, so other ranks make no run
@@ -379,7 +384,7 @@ def _mlflow_run(cfg: dict, key: str, seed: int) -> dict:
     return {"tracking_uri": uri, "experiment_name": name, "run_name": run_name, "run_id": run.info.run_id}
 
 
-def _parent_run(client, experiment: str, sweep: str) -> str | None:
+def _parent_run(client: Any, experiment: str, sweep: str) -> str | None:
     runs = client.search_runs([experiment], f"tags.`{ROLE_TAG}` = 'sweep' and tags.`{SWEEP_TAG}` = '{sweep}'",
                               order_by=["attributes.start_time DESC"], max_results=1)
     return runs[0].info.run_id if runs else None
@@ -392,18 +397,16 @@ class MLflowSweep(Callback):
 
     Hydra calls the end hooks in reverse order, and this callback comes before the studies' report."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.run_id: str | None = None
-        self.client = None
+        self.client: Any | None = None  # an MlflowClient (mlflow is optional)
         self.experiment: str | None = None
 
-    def on_multirun_start(self, config, **kwargs) -> None:
-        cfg = (config.get("logger") or {}).get("mlflow")
-        if not cfg:  # the logger is swept or removed: the jobs log without a parent
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        node = (config.get("logger") or {}).get("mlflow")
+        if not node:  # the logger is swept or removed: the jobs log without a parent
             return
-        from omegaconf import OmegaConf
-
-        cfg = OmegaConf.to_container(cfg, resolve=True)
+        cfg = plain_mapping(node, resolve=True)
         sweep = str(config.hydra.sweep.dir)
         try:
             uri = _checked_uri(cfg, "logger.mlflow")
@@ -422,9 +425,10 @@ class MLflowSweep(Callback):
             sys.exit(2)
         self.run_id = run.info.run_id
 
-    def on_multirun_end(self, config, **kwargs) -> None:
+    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         if self.run_id is None:
             return
+        assert self.client is not None and self.experiment is not None  # set with run_id by on_multirun_start
         root = Path(str(config.hydra.sweep.dir))
         try:
             for path in sorted(root.glob("*")) if root.is_dir() else []:
@@ -447,7 +451,8 @@ class MLflowSweep(Callback):
 
 
 
-def _tensorboard_hparams(logger: Any, metrics: dict, unlogged: dict, step: int, seed: Any) -> None:
+def _tensorboard_hparams(logger: Any, metrics: Mapping[str, Any], unlogged: Mapping[str, Any], step: int,
+                         seed: Any) -> None:
     """Write the HParams plugin's summaries: the job's factors and seed against its final and best metrics.
 
     The plugin shows, for each metric named here, the last value of that scalar in the run, so the

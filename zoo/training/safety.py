@@ -111,8 +111,8 @@ def _sweep_values(override: Any) -> list[Any]:
     return [override.value().start] if hasattr(override.value(), "end") else list(override.sweep_iterator())
 
 
-def _mapping(node: Any, resolve: bool) -> dict[Any, Any]:
-    """A section of Hydra's config (callbacks, sweeper: mappings) as plain data."""
+def plain_mapping(node: Any, resolve: bool) -> dict[Any, Any]:
+    """A section of Hydra's config (callbacks, sweeper, a logger: mappings) as plain data; {} for one that is not."""
     plain = OmegaConf.to_container(node, resolve=resolve)
     return plain if isinstance(plain, dict) else {}
 
@@ -156,17 +156,17 @@ def check_argv(argv: list[str], app_file: str, config_path: str = "conf", config
         # The first config, Hydra's section included: what Hydra instantiates callbacks, launcher and sweeper from
         cfg = found.configs[0]
         check_targets(OmegaConf.to_container(cfg, resolve=False))
-        if callbacks := _mapping(cfg.hydra.callbacks, resolve=True):
+        if callbacks := plain_mapping(cfg.hydra.callbacks, resolve=True):
             _check_report_callbacks(callbacks)
         if args.multirun or cfg.hydra.mode == RunMode.MULTIRUN:
             # Each choice of a swept group (on the command line or in hydra.sweeper.params, as the study
             # presets do) may carry its own targets, and each job configures logging from its own config:
             # one config per choice.
-            params = _mapping(cfg.hydra.sweeper, resolve=False).get("params") or {}
+            params = plain_mapping(cfg.hydra.sweeper, resolve=False).get("params") or {}
             in_config = OverridesParser.create().parse_overrides([f"{k}={v}" for k, v in params.items()])
             if too_many := too_many_jobs(in_config + parsed, "hydra.sweeper.params and the command line"):
                 return too_many
-            if search := check_search(_mapping(cfg.hydra.sweeper, resolve=True), in_config + parsed):
+            if search := check_search(plain_mapping(cfg.hydra.sweeper, resolve=True), in_config + parsed):
                 return search
             for other in found.configs[1:]:  # the command line's other choices: composed already
                 check_targets(OmegaConf.to_container(other, resolve=False))
