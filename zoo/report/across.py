@@ -18,7 +18,7 @@ import pandas as pd
 
 from zoo.report.runs import ReportError
 from zoo.report.stats import welch_test
-from zoo.report.tables import Report, Row, Variant, _markdown_table, find_baseline, verdict
+from zoo.report.tables import Report, Row, Variant, find_baseline, markdown_table, verdict
 
 DEFAULT_METRIC = "val_loss"
 METRIC = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]*")  # what may follow DIR's last ':'
@@ -115,5 +115,5 @@ def across_markdown(apps: list[Application], baseline: str) -> str:
     table = pd.DataFrame(body, columns=["variant", *(a.label for a in apps), "across applications"])
     columns = [f"- {a.label}: `{a.root}`, final `{a.metric}` ({'higher' if a.report.higher else 'lower'} is "
                f"better); {a.baseline.label}: {len(a.baseline.finals(a.metric))} completed seeds" for a in apps]
-    return "\n".join([f"# Across applications: each row against {baseline}", "", _markdown_table(table), "",
+    return "\n".join([f"# Across applications: each row against {baseline}", "", markdown_table(table), "",
                       *columns, "", TEXT.format(baseline=baseline)]) + "\n"

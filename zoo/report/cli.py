@@ -9,7 +9,7 @@ from pathlib import Path
 
 from zoo.commands import EXIT_ERROR, EXIT_OK, OneLineParser
 from zoo.io import WriteError, atomic_write_text
-from zoo.report.across import across_markdown, applications, parse_application
+from zoo.report.across import DEFAULT_METRIC, across_markdown, applications, parse_application
 from zoo.report.ladder import build_ladder
 from zoo.report.plots import plot_curves, plot_effects, plot_final, plot_ladder
 from zoo.report.runs import ReportError, Run, load_runs, match_jobs, metric_direction
@@ -136,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.dir is None:
         p.error("the following arguments are required: dir (or several: --across DIR[:METRIC] ...)")
     try:
-        report = build_report(args.dir, args.metric or "val_loss", args.target, args.baseline)
+        report = build_report(args.dir, args.metric or DEFAULT_METRIC, args.target, args.baseline)
         written = write_report(report, args.out or args.dir)
     except (ReportError, WriteError) as e:  # WriteError: a full disk, a read-only directory, a directory in the way
         print(f"error: {e}", file=sys.stderr)
