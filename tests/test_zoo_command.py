@@ -72,7 +72,8 @@ def test_a_command_help_is_that_tools_help_under_its_zoo_name(capsys):
 
 @pytest.mark.parametrize("argv,expected", [
     (["inspect", "--bogus"], "error: unrecognized arguments: --bogus; see zoo inspect --help"),
-    (["report"], "error: the following arguments are required: dir; see zoo report --help"),
+    (["report"], "error: the following arguments are required: dir (or several: --across DIR[:METRIC] ...); see zoo "
+                  "report --help"),
     (["prepare", "x.txt"], "error: the following arguments are required: --out; see zoo prepare --help"),
     (["eval", "nope.ckpt", "--split", "val", "--max-windows"],
      "error: argument --max-windows: expected one argument; see zoo eval --help"),

@@ -1,13 +1,15 @@
-"""Building and writing a report, and the command line: python -m zoo.report DIR."""
+"""Building and writing a report, and the command line: python -m zoo.report DIR, or --across DIR[:METRIC] ..."""
 
 from __future__ import annotations
 
 import math
 import sys
+from argparse import Namespace
 from pathlib import Path
 
 from zoo.commands import EXIT_ERROR, EXIT_OK, OneLineParser
 from zoo.io import WriteError, atomic_write_text
+from zoo.report.across import DEFAULT_METRIC, across_markdown, applications, parse_application
 from zoo.report.ladder import build_ladder
 from zoo.report.plots import plot_curves, plot_effects, plot_final, plot_ladder
 from zoo.report.runs import ReportError, Run, load_runs, match_jobs, metric_direction
@@ -103,22 +105,63 @@ def console_summary(report: Report) -> str:
     return text + ("\n\n" + "\n".join(report.sentences) if report.sentences else "")
 
 
+def build_across(specs: list[str], baseline: str) -> str:
+    """The cross-application table of `--across DIR[:METRIC] ...` (zoo.report.across): every report is built
+    first, so a bad directory, metric or baseline is refused before anything is written."""
+    built = []
+    for spec in specs:
+        root, metric = parse_application(spec)
+        built.append((root, metric, build_report(root, metric, None, baseline)))
+    return across_markdown(applications(built, baseline), baseline)
+
+
 def main(argv: list[str] | None = None) -> int:
-    p = OneLineParser("report", description="Compare the runs of a sweep: one table row per variant.")
-    p.add_argument("dir", type=Path, help="a multirun directory (or any directory holding runs)")
-    p.add_argument("--metric", default="val_loss", help="validation metric to compare (default: val_loss)")
+    p = OneLineParser("report", description="Compare the runs of a sweep: one table row per variant. With --across, "
+                      "compare several sweeps (one per application): each row's verdict against --baseline in each.")
+    p.add_argument("dir", type=Path, nargs="?", help="a multirun directory (or any directory holding runs)")
+    p.add_argument("--metric", default=None, help="validation metric to compare (default: val_loss)")
     p.add_argument("--target", type=float, default=None,
                    help="metric value for the steps-to-target column (default: the worst variant's final mean)")
     p.add_argument("--baseline", default=None, help="compare every variant against this one, e.g. 'ffn=gelu' "
                    "(default: against the best variant)")
-    p.add_argument("--out", type=Path, default=None, help="where to write the report (default: DIR)")
+    p.add_argument("--across", nargs="+", metavar="DIR[:METRIC]", default=None,
+                   help="several sweeps instead of DIR, each with its metric (default: val_loss), e.g. "
+                   "multirun/study-narang_seq2seq/budget-None:exact_match: one line per variant with its verdict "
+                   "against --baseline in each, and whether it transfers (better in every one); writes --out")
+    p.add_argument("--out", type=Path, default=None,
+                   help="where to write the report (default: DIR); with --across, the file (default: across.md)")
     args = p.parse_args(argv)
+    if args.across is not None:
+        return _main_across(p, args.across, args)
+    if args.dir is None:
+        p.error("the following arguments are required: dir (or several: --across DIR[:METRIC] ...)")
     try:
-        report = build_report(args.dir, args.metric, args.target, args.baseline)
+        report = build_report(args.dir, args.metric or DEFAULT_METRIC, args.target, args.baseline)
         written = write_report(report, args.out or args.dir)
     except (ReportError, WriteError) as e:  # WriteError: a full disk, a read-only directory, a directory in the way
         print(f"error: {e}", file=sys.stderr)
         return EXIT_ERROR
     print(console_summary(report))
     print("\nwrote " + ", ".join(str(w) for w in written))
+    return EXIT_OK
+
+
+def _main_across(p: OneLineParser, specs: list[str], args: Namespace) -> int:
+    for given, what in ((args.dir, f"DIR '{args.dir}'"), (args.metric, "--metric"), (args.target, "--target")):
+        if given is not None:
+            p.error(f"{what} and --across together: --across takes its directories, each with its metric as "
+                    "DIR[:METRIC], and compares final values only")
+    if len(specs) < 2:
+        p.error("--across: give two or more applications, DIR[:METRIC] each")
+    if args.baseline is None:
+        p.error("--across needs --baseline, the variant every application compares against (e.g. narang=vanilla)")
+    out = args.out or Path("across.md")
+    out = out / "across.md" if out.is_dir() else out
+    try:
+        text = build_across(specs, args.baseline)
+        atomic_write_text(out, text)
+    except (ReportError, WriteError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_ERROR
+    print(text + f"\nwrote {out}")
     return EXIT_OK

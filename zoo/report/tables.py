@@ -350,7 +350,7 @@ BUSY = ("tok/s marked (busy): at least one of the runs averaged ended while the 
         "exceeded its core count, so its speed was shared with other work.")
 
 
-def _markdown_table(df: pd.DataFrame) -> str:
+def markdown_table(df: pd.DataFrame) -> str:
     cells = df.map(lambda c: str(c).replace("|", "\\|"))
     return str(cells.to_markdown(index=False, disable_numparse=True))  # numparse would reformat "1.1000" as 1.1
 
@@ -415,7 +415,7 @@ class Report:
                  f"{self.n_runs} runs in {len(self.rows)} variants; metric `{self.metric}` "
                  f"({'higher' if self.higher else 'lower'} is better). "
                  + (f"Varying: {', '.join(f'`{f}`' for f in self.factors)}." if self.factors
-                    else "No override varies except the seed."), "", _markdown_table(self.table)]
+                    else "No override varies except the seed."), "", markdown_table(self.table)]
         lines += ["", f"Target: {self.metric} {op} {fmt(self.target)} "
                   f"({self.target_note}); steps are the mean over seeds of the first step reaching it, linearly "
                   "interpolated between evaluations ('-': never reached; (k/n): reached by k of n seeds), and "
@@ -425,8 +425,8 @@ class Report:
         lines += ["", BUSY] if self.busy else []
         lines += ["", mixed] if (mixed := self.mixed_cpus()) else []
         for head, text, df in self.sections():
-            lines += ["", f"## {head}", "", text, "", _markdown_table(df)]
-        lines += ["", "## Jobs", "", self.jobs_line(), "", _markdown_table(jobs_table(self.plan, self.root))]
+            lines += ["", f"## {head}", "", text, "", markdown_table(df)]
+        lines += ["", "## Jobs", "", self.jobs_line(), "", markdown_table(jobs_table(self.plan, self.root))]
         lines += ["", "## Method", "", METHOD.format(metric=self.metric), "", "## Comparisons", ""]
         if self.sentences:
             lines += [f"Comparing {self.intro}:", ""] + [f"- {s}" for s in self.sentences]
