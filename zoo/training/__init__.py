@@ -5,11 +5,12 @@ without Lightning's start-up cost.
 """
 
 import importlib
+from typing import Any
 
 __all__ = ["final_metric", "main", "run"]
 
 
-def __getattr__(name: str):
+def __getattr__(name: str) -> Any:
     if name in __all__:
         return getattr(importlib.import_module("zoo.training.runner"), name)
     raise AttributeError(f"module 'zoo.training' has no attribute '{name}'")

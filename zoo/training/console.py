@@ -84,7 +84,7 @@ def quiet_lightning() -> None:
 
 
 def banner(plan: RunPlan, data: Any, trainer: Any, run_dir: Path, ckpt: str | None, ckpt_step: int,
-           precision: dict) -> str:
+           precision: dict[str, Any]) -> str:
     """What is about to run, in two lines: the model, its cost per token, and where it runs and writes."""
 
     spec = plan.model
@@ -118,7 +118,7 @@ def shares_sweep_console() -> bool:
     return multirun and "ZOO_JOB_CONSOLE" not in os.environ  # hydra_plugins/zoo_launcher sets it
 
 
-@torch.no_grad()
+@torch.no_grad()  # type: ignore[untyped-decorator]  # torch is read untyped (pyproject.toml)
 def say_sample(model: Any, objective: Any, data: Any, s: SampleConfig) -> None:
     """What the trained model makes of the prompt (a task: its first validation examples), as sample.* asks. Not
     in a sweep's job that shares the sweep's console (jobs run one after another): a sample per job would bury the

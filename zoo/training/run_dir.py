@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 from hydra.core.hydra_config import HydraConfig
@@ -79,7 +80,7 @@ def own(run_dir: Path, body: Callable[[RunState], int], on_failure: Callable[[Ex
         lock.close()  # releases the lock
 
 
-def overwrite_choice(plain: dict, run_dir: Path, state: RunState) -> tuple[bool, bool]:
+def overwrite_choice(plain: dict[str, Any], run_dir: Path, state: RunState) -> tuple[bool, bool]:
     """(overwrite, continuing): whether the run replaces the one already there, and whether it is a sweep job run
     again in its own directory, which continues. Another run there is refused unless resumed or replaced."""
     overwrite = plain.get("overwrite", False)
@@ -115,13 +116,13 @@ def in_sweep() -> bool:
         return False
 
 
-def finished_earlier(plain: dict, run_dir: Path, fingerprint: dict | None = None) -> str | None:
+def finished_earlier(plain: dict[str, Any], run_dir: Path, fingerprint: dict[str, str] | None = None) -> str | None:
     """A sweep job's earlier run that finished (its summary's status: completed or diverged) with this job's
     settings and data (`fingerprint`, zoo.training.data); None if it did not finish. Other settings or other data
     are refused: a sweep directory holds one sweep."""
     try:
         summary = read_json(run_dir / "summary.json")
-        status = summary["status"] if summary.get("status") in ("completed", "diverged") else None
+        status: str | None = summary["status"] if summary.get("status") in ("completed", "diverged") else None
     except (OSError, ValueError, AttributeError, KeyError):  # damaged or too large (FileFormatError): not finished
         return None
     if status is None:

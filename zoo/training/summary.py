@@ -74,7 +74,7 @@ class Summary:
 
 
 def summarize(plan: RunPlan, data: Any, trainer: Any, throughput: Any, best: Any, status: str,
-              diverged_step: int | None, precision: dict, kernels: dict) -> Summary:
+              diverged_step: int | None, precision: dict[str, Any], kernels: dict[str, Any]) -> Summary:
     """The record of a run that trained: plan its config (the budget's record: what budget=... resized,
     zoo.config.budget.match_params), kernels what zoo.kernels applied (zoo.kernels.kernel_record)."""
     spec = plan.model
