@@ -9,8 +9,9 @@ from __future__ import annotations
 import math
 import pickle
 import zipfile
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -25,7 +26,7 @@ class CheckpointError(ValueError):
     """A checkpoint that is missing, truncated, corrupted, or not a zoo checkpoint."""
 
 
-def read_checkpoint(path: str | Path) -> dict:
+def read_checkpoint(path: str | Path) -> dict[str, Any]:
     path = Path(path)
     if (missing := checkpoint_file_error(path)) is not None:
         raise CheckpointError(missing)
@@ -34,7 +35,8 @@ def read_checkpoint(path: str | Path) -> dict:
     if (bad := _failed_crc(path)) is not None:  # torch.load does not check the archive's CRC-32s: a flipped byte
         raise CheckpointError(f"checkpoint: '{path}' is corrupted ({bad} does not match its CRC-32)")  # loads
     try:
-        return torch.load(path, map_location="cpu", weights_only=True)
+        ckpt: dict[str, Any] = torch.load(path, map_location="cpu", weights_only=True)  # what torch.save wrote: a
+        return ckpt  # zoo or Lightning checkpoint is a dict (its readers check the keys they take)
     except pickle.UnpicklingError as e:  # weights_only refused a pickled object
         first = first_line(e)
         raise CheckpointError(f"checkpoint: '{path}' holds objects other than tensors and plain data; "
@@ -86,7 +88,7 @@ def check_weights(state: Any, model_cfg: Any, path: str | Path) -> None:
                               f"{list(getattr(got[extra[0]], 'shape', []))}) is not part of its config's architecture")
 
 
-def load_checkpoint(path: str | Path) -> tuple[nn.Module, Tokenizer, dict]:
+def load_checkpoint(path: str | Path) -> tuple[nn.Module, Tokenizer, dict[str, Any]]:
     """(model in eval mode, tokenizer, run config) from a zoo training checkpoint."""
     ckpt = read_checkpoint(path)
     try:
@@ -110,24 +112,24 @@ RESUME_KEYS = ("epoch", "global_step", "pytorch-lightning_version", "state_dict"
                "MixedPrecision", "native_amp_scaling_state")
 
 
-def _number(x, key: str, integer: bool = False) -> float | int:
+def _number(x: Any, key: str, integer: bool = False) -> float | int:
     if isinstance(x, torch.Tensor) and x.numel() == 1 and not x.is_complex():
         x = x.item()
     ok = isinstance(x, int) if integer else isinstance(x, (int, float))
     if isinstance(x, bool) or not ok or not math.isfinite(x):
         raise CheckpointError(f"checkpoint: callback state {key} must be a finite {'integer' if integer else 'number'}"
                               f", got {type(x).__name__}")
-    return x
+    return cast(float | int, x)  # checked above: a finite int or float, not a bool
 
 
-def _metrics(d, key: str) -> dict:
+def _metrics(d: Any, key: str) -> dict[str, float | int]:
     """{name: number}; a `step` entry must be an integer."""
     if not isinstance(d, dict) or not all(isinstance(k, str) for k in d):
         raise CheckpointError(f"checkpoint: callback state {key} must map names to numbers")
     return {k: _number(v, f"{key}.{k}", integer=k == "step") for k, v in d.items()}
 
 
-def check_throughput_state(state) -> dict:
+def check_throughput_state(state: Any) -> dict[str, float | int]:
     if not isinstance(state, dict) or not {"tokens", "train_time"} <= set(state) or \
             set(state) - {"tokens", "train_time", "wall_time", "eval_time", "resumes"}:
         raise CheckpointError("checkpoint: callback state Throughput must hold tokens, train_time "
@@ -135,7 +137,7 @@ def check_throughput_state(state) -> dict:
     return {k: _number(v, f"Throughput.{k}", integer=k in ("tokens", "resumes")) for k, v in state.items()}
 
 
-def check_best_metrics_state(state) -> dict:
+def check_best_metrics_state(state: Any) -> dict[str, Any]:
     if not isinstance(state, dict) or set(state) != {"final", "best", "history"}:
         raise CheckpointError("checkpoint: callback state BestMetrics must hold final, best and history")
     best, history = state["best"], state["history"]
@@ -149,7 +151,7 @@ def check_best_metrics_state(state) -> dict:
             "history": [_metrics(h, f"BestMetrics.history[{i}]") for i, h in enumerate(history)]}
 
 
-def model_checkpoint_state(saved, callback) -> dict:
+def model_checkpoint_state(saved: Any, callback: Any) -> dict[str, Any]:
     """ModelCheckpoint state rebuilt from one number: the best score, kept only if this run's best.ckpt
     exists. Every path is this run's own (checkpoints/best.ckpt, last.ckpt); no path is read from the
     checkpoint, so Lightning can never be told to replace or delete a file elsewhere."""
@@ -168,13 +170,14 @@ def model_checkpoint_state(saved, callback) -> dict:
             "last_model_path": str(last) if last.is_file() else ""}
 
 
-def sanitize_for_resume(ckpt: dict, path, callbacks: dict, extra_keys: tuple[str, ...] = ()) -> dict:
+def sanitize_for_resume(ckpt: dict[str, Any], path: str | Path, callbacks: Mapping[str, Callable[[Any], Any]],
+                        extra_keys: tuple[str, ...] = ()) -> dict[str, Any]:
     """The part of a checkpoint a resume may use. `callbacks` maps a callback's state key to a function
     that checks (or rebuilds) its state; any other callback state, and any key outside RESUME_KEYS and
     `extra_keys`, is dropped."""
     clean = {k: v for k, v in ckpt.items() if k in RESUME_KEYS or k in extra_keys}
-    saved: dict = ckpt["callbacks"] if isinstance(ckpt.get("callbacks"), dict) else {}
-    kept = {}
+    saved: dict[str, Any] = ckpt["callbacks"] if isinstance(ckpt.get("callbacks"), dict) else {}
+    kept: dict[str, Any] = {}
     for key, check in callbacks.items():
         if key not in saved:
             continue
