@@ -54,17 +54,18 @@ class Objective:
     def task_batch(self, pairs: list[tuple[list[int], list[int]]]) -> dict[str, torch.Tensor]:
         raise NotImplementedError
 
-    def loss(self, model: nn.Module, batch: dict) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    def loss(self, model: nn.Module, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         raise NotImplementedError
 
     def predict(self, model: nn.Module, src: torch.Tensor, target_len: int) -> list[list[int]]:
         """Greedy targets for same-length sources (B, S); target_len bounds their length."""
         raise NotImplementedError
 
-    @torch.no_grad()
+    @torch.no_grad()  # type: ignore[untyped-decorator]  # torch is read untyped (pyproject.toml)
     def exact_match(self, model: nn.Module, pairs: list[tuple[list[int], list[int]]], batch_size: int = 256) -> float:
         """Fraction of pairs whose whole predicted target equals the reference."""
-        groups = defaultdict(list)  # same source and target length: batches need no padding
+        # same source and target length: batches need no padding
+        groups: defaultdict[tuple[int, int], list[tuple[list[int], list[int]]]] = defaultdict(list)
         for src, tgt in pairs:
             groups[len(src), len(tgt)].append((src, tgt))
         device = next(model.parameters()).device
@@ -84,10 +85,10 @@ def _until_eos(ids: list[int]) -> list[int]:
 
 @OBJECTIVE.register("decoder_only")
 class CausalLM(Objective):
-    def text_batch(self, windows, g):
+    def text_batch(self, windows: torch.Tensor, g: torch.Generator) -> dict[str, torch.Tensor]:
         return {"input": windows[:, :-1], "target": windows[:, 1:]}
 
-    def task_batch(self, pairs):
+    def task_batch(self, pairs: list[tuple[list[int], list[int]]]) -> dict[str, torch.Tensor]:
         inputs, targets = [], []
         for src, tgt in pairs:
             seq = src + [BOS_ID] + tgt + [EOS_ID]
@@ -95,10 +96,10 @@ class CausalLM(Objective):
             targets.append([IGNORE] * len(src) + tgt + [EOS_ID])  # loss on the target only
         return {"input": _pad(inputs, PAD_ID), "target": _pad(targets, IGNORE)}
 
-    def loss(self, model, batch):
+    def loss(self, model: nn.Module, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         return cross_entropy(model(batch["input"]), batch["target"]), {}
 
-    def predict(self, model, src, target_len):
+    def predict(self, model: nn.Module, src: torch.Tensor, target_len: int) -> list[list[int]]:
         prompt = torch.cat([src, torch.full_like(src[:, :1], BOS_ID)], dim=1)
         out = generate(model, prompt, target_len + 1, eos_id=EOS_ID)
         return [_until_eos(row) for row in out[:, prompt.shape[1]:].tolist()]
@@ -109,7 +110,7 @@ class MaskedLM(Objective):
     rate = 0.15  # fraction of tokens to predict (Devlin et al. 2019)
     metrics = {"masked_acc": "max"}
 
-    def text_batch(self, windows, g):
+    def text_batch(self, windows: torch.Tensor, g: torch.Generator) -> dict[str, torch.Tensor]:
         tokens = windows[:, :-1].clone()
         chosen = torch.rand(tokens.shape, generator=g) < self.rate
         target = torch.where(chosen, tokens, IGNORE)
@@ -120,30 +121,31 @@ class MaskedLM(Objective):
         tokens[swap] = random_ids[swap]
         return {"input": tokens, "target": target}
 
-    def task_batch(self, pairs):
+    def task_batch(self, pairs: list[tuple[list[int], list[int]]]) -> dict[str, torch.Tensor]:
         inputs = [src + [BOS_ID] + [MASK_ID] * len(tgt) for src, tgt in pairs]
         targets = [[IGNORE] * (len(src) + 1) + tgt for src, tgt in pairs]
         padding = _pad([[1] * len(r) for r in inputs], 0).bool()
         return {"input": _pad(inputs, PAD_ID), "target": _pad(targets, IGNORE), "padding": padding}
 
-    def loss(self, model, batch):
+    def loss(self, model: nn.Module, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         logits = model(batch["input"], batch.get("padding"))
         target = batch["target"]
         chosen = target != IGNORE
         accuracy = (logits.argmax(-1)[chosen] == target[chosen]).float().mean()
         return cross_entropy(logits, target), {"masked_acc": accuracy}
 
-    def predict(self, model, src, target_len):
+    def predict(self, model: nn.Module, src: torch.Tensor, target_len: int) -> list[list[int]]:
         masks = torch.full((src.shape[0], target_len), MASK_ID, device=src.device)
         tokens = torch.cat([src, torch.full_like(src[:, :1], BOS_ID), masks], dim=1)
-        return model(tokens)[:, -target_len:].argmax(-1).tolist()
+        ids: list[list[int]] = model(tokens)[:, -target_len:].argmax(-1).tolist()  # (B, target_len) token ids
+        return ids
 
 
 @OBJECTIVE.register("encoder_decoder")
 class Denoising(Objective):
     noise_density, mean_span = 0.15, 3.0  # T5's span corruption (Raffel et al. 2020)
 
-    def text_batch(self, windows, g):
+    def text_batch(self, windows: torch.Tensor, g: torch.Generator) -> dict[str, torch.Tensor]:
         tokens = windows[:, :-1]
         t = tokens.shape[1]
         n_noise = max(1, round(t * self.noise_density))
@@ -164,16 +166,16 @@ class Denoising(Objective):
         return {"src": src, "input": torch.cat([torch.full_like(tgt[:, :1], BOS_ID), tgt[:, :-1]], 1),
                 "target": tgt}
 
-    def task_batch(self, pairs):
+    def task_batch(self, pairs: list[tuple[list[int], list[int]]]) -> dict[str, torch.Tensor]:
         srcs = [src for src, _ in pairs]
         return {"src": _pad(srcs, PAD_ID), "src_padding": _pad([[1] * len(s) for s in srcs], 0).bool(),
                 "input": _pad([[BOS_ID] + tgt for _, tgt in pairs], PAD_ID),
                 "target": _pad([tgt + [EOS_ID] for _, tgt in pairs], IGNORE)}
 
-    def loss(self, model, batch):
+    def loss(self, model: nn.Module, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         return cross_entropy(model(batch["src"], batch["input"], batch.get("src_padding")), batch["target"]), {}
 
-    def predict(self, model, src, target_len):
+    def predict(self, model: nn.Module, src: torch.Tensor, target_len: int) -> list[list[int]]:
         prompt = torch.full_like(src[:, :1], BOS_ID)
         out = generate(model, prompt, target_len + 1, src=src, eos_id=EOS_ID)
         return [_until_eos(row) for row in out[:, 1:].tolist()]
