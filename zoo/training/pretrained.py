@@ -72,7 +72,7 @@ class InitFrom:
     vocab_size: int  # rows of the checkpoint's token embedding
 
 
-def source_of(plain: dict) -> str | None:
+def source_of(plain: dict[str, Any]) -> str | None:
     """The model id or directory `init_from` names, or None; a one-line error for anything but hf:<...>."""
     return source_in(plain.get("init_from"))
 
@@ -86,7 +86,7 @@ def source_in(value: Any) -> str | None:
     return value.removeprefix(PREFIX)
 
 
-def apply(plain: dict, overrides: list[str]) -> InitFrom | None:
+def apply(plain: dict[str, Any], overrides: list[str]) -> InitFrom | None:
     """Make the run config start from the checkpoint init_from names (a no-op without it): plain["model"] becomes
     the checkpoint's architecture with the explicit command-line `overrides` on top, and the data's tokenizer the
     checkpoint's. Reads the checkpoint's config only; every error is one line, before any data or weight."""
@@ -107,7 +107,7 @@ def _path(source: str) -> str:
     return os.path.expanduser(source)
 
 
-def _base_config(source: str) -> dict:
+def _base_config(source: str) -> dict[str, Any]:
     """The zoo model config of the checkpoint (config.json only)."""
     path = Path(source).expanduser()
     if source.startswith(("/", ".", "~")) and not path.is_dir():
@@ -153,7 +153,8 @@ def _explicit(overrides: list[str]) -> dict[str, set[str]]:
     return out
 
 
-def _with_overrides(base: dict, composed: dict, overrides: list[str], source: str) -> dict:
+def _with_overrides(base: dict[str, Any], composed: dict[str, Any], overrides: list[str],
+                    source: str) -> dict[str, Any]:
     """The checkpoint's model config with what the command line chose explicitly on top (composed: the run's
     model config as Hydra composed it, which holds the values of those choices)."""
     given = _explicit(overrides)
@@ -170,7 +171,8 @@ def _with_overrides(base: dict, composed: dict, overrides: list[str], source: st
     return model
 
 
-def _component(kind: str, base: dict, composed: dict, touched: bool, chosen: bool, options: set[str]) -> dict:
+def _component(kind: str, base: dict[str, Any], composed: dict[str, Any], touched: bool, chosen: bool,
+               options: set[str]) -> dict[str, Any]:
     """One component's node: the checkpoint's, or, where the command line swapped it (`chosen`: <kind>=<preset>)
     or set some of its options, the composed one for those, with the checkpoint's values of the options the old
     and the new component share, where neither the preset nor the command line set them."""
@@ -188,7 +190,7 @@ def _component(kind: str, base: dict, composed: dict, touched: bool, chosen: boo
     return {k: v for k, v in node.items() if k == name_key or k in skip or k in new}
 
 
-def _use_tokenizer(data: dict, source: str, overrides: list[str]) -> None:
+def _use_tokenizer(data: dict[str, Any], source: str, overrides: list[str]) -> None:
     """The data's tokenizer must be the checkpoint's: set it where the data has one, check a prepared corpus's."""
     ours = f"{PREFIX}{source}"
     if "tokenizer" in data:
@@ -225,7 +227,7 @@ def _same_tokenizer(a: Any, b: str) -> bool:
     return x.is_dir() and y.is_dir() and x.resolve() == y.resolve()
 
 
-def _check_context(model: dict, data: dict, source: str) -> None:
+def _check_context(model: dict[str, Any], data: dict[str, Any], source: str) -> None:
     """The data's windows must fit the checkpoint's learned positions (a converted model cannot grow them)."""
     if not POSITION.get(model["position"]["name"]).hard_limit:
         return
@@ -311,7 +313,7 @@ def _grouped(names: list[str]) -> str:
     return ", ".join(k + (f" (x{c})" if c > 1 else "") for k, c in counts.items()) or "none"
 
 
-@torch.no_grad()
+@torch.no_grad()  # type: ignore[untyped-decorator]  # torch is read untyped (pyproject.toml)
 def load_weights(model: nn.Module, source: str) -> str:
     """Copy the converted checkpoint into `model` (built and initialised by zoo) where names and shapes match.
     Returns the one-line report: loaded, fresh (zoo's init kept), unused pretrained tensors."""

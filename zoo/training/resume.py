@@ -5,6 +5,7 @@ config.yaml and checkpoints store."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from zoo.build import ConfigError, flatten_config, resolve_config
 from zoo.commands import command
@@ -18,7 +19,7 @@ RESUME_MAY_CHANGE = ("ckpt_path", "overwrite", "threads", "kernels", "logger", "
                      "trainer.enable_progress_bar", "data.verify", "checkpoints")
 
 
-def checkpoint_path(plain: dict, run_dir: Path, data) -> tuple[str | None, int, str | None]:
+def checkpoint_path(plain: dict[str, Any], run_dir: Path, data: Any) -> tuple[str | None, int, str | None]:
     """The checkpoint to resume from, its step and the precision it trained in, checked: it loads safely, holds
     this run's architecture and was trained with this run's settings (all but RESUME_MAY_CHANGE; precision
     auto takes the checkpoint's)."""
@@ -57,7 +58,7 @@ def checkpoint_path(plain: dict, run_dir: Path, data) -> tuple[str | None, int, 
     return str(path), step if isinstance(step, int) else 0, used
 
 
-def data_difference(saved, now: dict | None, saved_as: str = "the run's") -> str | None:
+def data_difference(saved: Any, now: dict[str, str] | None, saved_as: str = "the run's") -> str | None:
     """How the data a run recorded (its fingerprint) differs from this run's, in words naming the file; None
     when they agree or either is not recorded (a run from before zoo recorded it, a plugin's data kind)."""
     if not (isinstance(saved, dict) and isinstance(now, dict)) or saved.get("sha256") == now.get("sha256"):
@@ -65,7 +66,7 @@ def data_difference(saved, now: dict | None, saved_as: str = "the run's") -> str
     return f"{now['source']} now has sha256 {now['sha256'][:16]}..., {saved_as} {str(saved.get('sha256'))[:16]}..."
 
 
-def settings_difference(plain: dict, saved_cfg: dict, saved_precision: str | None = None,
+def settings_difference(plain: dict[str, Any], saved_cfg: dict[str, Any], saved_precision: str | None = None,
                          saved_as: str = "checkpoint") -> str | None:
     """The first setting that changes the result (all but RESUME_MAY_CHANGE, the architecture included) where
     a saved run's config differs from this run's, as 'key: <saved_as> <v>, this run <v>'; None if none does.
@@ -86,7 +87,7 @@ def settings_difference(plain: dict, saved_cfg: dict, saved_precision: str | Non
     return None
 
 
-def _with_defaults(model_cfg: dict | None) -> dict | None:
+def _with_defaults(model_cfg: dict[str, Any] | None) -> dict[str, Any] | None:
     """A saved architecture with the options added since it was saved at their defaults (the parametrization,
     say), so an older run's architecture compares equal to the same one written out today."""
     try:
@@ -103,7 +104,7 @@ class _Missing:
 _MISSING = _Missing()
 
 
-def _lookup(cfg: dict, key: str):
+def _lookup(cfg: dict[str, Any], key: str) -> Any:
     for part in key.split("."):
         if not isinstance(cfg, dict) or part not in cfg:
             return _MISSING
@@ -111,7 +112,7 @@ def _lookup(cfg: dict, key: str):
     return cfg
 
 
-def _first_difference(key: str, a: dict, b: dict) -> str:
+def _first_difference(key: str, a: dict[str, Any], b: dict[str, Any]) -> str:
     """The shortest prefix of `key` where a and b part (budget: None vs budget: {...} -> budget)."""
     parts = key.split(".")
     for i in range(1, len(parts) + 1):
@@ -122,6 +123,6 @@ def _first_difference(key: str, a: dict, b: dict) -> str:
     return key
 
 
-def _result_settings(cfg: dict) -> dict:
+def _result_settings(cfg: dict[str, Any]) -> dict[str, Any]:
     flat = flatten_config({k: v for k, v in cfg.items() if k != "model"})
     return {k: v for k, v in flat.items() if not any(k == a or k.startswith(a + ".") for a in RESUME_MAY_CHANGE)}
