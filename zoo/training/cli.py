@@ -7,7 +7,9 @@ from __future__ import annotations
 import copy
 import difflib
 import os
+from collections.abc import Callable, KeysView
 from pathlib import Path
+from typing import Any, cast
 
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import ChoiceSweep, RangeSweep
@@ -105,10 +107,10 @@ def _groups(conf_dir: Path) -> list[str]:
     return sorted(dirs | set(KINDS))
 
 
-def _leaves(cfg, prefix: str = "") -> list[str]:
+def _leaves(cfg: DictConfig, prefix: str = "") -> list[str]:
     """Every key path of a composed config, parents included (`model`, `model.d_model`, ...)."""
     out = []
-    for key in cfg.keys():
+    for key in cast(KeysView[str], cfg.keys()):  # a composed config's keys are names (strings)
         path = f"{prefix}{key}"
         out.append(path)
         value = cfg._get_node(key)
@@ -117,7 +119,8 @@ def _leaves(cfg, prefix: str = "") -> list[str]:
     return out
 
 
-def _compose_all(args: list[str], conf_dir: Path, composed: Composed | None = None) -> tuple[list | None, str | None]:
+def _compose_all(args: list[str], conf_dir: Path, composed: Composed | None = None
+                 ) -> tuple[list[DictConfig] | None, str | None]:
     """(the primary config composed for each group choice given, zoo.training.preflight.Composition.primary; None
     when composition fails), and the one-line error of a preset's wrongly typed value (zoo.config.schema.one_line),
     else None: Hydra then reports the failure itself. `composed`: the pre-flight's one composition, when it has one
@@ -172,7 +175,7 @@ def check_keys(args: list[str], conf_dir: Path, composed: Composed | None = None
     return None
 
 
-def _check_types(args: list[str], configs: list, conf_dir: Path) -> str | None:
+def _check_types(args: list[str], configs: list[DictConfig], conf_dir: Path) -> str | None:
     """One-line error for the first `key=value` whose value (any value of a sweep, `seed=0,x`) does not fit the
     key's type in the schema (zoo.config.schema), e.g. `model.d_model: got 'abc'; valid: an integer`; else None."""
     try:
@@ -200,7 +203,8 @@ def _check_types(args: list[str], configs: list, conf_dir: Path) -> str | None:
                 # trainer.* and data.* are untyped (Any): their value in the composed config says the type. A part's
                 # option typed Any (a union, as attention.qk_norm's true or 'projection') its part checks.
                 untyped = isinstance(node, AnyNode) and not key.startswith("model.")
-                default = node._value() if untyped else \
+                # (the cast: untyped says node is an AnyNode)
+                default = cast(AnyNode, node)._value() if untyped else \
                     [] if isinstance(node, ListConfig) else _ABSENT
                 if default is not _ABSENT and (valid := _untyped_mismatch(key, default, value)):
                     return f"{key}: got {value!r}; valid: {valid}"
@@ -227,7 +231,8 @@ EXTRAS = (
 
 
 # The group choices that select an EXTRAS key: `logger=mlflow` composes logger.mlflow, `data=hf` data.kind=hf
-GROUP_KEYS = {"logger": lambda v: (f"logger.{v}", v), "data": lambda v: ("data.kind", v)}
+GROUP_KEYS: dict[str, Callable[[str], tuple[str, str]]] = {"logger": lambda v: (f"logger.{v}", v),
+                                                           "data": lambda v: ("data.kind", v)}
 
 
 def check_extras_given(args: list[str]) -> str | None:
@@ -237,7 +242,7 @@ def check_extras_given(args: list[str]) -> str | None:
     return _check_extras(args, [])
 
 
-def _check_extras(args: list[str], configs: list) -> str | None:
+def _check_extras(args: list[str], configs: list[DictConfig]) -> str | None:
     """`logger=mlflow` without mlflow (and every other extra in EXTRAS) as one line naming the command that
     installs it here (zoo.commands.pip_install), before torch loads and before Hydra makes a run directory. The
     configs hold the group choices; a key given on the command line (each value of a sweep) replaces theirs."""
@@ -257,7 +262,7 @@ def _check_extras(args: list[str], configs: list) -> str | None:
     return None
 
 
-def _check_data_path(args: list[str], configs: list) -> str | None:
+def _check_data_path(args: list[str], configs: list[DictConfig]) -> str | None:
     """data.path's one-line error (a missing text file, a directory that is not a prepared corpus), before
     torch loads: the run would say the same after seconds of imports. The configs hold the group choices;
     a data.path on the command line replaces theirs."""
@@ -285,7 +290,7 @@ _ANY_OF = {"trainer.devices": "an integer, a list of device ids, or auto"}
 _NULL_DEFAULT = {"data.long_context": 0}  # an example value of the type each takes
 
 
-def _untyped_mismatch(key: str, default, value) -> str | None:
+def _untyped_mismatch(key: str, default: Any, value: Any) -> str | None:
     """What a key of the untyped sections accepts, judged by the type of its value in the composed config
     (conf/trainer/*.yaml, conf/data/*.yaml), if `value` does not fit it; else None. null is left to the run."""
     if value is None or key in _ANY_OF and isinstance(value, (int, str, list)) and not isinstance(value, bool):
@@ -303,7 +308,7 @@ def _untyped_mismatch(key: str, default, value) -> str | None:
     return None if fits else valid
 
 
-def _kind_of(default) -> tuple[tuple[type, ...], str] | None:
+def _kind_of(default: Any) -> tuple[tuple[type, ...], str] | None:
     """(the types a value may have, their name in an error) for a key whose default is `default`."""
     if isinstance(default, bool):
         return (bool,), "true or false"

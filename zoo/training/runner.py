@@ -127,7 +127,7 @@ def _run(composed: DictConfig, run_dir: Path, start: float, state: RunState) -> 
     module.tokenizer_state = data.tokenizer.state_dict()
     module.data_fingerprint = getattr(data, "fingerprint", None)
     data.objective = module.objective
-    throughput, guard = Throughput(start), DivergenceGuard()  # type: ignore[no-untyped-call]
+    throughput, guard = Throughput(start), DivergenceGuard()
     best = BestMetrics(clock=lambda: throughput.wall_time)
     stop = GracefulStop(str(run_dir / "checkpoints" / "last.ckpt"))
     # best.ckpt and last.ckpt while training, whatever cfg.checkpoints says: Lightning writes last.ckpt only beside
