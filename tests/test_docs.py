@@ -189,14 +189,21 @@ def _study(command: Command) -> tuple[str, ...] | None:
 
 
 def depends_on(command: Command) -> list[Command]:
-    """The detached commands of the page whose files this command's checkout needs before it runs, in page order: every
-    earlier one for a command that reads what the page wrote (a placeholder), the same study's earlier runs for a
-    detached study (a fixed sweep directory that the later command continues)."""
-    earlier = [c for c in COMMANDS[:COMMANDS.index(command)]  # not a slow one: the default run does not run it
-               if page(c) == page(command) and detached(c) and not slow(c)]
+    """The detached commands of the page whose files this command's checkout needs before it runs, in page order. A
+    placeholder reads the newest of what the page wrote (fill_placeholders): the newest sweep or study its pattern
+    names (`multirun/study-ffn/<date_time>`: that study's), so the last such writer before it, if detached, with what
+    that one needs; a run (`<ckpt>`, `<run dir>`: the newest with a checkpoint, or with plain overrides) every earlier
+    detached run. A detached study needs the same study's earlier commands (a fixed directory it continues)."""
+    earlier = [c for c in COMMANDS[:COMMANDS.index(command)]  # not one that never runs here, nor a slow one
+               if page(c) == page(command) and not c.needs and not slow(c)]
     if detached(command):
-        return [c for c in earlier if _study(command) and _study(c) == _study(command)]
-    return earlier if _reads(command) else []
+        return [c for c in earlier if detached(c) and _study(command) and _study(c) == _study(command)]
+    kinds = _reads(command)
+    if kinds == {"run"}:
+        return [c for c in earlier if detached(c) and _writes(c) == "run"]
+    named = re.search(r"multirun/study-(\w+)/<", command.text)
+    writers = [c for c in earlier if _writes(c) in kinds and (not named or (_study(c) or ("",))[0] == named.group(1))]
+    return [*depends_on(writers[-1]), writers[-1]] if writers and detached(writers[-1]) else []
 
 
 def test_the_docs_have_commands():
