@@ -1,3 +1,4 @@
+import collections
 import os
 
 import pytest
@@ -14,11 +15,22 @@ if workers := int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0")):
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """`--dist loadgroup` (pyproject's addopts) keeps each test file on one worker, as `--dist loadfile` would, so
-    a file's module fixtures are built once; tests/test_docs.py instead groups its commands by page, so the
-    pages run side by side."""
-    for item in items:
-        if item.get_closest_marker("xdist_group") is None:
-            item.add_marker(pytest.mark.xdist_group(item.path.relative_to(item.config.rootpath).as_posix()))
+    a file's module fixtures are built once; tests/test_docs.py instead groups its commands by page, and runs a
+    training command that reads nothing apart, so the pages run side by side.
+
+    The workers take the groups in this order (`--no-loadscope-reorder`): the docs test's first, the longest work
+    in the fewest tests (a shrunk study is one test of a minute), then the files by their number of tests, largest
+    first, as pytest-xdist would order them. Many small groups at the end even out the two workers' finish; one
+    study at the end would leave one worker idle for its minute."""
+    def group(item: pytest.Item) -> str:
+        if (marker := item.get_closest_marker("xdist_group")) is None:
+            marker = pytest.mark.xdist_group(item.path.relative_to(item.config.rootpath).as_posix()).mark
+            item.add_marker(marker)
+        return str(marker.args[0] if marker.args else marker.kwargs["name"])
+
+    sizes = collections.Counter(group(item) for item in items)
+    items.sort(key=lambda item: (item.path.name != "test_docs.py", -sizes[group(item)] if item.path.name !=
+                                 "test_docs.py" else 0))  # stable: a group's tests keep their order
 
 
 @pytest.fixture(autouse=True)
