@@ -23,9 +23,10 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     first, as pytest-xdist would order them. Many small groups at the end even out the two workers' finish; one
     study at the end would leave one worker idle for its minute."""
     def group(item: pytest.Item) -> str:
-        if (marker := item.get_closest_marker("xdist_group")) is None:
-            marker = pytest.mark.xdist_group(item.path.relative_to(item.config.rootpath).as_posix()).mark
-            item.add_marker(marker)
+        if item.get_closest_marker("xdist_group") is None:
+            item.add_marker(pytest.mark.xdist_group(item.path.relative_to(item.config.rootpath).as_posix()))
+        marker = item.get_closest_marker("xdist_group")
+        assert marker is not None
         return str(marker.args[0] if marker.args else marker.kwargs["name"])
 
     sizes = collections.Counter(group(item) for item in items)
