@@ -8,8 +8,9 @@ command finds what an earlier one wrote (`outputs/<date>/<time>/checkpoints/best
 directory and runs on one pytest-xdist worker (an `xdist_group` per page): a page's commands rely only on what that
 page ran before them, as a reader who opens that page alone would. A training command that reads nothing of its
 checkout (`detached`: most studies and sweeps, the slowest commands) runs in a directory and group of its own, on
-whichever worker is free; a later command of its page that reads what the page wrote first gets its files
-(`materialize`), as if it had run there. The only changes shrink a run: overrides appended for steps, sizes and
+whichever worker is free; a later command of its page that reads what the page wrote first gets the files of the
+run its placeholder reads (`depends_on`, `materialize`), as if it had run there. A study of more than BIG_STUDY
+variants runs with the slow tests. The only changes shrink a run: overrides appended for steps, sizes and
 seeds the command leaves at their defaults, and steps or sizes it sets lowered to the test's; placeholders
 (`<ckpt>`) are filled with the path the command describes. A command that needs what this machine lacks says so in
 the docs with a trailing `# needs: <what>` and is skipped with that reason. A training command that several pages
