@@ -30,8 +30,11 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         return str(marker.args[0] if marker.args else marker.kwargs["name"])
 
     sizes = collections.Counter(group(item) for item in items)
-    items.sort(key=lambda item: (item.path.name != "test_docs.py", -sizes[group(item)] if item.path.name !=
-                                 "test_docs.py" else 0))  # stable: a group's tests keep their order
+
+    def order(item: pytest.Item) -> tuple[int, int]:
+        return (0, 0) if item.path.name == "test_docs.py" else (1, -sizes[group(item)])
+
+    items.sort(key=order)  # stable: a group's tests keep their order
 
 
 @pytest.fixture(autouse=True)

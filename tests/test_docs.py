@@ -20,6 +20,7 @@ and files shared with the other pages (run_once).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import math
@@ -438,17 +439,26 @@ def _env(cwd: Path) -> dict:
 BIG_STUDY = 30
 
 
+@functools.cache
+def _sweeps(study: str) -> dict[str, str] | None:
+    """A study preset's sweeper params (read once: every test asks which earlier commands are slow)."""
+    import yaml
+
+    preset = ROOT / "conf" / "study" / f"{study}.yaml"
+    if not preset.is_file():
+        return None
+    params = ((yaml.safe_load(preset.read_text()).get("hydra") or {}).get("sweeper") or {}).get("params") or {}
+    return {str(k): str(v) for k, v in params.items()}
+
+
 def variants(command: Command) -> int:
     """How many variants a study command sweeps (seeds aside): its preset's sweeper params, each as the command
     overrides it."""
-    import yaml
-
     m = re.search(r"\bstudy=(\w+)", command.text)
-    if not m or not (preset := ROOT / "conf" / "study" / f"{m.group(1)}.yaml").is_file():
+    if not m or (params := _sweeps(m.group(1))) is None:
         return 0
-    params = ((yaml.safe_load(preset.read_text()).get("hydra") or {}).get("sweeper") or {}).get("params") or {}
     given = dict(a.split("=", 1) for a in shlex.split(command.text) if "=" in a)
-    return math.prod(len(str(given.get(k, v)).split(",")) for k, v in params.items() if k != "seed")
+    return math.prod(len(given.get(k, v).split(",")) for k, v in params.items() if k != "seed")
 
 
 def slow(c: Command) -> bool:
