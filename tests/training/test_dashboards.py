@@ -83,7 +83,7 @@ def _wandb_records(path: Path) -> list:
 
 
 def test_wandb_gets_the_factors_the_final_and_best_metrics_and_the_config_as_a_file(hydra_job, tmp_path,
-                                                                                     monkeypatch):
+                                                                                     monkeypatch, capfd):
     pytest.importorskip("wandb")
     from zoo.training import run
     from zoo.training.loggers import job_factors
@@ -91,6 +91,8 @@ def test_wandb_gets_the_factors_the_final_and_best_metrics_and_the_config_as_a_f
     monkeypatch.setenv("WANDB_MODE", "offline")
     cfg = hydra_job(TINY + ["logger=wandb", "ffn=relu", "seed=1", "sample.max_new_tokens=0"])
     assert run(cfg, run_dir=tmp_path / "run") == 0
+    err = capfd.readouterr().err
+    assert "not logged" not in err, err  # a dashboard that gave up says why, before the records miss it
     [path] = (tmp_path / "run").rglob("offline-run-*/run-*.wandb")  # what `wandb sync` would upload
     records = _wandb_records(path)
     config, summary = {}, {}
