@@ -302,8 +302,20 @@ def shrink(argv: list[str]) -> list[str]:
     return argv
 
 
-def _serves(argv: list[str], env: dict, cwd: Path, command: Command) -> None:
-    """Start a documented server, wait until its address answers, then stop it."""
+def _serves(argv: list[str], env: dict, cwd: Path, command: Command, shared: Path) -> None:
+    """Start a documented server, wait until its address answers, then stop it. Two servers cannot listen on one
+    address at once, so a lock per address runs them in turn; and a server command that several pages show (`mlflow
+    ui`: README.md and docs/dashboards.md) is checked once per session, as run_once shares a run: its first page
+    starts it, a later page gets that record. The answer does not depend on the page: the UI's page is served before
+    it reads any run from the store."""
+    with FileLock(shared / f"serves-{hashlib.sha256(command.serves.encode()).hexdigest()[:20]}.lock"):
+        answered = shared / f"serves-{hashlib.sha256(json.dumps(argv).encode()).hexdigest()[:20]}.answered"
+        if not answered.is_file():
+            _serve_once(argv, env, cwd, command)
+            answered.touch()
+
+
+def _serve_once(argv: list[str], env: dict, cwd: Path, command: Command) -> None:
     import urllib.request
 
     proc = subprocess.Popen(argv, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -500,7 +512,7 @@ def test_documented_command_runs_as_written(command: Command, workdir: Path, sha
             argv = ["python", "-m", argv[0].replace("-", "."), *argv[1:]]
         argv = shrink(argv)
         if command.serves:
-            _serves(argv, env, workdir, command)
+            _serves(argv, env, workdir, command, shared_runs)
             continue
         if _shareable(argv, env, _env(workdir)):  # the same training on several pages: one run (run_once)
             proc = run_once(argv, workdir, env, shared_runs)
