@@ -302,14 +302,19 @@ def shrink(argv: list[str]) -> list[str]:
     return argv
 
 
+def _digest(value: object) -> str:
+    """A short, stable file name for a shared record: a command's argv, a server's address."""
+    return hashlib.sha256(json.dumps(value).encode()).hexdigest()[:20]
+
+
 def _serves(argv: list[str], env: dict, cwd: Path, command: Command, shared: Path) -> None:
     """Start a documented server, wait until its address answers, then stop it. Two servers cannot listen on one
     address at once, so a lock per address runs them in turn; and a server command that several pages show (`mlflow
     ui`: README.md and docs/dashboards.md) is checked once per session, as run_once shares a run: its first page
     starts it, a later page gets that record. The answer does not depend on the page: the UI's page is served before
     it reads any run from the store."""
-    with FileLock(shared / f"serves-{hashlib.sha256(command.serves.encode()).hexdigest()[:20]}.lock"):
-        answered = shared / f"serves-{hashlib.sha256(json.dumps(argv).encode()).hexdigest()[:20]}.answered"
+    with FileLock(shared / f"serves-{_digest(command.serves)}.lock"):
+        answered = shared / f"serves-{_digest(argv)}.answered"
         if not answered.is_file():
             _serve_once(argv, env, cwd, command)
             answered.touch()
@@ -396,7 +401,7 @@ def run_once(argv: list[str], cwd: Path, env: dict, shared: Path) -> subprocess.
         proc = subprocess.run([sys.executable, *job], cwd=cwd, env=env, capture_output=True, text=True,
                               timeout=TIMEOUT)
         assert proc.returncode == 0, f"`{' '.join(job)}` exited {proc.returncode}:\n{proc.stderr[-3000:]}"
-    entry = shared / hashlib.sha256(json.dumps(key).encode()).hexdigest()[:20]
+    entry = shared / _digest(key)
     with FileLock(f"{entry}.lock"):
         if not (entry / "run.json").is_file():
             before = _files(cwd)
