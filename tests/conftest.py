@@ -20,8 +20,9 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
     The workers take the groups in this order (`--no-loadscope-reorder`): the docs test's first, the longest work
     in the fewest tests (a shrunk study is one test of a minute), then the files by their number of tests, largest
-    first, as pytest-xdist would order them. Many small groups at the end even out the two workers' finish; one
-    study at the end would leave one worker idle for its minute."""
+    first, as pytest-xdist would order them. Many small groups at the end are meant to even out the two workers'
+    finish (one study at the end would leave one worker idle for its minute); a file's test count is not its cost,
+    though, and the last 2.5 minutes still leave a core idle at times (docs/benchmarks.md, "The test suite")."""
     def group(item: pytest.Item) -> str:
         if item.get_closest_marker("xdist_group") is None:
             item.add_marker(pytest.mark.xdist_group(item.path.relative_to(item.config.rootpath).as_posix()))
