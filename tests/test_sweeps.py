@@ -7,6 +7,7 @@ import re
 import signal
 import subprocess
 import sys
+import textwrap
 import time
 from pathlib import Path
 
@@ -402,3 +403,30 @@ def test_a_parallel_sweeps_console_names_the_job_of_every_line(tmp_path):
         assert any(f"[#{num} ffn={ffn}] completed in" in ln and "val_loss" in ln for ln in about_jobs)
         console = (tmp_path / str(num) / "console.log").read_text()
         assert f"/{ffn}" in console and "completed: 4 steps" in console and "--- sample" in console
+
+
+def test_the_disk_estimate_leaves_the_sweeps_own_process_without_torch():
+    """The launcher's disk estimate counts parameters with torch, which the fork server has imported for the jobs:
+    computed there, it says the same as computed here, and the sweep's own process never imports torch."""
+    import cloudpickle
+    from hydra import compose, initialize_config_dir
+
+    from hydra_plugins.zoo_launcher import _core
+
+    code = textwrap.dedent(f"""
+        import multiprocessing, sys, cloudpickle
+        from hydra import compose, initialize_config_dir
+        from hydra_plugins.zoo_launcher import _core
+        with initialize_config_dir(config_dir={str(ROOT / "conf")!r}, version_base=None):
+            cfg = compose("config", overrides=["checkpoints=last", "ffn=swiglu"])
+        ctx = multiprocessing.get_context("forkserver")
+        ctx.set_forkserver_preload(["zoo.build"])
+        print(_core._disk_estimate_in(ctx, [cloudpickle.dumps(cfg)] * 3))
+        print("torch" in sys.modules)""")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base=None):
+        here = _core.disk_estimate([cloudpickle.dumps(compose("config", overrides=["checkpoints=last",
+                                                                                   "ffn=swiglu"]))] * 3)
+    assert here is not None and "the 3 runs will keep about" in here
+    assert proc.stdout.splitlines() == [here, "False"]

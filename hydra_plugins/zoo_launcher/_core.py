@@ -3,8 +3,8 @@
 Hydra's joblib launcher runs jobs in a loky pool; when the kernel kills one worker (the out-of-memory killer's
 SIGKILL), loky breaks the whole pool and the multirun dies with TerminatedWorkerError: the jobs still queued
 never run and the sweep's end-of-run callbacks (zoo's report) never fire. Here each job owns its process, so a
-death ends that job only. Per job, the child does what the joblib launcher's worker does (compose the job's
-config, set hydra.job.num and id, run_job) and sends the JobReturn back through a pipe.
+death ends that job only. Per job, the child does what the joblib launcher's worker does (take the job's config,
+composed once by the launcher, set hydra.job.num and id, run_job) and sends the JobReturn back through a pipe.
 
 Processes come from multiprocessing's fork server, which imports `preload` (zoo's training stack) once: a job
 then starts in a fraction of a second instead of the ~4 s of CPU a fresh interpreter spends importing torch and
@@ -73,16 +73,19 @@ def launch(launcher, job_overrides, initial_job_idx: int) -> list[JobReturn]:
     log.info(f"Launching jobs, sweep output dir : {sweep_dir}")
     for i, overrides in enumerate(job_overrides):
         log.info(f"\t#{initial_job_idx + i} : {' '.join(filter_overrides(overrides))}")
-    if disk := disk_estimate(launcher, job_overrides):
+    # Each job's config, composed once here: for the disk estimate, then sent to its job, which would otherwise
+    # compose it again in a fresh process (a third of a second of CPU each: Hydra's caches start empty there).
+    configs = [_compose(launcher, overrides) for overrides in job_overrides]
+    ctx = multiprocessing.get_context(launcher.start_method)
+    if launcher.start_method == "forkserver":
+        ctx.set_forkserver_preload(list(launcher.preload))  # read when the server (re)starts
+    if disk := _disk_estimate_in(ctx, configs):
         log.info(disk)
 
     # cloudpickle, as joblib: the task function is defined in the script's __main__, which plain pickle
     # cannot name. Pickled once, sent to every job.
     payload = cloudpickle.dumps((launcher.hydra_context, launcher.config, launcher.task_function,
                                  Singleton.get_state()))
-    ctx = multiprocessing.get_context(launcher.start_method)
-    if launcher.start_method == "forkserver":
-        ctx.set_forkserver_preload(list(launcher.preload))  # read when the server (re)starts
     # Jobs side by side would interleave their consoles line by line: each writes its own (CONSOLE in its
     # directory), and this console gets a line per job when it starts, now and then while it runs, and when it ends.
     own_console = launcher.n_jobs > 1 and len(job_overrides) > 1
@@ -98,7 +101,8 @@ def launch(launcher, job_overrides, initial_job_idx: int) -> list[JobReturn]:
             try:
                 while pending and len(running) < launcher.n_jobs:
                     pos, overrides = pending.popleft()
-                    running.append(_start(ctx, payload, pos, initial_job_idx + pos, list(overrides), own_console))
+                    running.append(_start(ctx, payload, configs[pos], pos, initial_job_idx + pos, list(overrides),
+                                          own_console))
                     running[-1].varying = varying
                 # A job is over once its pipe is closed (it sent its result, or died) and its process has exited.
                 ready = wait([j.conn if j.conn is not None else j.proc.sentinel for j in running],
@@ -164,14 +168,26 @@ def _interrupted_by_signals():
             signal.signal(sig, handler)
 
 
-def _start(ctx, payload: bytes, pos: int, num: int, overrides: list[str], own_console: bool) -> _Job:
+def _compose(launcher, overrides) -> bytes | None:
+    """The job's config, pickled; None where it does not compose (the job composes it again, and fails as a job)."""
+    try:
+        config = launcher.hydra_context.config_loader.load_sweep_config(launcher.config, list(overrides))
+    except Exception:
+        return None
+    return cloudpickle.dumps(config)  # as the payload: the typed nodes' classes are made at run time (zoo.config)
+
+
+def _start(ctx, payload: bytes, config: bytes | None, pos: int, num: int, overrides: list[str],
+           own_console: bool) -> _Job:
     recv, send = ctx.Pipe(duplex=False)
     for attempt in range(3):
-        proc = ctx.Process(target=_child, args=(payload, num, overrides, send, own_console), name=f"hydra job {num}")
+        proc = ctx.Process(target=_child, args=(payload, config, num, overrides, send, own_console),
+                           name=f"hydra job {num}")
         try:
             proc.start()
             break
-        except OSError:  # the fork server died just as the job was handed to it: once reaped, a new one starts
+        except (OSError, EOFError):  # the fork server died as the job was handed to it (refused, or no pid back):
+            # once reaped, a new one starts
             if attempt == 2:
                 raise
             time.sleep(0.5)
@@ -286,17 +302,41 @@ def progress(output_dir: str) -> str | None:
     return f"step {max(steps) + 1}/{total}{last}"
 
 
-def disk_estimate(launcher, job_overrides) -> str | None:
+def _disk_estimate_in(ctx, configs: list[bytes | None]) -> str | None:
+    """disk_estimate, computed by a process of the fork server, which has imported torch for the jobs already: this
+    process has not, and would spend a second of CPU on it for this one line. Under spawn, here."""
+    if ctx.get_start_method() != "forkserver":
+        return disk_estimate(configs)
+    recv, send = ctx.Pipe(duplex=False)
+    proc = ctx.Process(target=_send_disk_estimate, args=(configs, send), name="disk estimate")
+    proc.start()
+    send.close()
+    try:
+        return recv.recv()
+    except (EOFError, OSError):  # it died: the sweep runs without the estimate
+        return None
+    finally:
+        recv.close()
+        proc.join()
+
+
+def _send_disk_estimate(configs: list[bytes | None], conn: Connection) -> None:
+    conn.send(disk_estimate(configs))
+    conn.close()
+
+
+def disk_estimate(configs: list[bytes | None]) -> str | None:
     """What the sweep's runs will leave on disk, from each job's parameter count (float32, 4 bytes each) and what
     it keeps (`checkpoints`): a checkpoint with AdamW's state is 3x the weights; all keeps two, best_weights one
-    and the weights, last the weights alone. None when a job's config is not a zoo run's."""
+    and the weights, last the weights alone. None when a job's config (pickled, from _compose) is not a zoo run's."""
     from zoo.build import count_params, resolve_config
 
+    if None in configs:  # a job that does not compose: no estimate (the job says why)
+        return None
     kept = running = 0.0
     try:
-        for overrides in job_overrides:
-            cfg = launcher.hydra_context.config_loader.load_sweep_config(launcher.config, list(overrides))
-            plain = OmegaConf.to_container(cfg, resolve=False)
+        for config in configs:
+            plain = OmegaConf.to_container(pickle.loads(config), resolve=False)
             model, keep = plain["model"], plain.get("checkpoints", "best_weights")
             context = (plain.get("data") or {}).get("context") or 256
             size = 4 * count_params(resolve_config({**model, "vocab_size": model.get("vocab_size") or 256,
@@ -309,7 +349,7 @@ def disk_estimate(launcher, job_overrides) -> str | None:
     what = {"all": "best and last, with the optimizer's state", "last": "each finished run's weights",
             "best_weights": "last with the optimizer's state, best as weights",
             "none": "none once a run finishes"}.get(keep, keep)
-    return (f"disk: the {len(job_overrides)} runs will keep about {mb(kept)} of checkpoints (checkpoints={keep}: "
+    return (f"disk: the {len(configs)} runs will keep about {mb(kept)} of checkpoints (checkpoints={keep}: "
             f"{what}), and a running one up to {mb(running)}")
 
 
@@ -319,14 +359,16 @@ def _output_dir(config: DictConfig) -> str:
     return os.path.abspath(os.path.join(sweep_dir, str(OmegaConf.select(config, "hydra.sweep.subdir"))))
 
 
-def _child(payload: bytes, num: int, overrides: list[str], conn: Connection, own_console: bool) -> None:
+def _child(payload: bytes, composed: bytes | None, num: int, overrides: list[str], conn: Connection,
+           own_console: bool) -> None:
     """One job, in its own process: the joblib launcher's execute_job, then the JobReturn down the pipe."""
     JOB_CODES.clear()  # a forked child starts with the launcher's list: send back its own code alone
     try:
         hydra_context, config, task_function, singleton_state = pickle.loads(payload)
         setup_globals()
         Singleton.set_state(singleton_state)
-        sweep_config = hydra_context.config_loader.load_sweep_config(config, overrides)
+        sweep_config = (pickle.loads(composed) if composed is not None
+                        else hydra_context.config_loader.load_sweep_config(config, overrides))
         with open_dict(sweep_config):
             sweep_config.hydra.job.id = f"{sweep_config.hydra.job.name}_{num}"
             sweep_config.hydra.job.num = num
