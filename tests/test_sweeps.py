@@ -430,3 +430,30 @@ def test_the_disk_estimate_leaves_the_sweeps_own_process_without_torch():
                                                                                    "ffn=swiglu"]))] * 3)
     assert here is not None and "the 3 runs will keep about" in here
     assert proc.stdout.splitlines() == [here, "False"]
+
+
+@pytest.mark.parametrize("error", [OSError, EOFError])
+def test_a_job_handed_to_a_dying_fork_server_is_handed_again(monkeypatch, error):
+    """The fork server can die as a job is handed to it: it refuses the connection (OSError), or it forks the job
+    and dies before sending back its pid (EOFError from multiprocessing). Either way the launcher starts the job
+    again, from a new server, instead of ending the sweep with a traceback; the third failure in a row is raised."""
+    import multiprocessing
+
+    from hydra_plugins.zoo_launcher import _core
+
+    ctx = multiprocessing.get_context("spawn")
+    starts, fails = [], 3  # the start that succeeds: the third
+
+    def start(self):
+        starts.append(self.name)
+        if len(starts) < fails:
+            raise error("the fork server died")
+
+    monkeypatch.setattr(ctx.Process, "start", start)
+    job = _core._start(ctx, b"", None, 0, 7, ["x=1"], own_console=False)
+    assert starts == ["hydra job 7"] * 3 and job.num == 7 and job.overrides == ["x=1"]
+    starts.clear()
+    fails = 4
+    with pytest.raises(error):
+        _core._start(ctx, b"", None, 0, 7, ["x=1"], own_console=False)
+    assert len(starts) == 3
