@@ -407,7 +407,8 @@ def test_a_parallel_sweeps_console_names_the_job_of_every_line(tmp_path):
 
 def test_the_disk_estimate_leaves_the_sweeps_own_process_without_torch():
     """The launcher's disk estimate counts parameters with torch, which the fork server has imported for the jobs:
-    computed there, it says the same as computed here, and the sweep's own process never imports torch."""
+    computed there, it says the same as computed here, and the sweep's own process never imports torch. The same
+    process says which preload modules the server lacks."""
     import cloudpickle
     from hydra import compose, initialize_config_dir
 
@@ -420,16 +421,33 @@ def test_the_disk_estimate_leaves_the_sweeps_own_process_without_torch():
         with initialize_config_dir(config_dir={str(ROOT / "conf")!r}, version_base=None):
             cfg = compose("config", overrides=["checkpoints=last", "ffn=swiglu"])
         ctx = multiprocessing.get_context("forkserver")
-        ctx.set_forkserver_preload(["zoo.build"])
-        print(_core._disk_estimate_in(ctx, [cloudpickle.dumps(cfg)] * 3))
-        print("torch" in sys.modules)""")
+        ctx.set_forkserver_preload(["zoo.build", "no_such_module"])
+        disk, unloaded = _core._ask_fork_server(ctx, [cloudpickle.dumps(cfg)] * 3, ["zoo.build", "no_such_module"])
+        print(disk, unloaded, "torch" in sys.modules, sep="\\n")""")
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base=None):
         here = _core.disk_estimate([cloudpickle.dumps(compose("config", overrides=["checkpoints=last",
                                                                                    "ffn=swiglu"]))] * 3)
     assert here is not None and "the 3 runs will keep about" in here
-    assert proc.stdout.splitlines() == [here, "False"]
+    assert proc.stdout.splitlines() == [here, "['no_such_module']", "False"]
+
+
+def test_a_preload_the_fork_server_cannot_import_is_one_warning(tmp_path):
+    """multiprocessing's fork server passes over a preload module it cannot import without a word, and every job
+    then imports the training stack itself: the sweep says so once, and runs."""
+    (tmp_path / "tiny_app.py").write_text(TINY_APP)
+    cmd = [sys.executable, "tiny_app.py", "-m", "hydra/launcher=parallel", "hydra.launcher.n_jobs=2",
+           f"hydra.searchpath=[file://{ROOT / 'conf'}]", "+kill=-1", "+x=0,1", f"hydra.sweep.dir={tmp_path / 'sweep'}",
+           "hydra.launcher.preload=[hydra,zoo.trainig.runner]"]
+    proc = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-3000:]
+    warnings = [ln for ln in out.splitlines() if "hydra.launcher.preload" in ln]
+    assert len(warnings) == 1 and warnings[0].endswith(
+        "hydra.launcher.preload: the fork server could not import zoo.trainig.runner; each job imports what it needs "
+        "itself, seconds of CPU each"), out[-3000:]
+    assert sorted(p.parent.name for p in (tmp_path / "sweep").glob("*/done")) == ["0", "1"]
 
 
 @pytest.mark.parametrize("error", [OSError, EOFError])

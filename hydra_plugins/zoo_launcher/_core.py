@@ -79,7 +79,11 @@ def launch(launcher, job_overrides, initial_job_idx: int) -> list[JobReturn]:
     ctx = multiprocessing.get_context(launcher.start_method)
     if launcher.start_method == "forkserver":
         ctx.set_forkserver_preload(list(launcher.preload))  # read when the server (re)starts
-    if disk := _disk_estimate_in(ctx, configs):
+    disk, unloaded = _ask_fork_server(ctx, configs, launcher.preload)
+    if unloaded:  # multiprocessing passes over a preload it cannot import without a word
+        log.warning(f"hydra.launcher.preload: the fork server could not import {', '.join(unloaded)}; each job "
+                    "imports what it needs itself, seconds of CPU each")
+    if disk:
         log.info(disk)
 
     # cloudpickle, as joblib: the task function is defined in the script's __main__, which plain pickle
@@ -302,26 +306,27 @@ def progress(output_dir: str) -> str | None:
     return f"step {max(steps) + 1}/{total}{last}"
 
 
-def _disk_estimate_in(ctx, configs: list[bytes | None]) -> str | None:
-    """disk_estimate, computed by a process of the fork server, which has imported torch for the jobs already: this
-    process has not, and would spend a second of CPU on it for this one line. Under spawn, here."""
+def _ask_fork_server(ctx, configs: list[bytes | None], preload: list[str]) -> tuple[str | None, list[str]]:
+    """(disk_estimate, the preload modules the fork server lacks), from a process of the fork server: it has imported
+    torch for the jobs already, which this process has not (a second of CPU for one line). Under spawn, here."""
     if ctx.get_start_method() != "forkserver":
-        return disk_estimate(configs)
+        return disk_estimate(configs), []
     recv, send = ctx.Pipe(duplex=False)
-    proc = ctx.Process(target=_send_disk_estimate, args=(configs, send), name="disk estimate")
+    proc = ctx.Process(target=_answer, args=(configs, preload, send), name="disk estimate")
     proc.start()
     send.close()
     try:
         return recv.recv()
     except (EOFError, OSError):  # it died: the sweep runs without the estimate
-        return None
+        return None, []
     finally:
         recv.close()
         proc.join()
 
 
-def _send_disk_estimate(configs: list[bytes | None], conn: Connection) -> None:
-    conn.send(disk_estimate(configs))
+def _answer(configs: list[bytes | None], preload: list[str], conn: Connection) -> None:
+    unloaded = [m for m in preload if m not in sys.modules]  # before disk_estimate imports its own
+    conn.send((disk_estimate(configs), unloaded))
     conn.close()
 
 
