@@ -43,6 +43,18 @@ def test_a_wrongly_typed_value_is_one_line_naming_the_full_key(args, expected):
     assert proc.returncode == 2 and proc.stderr.strip() == expected, proc.stderr[-2000:]
 
 
+def test_a_preset_key_the_chosen_option_lacks_is_one_line():
+    """experiment=nanogpt_cpu_fast sets Muon's optim.adamw_lr; with optim=adamw beside it the key has no home: one
+    line naming the key, the preset that set it, the option and the option's keys, not Hydra's four lines."""
+    valid = ", ".join(f.name for f in dataclasses.fields(AdamWOptions) if f.name != "name")
+    proc = subprocess.run([sys.executable, "train.py", "experiment=nanogpt_cpu_fast", "optim=adamw"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 2 and proc.stderr.strip() == \
+        f"error: optim.adamw_lr (set by experiment/nanogpt_cpu_fast): optim=adamw has no such option; valid: {valid}", \
+        proc.stderr[-2000:]
+    assert "lr" in valid.split(", ") and "adamw_lr" not in valid
+
+
 def test_typed_errors_answer_without_torch_once_the_options_are_cached():
     option_specs()  # this process has the registries loaded: it reads them and keeps the copy train.py reads
     proc = subprocess.run([sys.executable, "-X", "importtime", "train.py", "attention.window=abc"], cwd=ROOT,

@@ -26,6 +26,7 @@ import dataclasses
 import functools
 import hashlib
 import json
+import re
 import sys
 import types
 import typing
@@ -34,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
-from omegaconf.errors import ValidationError
+from omegaconf.errors import ConfigKeyError, ValidationError
 
 from zoo.commands import config_dir
 from zoo.component import Options
@@ -294,10 +295,20 @@ def generated_options(group: str) -> list[str]:
 
 def one_line(error: BaseException) -> str | None:
     """OmegaConf's validation error (found in the cause chain of Hydra's) as one line naming the key:
-    `model.d_model: got 'abc'; valid: an integer`. None when the error is not a typed value's."""
-    seen: BaseException | None = error
-    while seen is not None and not isinstance(seen, ValidationError):
-        seen = seen.__cause__ or seen.__context__
+    `model.d_model: got 'abc'; valid: an integer`. Also a preset's key that the option chosen beside it lacks
+    (`experiment=nanogpt_cpu_fast optim=adamw`: the preset sets Muon's optim.adamw_lr): the key, the preset, the
+    option and its keys. None for any other error."""
+    if (missing := _in_chain(error, ConfigKeyError)) is not None and missing.full_key and \
+            dataclasses.is_dataclass(missing.object_type):
+        parent, _, _ = missing.full_key.rpartition(".")
+        group = parent.rpartition(".")[2]
+        name = missing.object_type.__name__
+        option = f"{group}={name.removeprefix(group + '_')}" if group and name.startswith(group + "_") else name
+        by = re.match(r"In '([^']+)'", str(error))  # Hydra names the config that set it
+        valid = ", ".join(f.name for f in dataclasses.fields(missing.object_type) if f.name != "name")  # the choice
+        return f"{missing.full_key}{f' (set by {by.group(1)})' if by else ''}: {option} has no such option; " \
+               f"valid: {valid}"
+    seen = _in_chain(error, ValidationError)
     if seen is None:
         return None
     key = seen.full_key or seen.key or "config"
@@ -309,6 +320,17 @@ def one_line(error: BaseException) -> str | None:
     target = first.rpartition(" to ")[2] if "could not be converted" in first else ""
     words = _describe(t) if t is not None else _NODE_WORDS.get(target, first)
     return f"{key}: got {seen.value!r}; valid: {words}" if seen.value is not None else f"{key}: {words}"
+
+
+E = typing.TypeVar("E", bound=BaseException)
+
+
+def _in_chain(error: BaseException, kind: type[E]) -> E | None:
+    """The first error of `kind` in error's chain of causes (error itself included)."""
+    seen: BaseException | None = error
+    while seen is not None and not isinstance(seen, kind):
+        seen = seen.__cause__ or seen.__context__
+    return seen
 
 
 _NODE_WORDS = {"Integer": "an integer", "Float": "a number", "Boolean": "true or false", "String": "a string"}
