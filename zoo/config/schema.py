@@ -303,10 +303,10 @@ def one_line(error: BaseException) -> str | None:
         parent, _, _ = missing.full_key.rpartition(".")
         group = parent.rpartition(".")[2]
         name = missing.object_type.__name__
-        option = f"{group}={name.removeprefix(group + '_')}" if group and name.startswith(group + "_") else name
+        option = name.removeprefix(group + "_") if group else name  # the generated class: <group>_<option>
         by = re.match(r"In '([^']+)'", str(error))  # Hydra names the config that set it
         valid = ", ".join(f.name for f in dataclasses.fields(missing.object_type) if f.name != "name")  # the choice
-        return f"{missing.full_key}{f' (set by {by.group(1)})' if by else ''}: {option} has no such option; " \
+        return f"{missing.full_key}{f' (set by {by.group(1)})' if by else ''}: not an option of {option!r}; " \
                f"valid: {valid}"
     seen = _in_chain(error, ValidationError)
     if seen is None:
