@@ -305,7 +305,8 @@ def one_line(error: BaseException) -> str | None:
         name = missing.object_type.__name__
         option = name.removeprefix(group + "_") if group else name  # the generated class: <group>_<option>
         by = re.match(r"In '([^']+)'", str(error))  # Hydra names the config that set it
-        valid = ", ".join(f.name for f in dataclasses.fields(missing.object_type) if f.name != "name")  # the choice
+        keys = [f.name for f in dataclasses.fields(missing.object_type) if f.name != "name"]  # name: the choice
+        valid = ", ".join(sorted(keys))
         return f"{missing.full_key}{f' (set by {by.group(1)})' if by else ''}: not an option of {option!r}; " \
                f"valid: {valid}"
     seen = _in_chain(error, ValidationError)
