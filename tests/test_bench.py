@@ -4,7 +4,6 @@ import json
 import math
 import os
 import re
-import subprocess
 import sys
 import textwrap
 from pathlib import Path
@@ -12,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests import zygote
 from zoo import bench
 from zoo.bench import Settings, cli, processes, sections, writer
 from zoo.bench.machine import machine_info
@@ -134,11 +134,11 @@ def test_sections_train_with_python_m_zoo_train_from_any_directory(tmp_path, mon
     assert processes.TRAIN == (sys.executable, "-m", "zoo", "train")
     monkeypatch.delenv("PYTHONPATH", raising=False)
     env = processes.child_env()
-    where = subprocess.run([sys.executable, "-c", "import zoo; print(zoo.__file__)"], cwd=tmp_path, env=env,
-                           capture_output=True, text=True, timeout=300)
+    where = zygote.run([sys.executable, "-c", "import zoo; print(zoo.__file__)"], cwd=tmp_path, env=env,
+                       capture_output=True, text=True, timeout=300)
     assert where.stdout.strip() == str(ROOT / "zoo" / "__init__.py"), where
-    bad = subprocess.run([*processes.TRAIN, "ffn=nope"], cwd=tmp_path, env=env, capture_output=True, text=True,
-                         timeout=300)
+    bad = zygote.run([*processes.TRAIN, "ffn=nope"], cwd=tmp_path, env=env, capture_output=True, text=True,
+                     timeout=300)
     assert bad.returncode == 2 and bad.stderr.startswith("error: ffn: unknown option 'nope'; valid: "), bad
     assert list(tmp_path.iterdir()) == []  # refused before Hydra made a run directory
     assert processes.shown(["experiment=nanogpt_cpu", "trainer.max_steps=3"]) == \
@@ -209,8 +209,8 @@ def test_an_unknown_section_is_one_line_and_exit_code_2(capsys):
 
 
 def test_python_m_zoo_bench_refuses_an_unknown_section_with_exit_code_2():
-    proc = subprocess.run([sys.executable, "-m", "zoo.bench", "--only", "nope", "--out", "-"], capture_output=True,
-                          text=True, timeout=300, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    proc = zygote.run([sys.executable, "-m", "zoo.bench", "--only", "nope", "--out", "-"], capture_output=True,
+                      text=True, timeout=300, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.startswith("error: --only: unknown section 'nope'; valid: train, compile,")
     assert proc.stderr.count("\n") == 1 and proc.stdout == ""

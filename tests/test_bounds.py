@@ -7,13 +7,13 @@ import json
 import os
 import re
 import socket
-import subprocess
 import sys
 import textwrap
 from pathlib import Path
 
 import pytest
 
+from tests import zygote
 from zoo.io import OVERWRITE_REMOVES, RUN_ENTRIES, RUN_MARKER, remove_run_files, write_marker
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -55,8 +55,8 @@ def _run_bounded(code: str, tmp_path: Path) -> str:
         "    out = 'error: ' + str(e)",
         "print(out)"])
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "ZOO_CACHE": str(tmp_path / "cache")}
-    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=TIMEOUT_S,
-                          env=env, cwd=tmp_path)
+    proc = zygote.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=TIMEOUT_S,
+                      env=env, cwd=tmp_path)
     assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
     lines = proc.stdout.strip().splitlines()
     assert len(lines) == 1, proc.stdout
@@ -192,9 +192,9 @@ def test_a_special_file_is_refused_where_zoo_reads_data(tmp_path, make, kind):
 
 def test_train_refuses_dev_zero_as_data_in_one_line(tmp_path):
     marker, before = _outside(tmp_path)
-    proc = subprocess.run([sys.executable, "train.py", "data.path=/dev/zero", f"hydra.run.dir={tmp_path / 'run'}"],
-                          cwd=ROOT, capture_output=True, text=True, timeout=120,
-                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    proc = zygote.run([sys.executable, "train.py", "data.path=/dev/zero", f"hydra.run.dir={tmp_path / 'run'}"],
+                      cwd=ROOT, capture_output=True, text=True, timeout=120,
+                      env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert proc.stderr == "error: data.path: '/dev/zero' is a character device, not a regular file; point it at a " \
                           "text file\n"
@@ -293,8 +293,8 @@ def test_two_plugin_files_of_one_name_are_both_imported(tmp_path, monkeypatch):
     (["-m", "zoo", "bench", "--frob"], "error: unrecognized arguments: --frob; see zoo bench --help"),
 ])
 def test_bench_and_kernels_usage_errors_are_one_line(tmp_path, cmd, says):
-    proc = subprocess.run([sys.executable, *cmd], cwd=tmp_path, capture_output=True, text=True, timeout=120,
-                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    proc = zygote.run([sys.executable, *cmd], cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                      env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert proc.returncode == 2 and proc.stderr == says + "\n" and proc.stdout == ""
 
 
@@ -308,10 +308,10 @@ REFUSALS = ["error: model.mup_base_d_model: must be an integer from 1 to 65536, 
                          ids=["basic", "parallel"])
 def test_a_sweep_whose_every_job_is_refused_exits_2(tmp_path, launcher):
     marker, before = _outside(tmp_path)
-    proc = subprocess.run([sys.executable, "train.py", "-m", *launcher, "model.mup_base_d_model=0,100000000",
-                           "trainer.max_steps=1", f"hydra.sweep.dir={tmp_path / 'sweep'}"], cwd=ROOT,
-                          capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"})
+    proc = zygote.run([sys.executable, "train.py", "-m", *launcher, "model.mup_base_d_model=0,100000000",
+                       "trainer.max_steps=1", f"hydra.sweep.dir={tmp_path / 'sweep'}"], cwd=ROOT,
+                      capture_output=True, text=True, timeout=300,
+                      env={**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"})
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
     errors = [ln for ln in proc.stderr.splitlines() if ln.startswith("error: ")]
     assert errors == [*([] if launcher else REFUSALS),
@@ -324,10 +324,10 @@ def test_a_sweep_whose_every_job_is_refused_exits_2(tmp_path, launcher):
 
 def test_a_sweep_with_one_job_refused_exits_0(tmp_path):
     """The neighbour: one refused job among good ones is the sweep going on, not a refused sweep."""
-    proc = subprocess.run([sys.executable, "train.py", "-m", "model.mup_base_d_model=0,128", "trainer.max_steps=1",
-                           "debug=fast", f"hydra.sweep.dir={tmp_path / 'sweep'}"], cwd=ROOT,
-                          capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"})
+    proc = zygote.run([sys.executable, "train.py", "-m", "model.mup_base_d_model=0,128", "trainer.max_steps=1",
+                       "debug=fast", f"hydra.sweep.dir={tmp_path / 'sweep'}"], cwd=ROOT,
+                      capture_output=True, text=True, timeout=300,
+                      env={**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"})
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert [ln for ln in proc.stderr.splitlines() if ln.startswith("error: ")] == REFUSALS[:1]
 

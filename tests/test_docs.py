@@ -39,6 +39,8 @@ from pathlib import Path
 import pytest
 from filelock import FileLock
 
+from tests import zygote
+
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 TIMEOUT = 900  # generous: imports alone take a minute on a busy machine
@@ -405,8 +407,7 @@ def run_once(argv: list[str], cwd: Path, env: dict, shared: Path) -> subprocess.
     with FileLock(f"{entry}.lock"):
         if not (entry / "run.json").is_file():
             before = _files(cwd)
-            proc = subprocess.run([sys.executable, *argv[1:]], cwd=cwd, env=env, capture_output=True, text=True,
-                                  timeout=TIMEOUT)
+            proc = zygote.run(argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=TIMEOUT)
             written = sorted(rel for rel, stamp in _files(cwd).items() if before.get(rel) != stamp)
             # a run that changed a file it did not create (a shared mlflow.db) depends on the page: not shared
             shareable = not any(rel in before for rel in written)
@@ -418,8 +419,7 @@ def run_once(argv: list[str], cwd: Path, env: dict, shared: Path) -> subprocess.
             return proc
         run = json.loads((entry / "run.json").read_text())
         if not run["shared"]:
-            return subprocess.run([sys.executable, *argv[1:]], cwd=cwd, env=env, capture_output=True, text=True,
-                                  timeout=TIMEOUT)
+            return zygote.run(argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=TIMEOUT)
         _copy(run["written"], entry / "files", cwd)
         here = {name: run[name].replace(run["cwd"], str(cwd)) for name in ("stdout", "stderr")}  # paths it printed
         return subprocess.CompletedProcess(argv, run["returncode"], here["stdout"], here["stderr"])
@@ -522,8 +522,7 @@ def test_documented_command_runs_as_written(command: Command, workdir: Path, sha
         if _shareable(argv, env, _env(workdir)):  # the same training on several pages: one run (run_once)
             proc = run_once(argv, workdir, env, shared_runs)
         else:
-            proc = subprocess.run([sys.executable if argv[0] == "python" else argv[0], *argv[1:]], cwd=workdir,
-                                  env=env, capture_output=True, text=True, timeout=TIMEOUT)
+            proc = zygote.run(argv, cwd=workdir, env=env, capture_output=True, text=True, timeout=TIMEOUT)
         shown = f"{command.where}: `{' '.join(argv)}` exited {proc.returncode}\n{proc.stdout[-2000:]}\n" \
                 f"{proc.stderr[-3000:]}"
         if command.output:  # a console block: the documented output, and the exit code it implies

@@ -1,12 +1,12 @@
 """zoo.inspect: parameter breakdown, FLOPs and memory from configs, --vs, and attention-map plots."""
 
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
 
+from tests import zygote
 from zoo.build import build_model, count_params
 from zoo.data.tokenizers import build_tokenizer
 from zoo.inspect import ffn_share, inspect_config, main, merge_overrides, ordered_maps
@@ -97,7 +97,7 @@ def checkpoint(tmp_path_factory) -> Path:
     cmd = [sys.executable, "train.py", "trainer.max_steps=2", "model.d_model=32", "model.n_layers=1",
            "model.n_heads=2", "data.context=16", "data.eval_batches=1", "data.batch_size=4", "logger=none",
            "sample.max_new_tokens=1", f"hydra.run.dir={run_dir}"]
-    out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    out = zygote.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-2000:]
     return run_dir / "checkpoints" / "last.ckpt"
 
@@ -155,7 +155,7 @@ def test_loss_by_position_matches_val_loss_long(tmp_path, capsys):
            "model.d_model=32", "model.n_layers=1", "model.n_heads=2", "data.context=16", "data.long_context=32",
            "data.eval_batches=2", "data.batch_size=4", "logger=none", "sample.max_new_tokens=1", "threads=1",
            f"hydra.run.dir={run_dir}"]
-    out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    out = zygote.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     ckpt = run_dir / "checkpoints" / "last.ckpt"
     result = loss_by_position(ckpt, 32, buckets=4)

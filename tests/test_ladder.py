@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 import torch
 
+from tests import zygote
 from tests.helpers import TINY, compose_cfg
 from zoo.build import count_params, resolve_config
 from zoo.report import build_report, write_report
@@ -98,7 +99,7 @@ def test_gpu_ladder_runs_at_toy_size(tmp_path):
     cmd = [sys.executable, "train.py", "-m", "study=ffn", "ladder=gpu", "trainer=cpu", "tokens_per_param=null",
            *TINY, "model.n_layers=1", "model.d_model=32", "model.n_heads=2", "hydra.sweeper.params.size=gpu_s",
            "hydra.sweeper.params.ffn=gelu", "seed=0", f"hydra.sweep.dir={tmp_path}"]
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    proc = zygote.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = json.loads((tmp_path / "0" / "summary.json").read_text())
     assert summary["status"] == "completed" and summary["data"]["context"] == 16
@@ -226,7 +227,7 @@ def test_a_sweep_run_again_keeps_finished_jobs_resumes_the_interrupted_one_and_s
     assert not (tmp_path / "1" / "summary.json").exists() and not (tmp_path / "2").exists()
     first = (tmp_path / "0" / "summary.json").read_bytes()
 
-    again = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)  # the same command
+    again = zygote.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)  # the same command
     assert again.returncode == 0, again.stderr[-3000:]
     assert f"kept: {tmp_path / '0'} finished earlier (completed)" in again.stdout
     assert (tmp_path / "0" / "summary.json").read_bytes() == first  # kept, not rerun
@@ -245,10 +246,10 @@ def test_a_sweep_run_again_keeps_finished_jobs_resumes_the_interrupted_one_and_s
 def test_a_sweep_directory_holding_another_sweeps_finished_run_is_refused(tmp_path):
     cmd = [sys.executable, "train.py", *SWEEP[:-2], "ffn=relu", "seed=0", "trainer.max_steps=4",
            f"hydra.sweep.dir={tmp_path}"]
-    assert subprocess.run(cmd, cwd=ROOT, capture_output=True, timeout=600).returncode == 0
+    assert zygote.run(cmd, cwd=ROOT, capture_output=True, timeout=600).returncode == 0
     before = (tmp_path / "0" / "summary.json").read_bytes()
-    other = subprocess.run(cmd[:-2] + ["trainer.max_steps=6", f"hydra.sweep.dir={tmp_path}"], cwd=ROOT,
-                           capture_output=True, text=True, timeout=600)
+    other = zygote.run(cmd[:-2] + ["trainer.max_steps=6", f"hydra.sweep.dir={tmp_path}"], cwd=ROOT,
+                       capture_output=True, text=True, timeout=600)
     assert "holds a finished run with other settings (trainer.max_steps: earlier run 4, this run 6)" in other.stderr
     assert (tmp_path / "0" / "summary.json").read_bytes() == before
 
@@ -271,13 +272,13 @@ def test_a_sweep_continued_on_changed_data_is_refused_and_keeps_its_results(tmp_
     cmd = [sys.executable, "train.py", *SWEEP[:-2], "ffn=relu", "seed=0,1", "trainer.max_steps=4",
            "data=text_file", f"data.path={text}", "data.context=16", "data.eval_batches=1",
            f"hydra.sweep.dir={sweep}"]
-    assert subprocess.run(cmd, cwd=ROOT, capture_output=True, timeout=600).returncode == 0
+    assert zygote.run(cmd, cwd=ROOT, capture_output=True, timeout=600).returncode == 0
     recorded = json.loads((sweep / "0" / "summary.json").read_text())["data_fingerprint"]
     assert recorded == {"source": f"data.path '{text}'", "sha256": hashlib.sha256(first).hexdigest()}
     before = _files(sweep)
     text.write_text(" ".join(rng.choice(words, 3000)) + "\n")  # other text, the same characters
     assert sorted(set(text.read_text())) == sorted(set(first.decode())) and text.read_bytes() != first
-    again = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    again = zygote.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
     refused = [ln for ln in again.stderr.splitlines() if ln.startswith("error:")]
     assert refused == [f"error: hydra.sweep.dir: '{sweep / n}' holds a finished run trained on other data "
                        f"(data.path '{text}' now has sha256 {hashlib.sha256(text.read_bytes()).hexdigest()[:16]}..., "
@@ -287,7 +288,7 @@ def test_a_sweep_continued_on_changed_data_is_refused_and_keeps_its_results(tmp_
     assert again.returncode == 2
     assert "Traceback" not in again.stderr and _files(sweep) == before  # the old results, byte for byte
     text.write_bytes(first)  # the data it trained on: kept, as any finished job
-    kept = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    kept = zygote.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert kept.returncode == 0 and f"kept: {sweep / '1'} finished earlier (completed)" in kept.stdout, kept.stderr
     assert _files(sweep) == before
 

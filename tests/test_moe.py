@@ -6,6 +6,7 @@ import math
 import pytest
 import torch
 
+from tests import zygote
 from tests.helpers import TINY, compose_cfg, make, tiny_cfg
 from zoo import ConfigError, build_model, count_params, flops_per_token, resolve_config
 from zoo.component import aux_losses
@@ -244,14 +245,13 @@ def test_budget_matches_total_or_active_parameters(budget, count):
 def test_ddp_two_processes_with_experts_that_get_no_tokens(tmp_path):
     """DDP (gloo, 2 CPU processes) needs a gradient for every parameter on every rank: with 32 experts and 64
     tokens per rank some expert gets none, and still takes part (zero gradient), so no rank waits for it."""
-    import subprocess
     import sys
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[1]
     cmd = [sys.executable, "train.py", "trainer=ddp", *TINY, "ffn=moe", "model.ffn.n_experts=32",
            "model.ffn.top_k=1", "model.ffn.d_ff=8", "logger=csv", "threads=1", f"hydra.run.dir={tmp_path}"]
-    proc = subprocess.run(cmd, cwd=root, capture_output=True, text=True, timeout=600)
+    proc = zygote.run(cmd, cwd=root, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
     import json
 

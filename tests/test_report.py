@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 from scipy import stats
 
+from tests import zygote
 from zoo.report import (
     confidence_interval,
     main,
@@ -271,8 +272,8 @@ def test_no_runs_is_a_one_line_error(tmp_path, capsys):
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: no runs under") and "\n" not in err
     assert main([str(tmp_path / "missing")]) == 2
-    out = subprocess.run([sys.executable, "-m", "zoo.report", str(tmp_path)], cwd=ROOT, capture_output=True,
-                         text=True)
+    out = zygote.run([sys.executable, "-m", "zoo.report", str(tmp_path)], cwd=ROOT, capture_output=True,
+                     text=True)
     assert out.returncode == 2 and out.stderr.strip().startswith("error:")
 
 
@@ -284,7 +285,7 @@ def multirun(tmp_path_factory) -> Path:
     cmd = [sys.executable, "train.py", "-m", "ffn=relu,swiglu", "seed=0,1", "model.d_model=32", "model.n_layers=1",
            "model.n_heads=2", "trainer.max_steps=6", "trainer.val_check_interval=3", "data.eval_batches=2",
            "data.batch_size=4", "data.context=16", "logger=csv", f"hydra.sweep.dir={sweep_dir}"]
-    out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    out = zygote.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-2000:]
     assert len(list(sweep_dir.glob("*/summary.json"))) == 4, out.stderr[-2000:]
     return sweep_dir
@@ -536,7 +537,7 @@ def test_objectives_declare_directions_and_training_does_not_import_the_report()
         higher_is_better("val_bleu")
     code = ("import sys, zoo.training, zoo.training.runner, zoo.training.callbacks; "
             "assert 'zoo.report' not in sys.modules, 'zoo.training imports zoo.report'")
-    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    out = zygote.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
 
 
@@ -576,9 +577,9 @@ def render(page: Path) -> tuple[dict[str, int], list[str]]:
     rendered DOM, console messages). The report itself has no scripts, so any console message is its own."""
     probe = page.with_name("probe_" + page.name)
     probe.write_text(page.read_text().replace("</body>", PROBE + "</body>"))
-    out = subprocess.run([shutil.which("chromium"), "--headless", "--no-sandbox", "--disable-gpu",
-                          "--enable-logging=stderr", "--v=0", "--virtual-time-budget=5000", "--dump-dom",
-                          probe.as_uri()], capture_output=True, text=True, timeout=300)
+    out = zygote.run([shutil.which("chromium"), "--headless", "--no-sandbox", "--disable-gpu",
+                      "--enable-logging=stderr", "--v=0", "--virtual-time-budget=5000", "--dump-dom",
+                      probe.as_uri()], capture_output=True, text=True, timeout=300)
     body = re.search(r"<body([^>]*)>", out.stdout)
     assert body, f"chromium rendered nothing: {out.stderr[-2000:]}"
     counts = {k: int(v) for k, v in re.findall(r'data-(\w+)="(\d+)"', body.group(1))}

@@ -1,12 +1,12 @@
 """No config can make train.py run code the user did not ask for: every `_target_` (Hydra's section included)
 must be an allowed class, checked before Hydra instantiates anything."""
 
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from tests import zygote
 from tests.helpers import TINY, compose_cfg
 from zoo.training.runner import main
 from zoo.training.safety import ALLOWED_TARGETS, check_argv, check_targets
@@ -16,8 +16,8 @@ TRAIN = str(ROOT / "train.py")
 
 
 def _train_py(args, cwd):
-    return subprocess.run([sys.executable, TRAIN, *args, *TINY, "threads=1"], cwd=cwd, capture_output=True,
-                          text=True, timeout=600)
+    return zygote.run([sys.executable, TRAIN, *args, *TINY, "threads=1"], cwd=cwd, capture_output=True,
+                      text=True, timeout=600)
 
 
 def _victim(tmp_path):

@@ -1,7 +1,6 @@
 """The config's typed schema (zoo/config/schema.py): one home for every default, typed errors in one line."""
 
 import dataclasses
-import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -10,6 +9,7 @@ import pytest
 from hydra.core.config_store import ConfigStore
 from omegaconf import OmegaConf
 
+from tests import zygote
 from tests.helpers import compose_cfg
 from zoo.build import DEFAULTS, resolve_config
 from zoo.component import Options
@@ -39,7 +39,7 @@ CONF = ROOT / "conf"
     (["-m", "seed=0,x"], "error: seed: got 'x'; valid: an integer"),
 ])
 def test_a_wrongly_typed_value_is_one_line_naming_the_full_key(args, expected):
-    proc = subprocess.run([sys.executable, "train.py", *args], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    proc = zygote.run([sys.executable, "train.py", *args], cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 2 and proc.stderr.strip() == expected, proc.stderr[-2000:]
 
 
@@ -47,8 +47,8 @@ def test_a_preset_key_the_chosen_option_lacks_is_one_line():
     """experiment=nanogpt_cpu_fast sets Muon's optim.adamw_lr; with optim=adamw beside it the key has no home: one
     line naming the key, the preset that set it, the option and the option's keys, not Hydra's four lines."""
     valid = ", ".join(sorted(f.name for f in dataclasses.fields(AdamWOptions)))  # as optim.<key>'s own error
-    proc = subprocess.run([sys.executable, "train.py", "experiment=nanogpt_cpu_fast", "optim=adamw"], cwd=ROOT,
-                          capture_output=True, text=True, timeout=600)
+    proc = zygote.run([sys.executable, "train.py", "experiment=nanogpt_cpu_fast", "optim=adamw"], cwd=ROOT,
+                      capture_output=True, text=True, timeout=600)
     assert proc.returncode == 2 and proc.stderr.strip() == \
         f"error: optim.adamw_lr (set by experiment/nanogpt_cpu_fast): not an option of 'adamw'; valid: {valid}", \
         proc.stderr[-2000:]
@@ -57,8 +57,8 @@ def test_a_preset_key_the_chosen_option_lacks_is_one_line():
 
 def test_typed_errors_answer_without_torch_once_the_options_are_cached():
     option_specs()  # this process has the registries loaded: it reads them and keeps the copy train.py reads
-    proc = subprocess.run([sys.executable, "-X", "importtime", "train.py", "attention.window=abc"], cwd=ROOT,
-                          capture_output=True, text=True, timeout=600)
+    proc = zygote.run([sys.executable, "-X", "importtime", "train.py", "attention.window=abc"], cwd=ROOT,
+                      capture_output=True, text=True, timeout=600)
     assert proc.returncode == 2 and "error: model.attention.window: got 'abc'" in proc.stderr, proc.stderr[-2000:]
     assert not any(line.rstrip().endswith(" torch") for line in proc.stderr.splitlines()), "torch was imported"
 

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from tests import zygote
 from tests.helpers import TINY
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -21,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def test_parallel_multirun_with_a_failing_run_and_matched_parameters(tmp_path):
     cmd = [sys.executable, "train.py", "-m", "hydra/launcher=parallel", "hydra.launcher.n_jobs=2", *TINY,
            "logger=csv", "ffn=gelu,swiglu", "model.n_heads=2,3", "budget=params", f"hydra.sweep.dir={tmp_path}"]
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    proc = zygote.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     from omegaconf import OmegaConf
 
@@ -55,7 +56,7 @@ def test_unknown_budget_is_refused(tmp_path, capsys):
 
 def _train_py(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
     cmd = [sys.executable, "train.py", "-m", *args, f"hydra.sweep.dir={tmp_path}"]
-    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    return zygote.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
 
 
 def test_optuna_search_returns_each_trials_metric(tmp_path):
@@ -141,7 +142,7 @@ def test_a_sweep_run_one_job_after_another_ends_as_a_parallel_one(tmp_path):
     where its runs are and how to compare them, in the command the user typed (`zoo train`: `zoo report`)."""
     cmd = [sys.executable, "-m", "zoo", "train", "-m", *TINY, "logger=csv", "ffn=relu,gelu",
            "sample.max_new_tokens=8", f"hydra.sweep.dir={tmp_path}"]
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    proc = zygote.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     lines = proc.stdout.strip().splitlines()
     assert "--- sample" not in proc.stdout and sum("completed: 4 steps" in ln for ln in lines) == 2, proc.stdout
@@ -274,7 +275,7 @@ def test_parallel_launcher_survives_a_killed_job(tmp_path, start):
            "hydra.launcher.n_jobs=2", f"hydra.launcher.start_method={start.split()[0]}",
            f"hydra.searchpath=[file://{ROOT / 'conf'}]", "+kill=1", "+x=0,1,2,3,4", f"hydra.sweep.dir={sweep}",
            "+hydra.callbacks.end._target_=kill_hook.MarkEnd"] + (["+kill_server=0"] if "killed" in start else [])
-    proc = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=300, env=env)
+    proc = zygote.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=300, env=env)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-3000:]
     assert (sweep / "ended").is_file()
@@ -386,7 +387,7 @@ def test_a_parallel_sweeps_console_names_the_job_of_every_line(tmp_path):
     the sweep's console has a line per job when it starts and ends, each naming the job."""
     cmd = [sys.executable, "train.py", "-m", "hydra/launcher=parallel", "hydra.launcher.n_jobs=2", *TINY,
            "ffn=relu,gelu", "sample.max_new_tokens=8", f"hydra.sweep.dir={tmp_path}"]
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    proc = zygote.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     lines = [ln for ln in (proc.stdout + proc.stderr).splitlines() if ln.strip()]
     sweep_lines = ("ParallelLauncher(n_jobs=2) is launching", "Launching jobs, sweep output dir", "\t#0 : ", "\t#1 : ")
@@ -424,7 +425,7 @@ def test_the_disk_estimate_leaves_the_sweeps_own_process_without_torch():
         ctx.set_forkserver_preload(["zoo.build", "no_such_module"])
         disk, unloaded = _core._ask_fork_server(ctx, [cloudpickle.dumps(cfg)] * 3, ["zoo.build", "no_such_module"])
         print(disk, unloaded, "torch" in sys.modules, sep="\\n")""")
-    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    proc = zygote.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base=None):
         here = _core.disk_estimate([cloudpickle.dumps(compose("config", overrides=["checkpoints=last",
@@ -440,7 +441,7 @@ def test_a_preload_the_fork_server_cannot_import_is_one_warning(tmp_path):
     cmd = [sys.executable, "tiny_app.py", "-m", "hydra/launcher=parallel", "hydra.launcher.n_jobs=2",
            f"hydra.searchpath=[file://{ROOT / 'conf'}]", "+kill=-1", "+x=0,1", f"hydra.sweep.dir={tmp_path / 'sweep'}",
            "hydra.launcher.preload=[hydra,zoo.trainig.runner]"]
-    proc = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    proc = zygote.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=300)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-3000:]
     warnings = [ln for ln in out.splitlines() if "hydra.launcher.preload" in ln]

@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tests import zygote
 from tests.helpers import write_corpus
 from zoo.data import DataError, cached_bpe
 from zoo.data.tokens import MANIFEST, _VerifiedRecord, read_manifest
@@ -80,17 +81,17 @@ def one_line(err: pytest.ExceptionInfo) -> str:
 def tmpfs(path: Path, size: str = "64k"):
     """A small file system of its own at `path` (root only: else the case is skipped)."""
     path.mkdir(parents=True)
-    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
-                                           capture_output=True).returncode:
+    if os.geteuid() != 0 or zygote.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
+                                       capture_output=True).returncode:
         pytest.skip("a small or read-only file system needs root and mount -t tmpfs")
     try:
         yield path
     finally:
-        subprocess.run(["umount", "-l", str(path)], check=True)
+        zygote.run(["umount", "-l", str(path)], check=True)
 
 
 def read_only(path: Path) -> None:
-    subprocess.run(["mount", "-o", "remount,ro", str(path)], check=True)
+    zygote.run(["mount", "-o", "remount,ro", str(path)], check=True)
 
 
 def fill(fs: Path) -> None:
@@ -332,8 +333,8 @@ def test_prepare_refuses_links_where_it_writes_and_replaces_a_linked_shard(sourc
 
 
 def _prepare_cli(*args: str, **kw) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "zoo.prepare", *args, "--quiet", "--workers", "1"], cwd=ROOT,
-                          capture_output=True, text=True, timeout=120, **kw)
+    return zygote.run([sys.executable, "-m", "zoo.prepare", *args, "--quiet", "--workers", "1"], cwd=ROOT,
+                      capture_output=True, text=True, timeout=120, **kw)
 
 
 def test_prepare_cli_on_a_file_a_read_only_and_a_full_file_system(sources, tmp_path, marker):
@@ -379,10 +380,10 @@ def test_prepare_cli_past_a_file_size_limit(sources, tmp_path):
 
 def test_train_py_refuses_a_shard_linked_out_of_the_corpus_in_one_line(corpus, marker, tmp_path):
     link_out(shard(corpus, "train"), marker)
-    proc = subprocess.run([sys.executable, "train.py", "data=tokens", f"data.path={corpus}", "logger=none",
-                           "model.d_model=16", "model.n_layers=1", "model.n_heads=2", "data.context=16",
-                           f"hydra.run.dir={tmp_path / 'run'}"], cwd=ROOT, capture_output=True, text=True,
-                          timeout=300, env=USER_ENV)  # the user's cache: its built kernels
+    proc = zygote.run([sys.executable, "train.py", "data=tokens", f"data.path={corpus}", "logger=none",
+                       "model.d_model=16", "model.n_layers=1", "model.n_heads=2", "data.context=16",
+                       f"hydra.run.dir={tmp_path / 'run'}"], cwd=ROOT, capture_output=True, text=True,
+                      timeout=300, env=USER_ENV)  # the user's cache: its built kernels
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr[-2000:]
     assert proc.stderr == (f"error: data.path: shard '{corpus.resolve() / 'train_000000.bin'}' links to '{marker}', "
                            f"outside the corpus directory '{corpus.resolve()}'; a corpus's shards must be inside it\n")

@@ -1,9 +1,10 @@
 """What a newcomer sees: the start banner, checkpoints after a short run, sampling as documented, debug=fast."""
 
 import json
-import subprocess
 import sys
 from pathlib import Path
+
+from tests import zygote
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -52,7 +53,7 @@ def test_the_unknown_characters_hint_only_on_that_error(train, capsys):
 def test_debug_fast_is_a_quiet_short_run_without_checkpoints(tmp_path):
     cmd = [sys.executable, "train.py", "debug=fast", "model.d_model=32", "model.n_layers=1", "model.n_heads=2",
            "data.context=16", "threads=1", f"hydra.run.dir={tmp_path}"]
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    proc = zygote.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
     s = json.loads((tmp_path / "summary.json").read_text())
     assert s["status"] == "completed" and s["steps"] == 10 and len(s["history"]) == 1

@@ -22,6 +22,7 @@ from hydra import compose, initialize_config_dir
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import open_dict
 
+from tests import zygote
 from tests.helpers import CONF, TINY
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -193,7 +194,7 @@ def mlflow_sweep(tmp_path_factory):
                "sample.max_new_tokens=0", f"hydra.sweep.dir={sweep}",
                "+hydra.callbacks.report._target_=zoo.report.ReportAfterSweep", *TINY]
         env = {**os.environ, "PYTHONPATH": str(ROOT)}
-        proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=1200)
+        proc = zygote.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=1200)
         assert proc.returncode == 0, proc.stderr[-3000:]
         experiment = _api(base, "experiments/get-by-name", query={"experiment_name": str(sweep)})["experiment"]
         yield base, experiment["experiment_id"], tmp
@@ -261,7 +262,7 @@ def test_mlflow_experiment_opens_on_its_runs_table_in_headless_chromium(mlflow_s
     from zoo.training.loggers import experiment_url
 
     url = experiment_url(base, experiment)
-    dom = subprocess.run(_chromium(tmp) + ["--dump-dom", url], capture_output=True, text=True, timeout=300).stdout
+    dom = zygote.run(_chromium(tmp) + ["--dump-dom", url], capture_output=True, text=True, timeout=300).stdout
     [parent] = _runs(base, experiment, "sweep")
     name = next(t["value"] for t in parent["data"]["tags"] if t["key"] == "mlflow.runName")
     assert name in dom and "Runs</h2>" in dom and "matching runs" in dom, dom[-2000:]
@@ -275,13 +276,13 @@ def test_mlflow_compare_view_renders_the_runs_in_headless_chromium(mlflow_sweep)
     url = f"{base}/#/compare-runs?" + urllib.parse.urlencode(
         {"runs": json.dumps(ids), "experiments": json.dumps([experiment])})
     flags = _chromium(tmp)
-    dom = subprocess.run(flags + ["--dump-dom", url], capture_output=True, text=True, timeout=300).stdout
+    dom = zygote.run(flags + ["--dump-dom", url], capture_output=True, text=True, timeout=300).stdout
     names = [next(t["value"] for t in r["data"]["tags"] if t["key"] == "mlflow.runName") for r in jobs]
     for name in names:
         assert name in dom, name
     assert "val_loss" in dom and "ffn" in dom
     shot = tmp / "mlflow.png"
-    subprocess.run(flags + [f"--screenshot={shot}", url], capture_output=True, timeout=300)
+    zygote.run(flags + [f"--screenshot={shot}", url], capture_output=True, timeout=300)
     assert shot.is_file() and shot.stat().st_size > 10_000
     if os.environ.get("ZOO_KEEP_SCREENSHOT"):  # a path: keep the screenshot to look at
         shutil.copy(shot, os.environ["ZOO_KEEP_SCREENSHOT"])
@@ -293,8 +294,8 @@ def test_unreachable_mlflow_server_stops_a_sweep_before_its_jobs_with_one_line(t
     uri = f"http://127.0.0.1:{_free_port()}"
     cmd = [sys.executable, "train.py", "-m", "logger=mlflow", f"logger.mlflow.tracking_uri={uri}",
            f"hydra.sweep.dir={tmp_path / 'sweep'}", *TINY]
-    proc = subprocess.run(cmd, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True,
-                          text=True, timeout=300)
+    proc = zygote.run(cmd, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True,
+                      text=True, timeout=300)
     assert proc.returncode == 2, proc.stderr[-2000:]
     [line] = proc.stderr.strip().splitlines()
     assert line.startswith(f"error: logger.mlflow.tracking_uri: cannot reach {uri}") and "; valid: " in line
@@ -323,8 +324,8 @@ def test_ddp_run_is_one_mlflow_run(tmp_path):
     store = f"sqlite:///{tmp_path}/mlflow.db"
     cmd = [sys.executable, "train.py", "trainer=ddp", "logger=mlflow", f"logger.mlflow.tracking_uri={store}",
            "sample.max_new_tokens=0", f"hydra.run.dir={tmp_path / 'run'}", *TINY]
-    proc = subprocess.run(cmd, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True,
-                          text=True, timeout=600)
+    proc = zygote.run(cmd, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True,
+                      text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
     client = MlflowClient(store)
     [experiment] = [e for e in client.search_experiments() if e.name == "zoo"]
@@ -435,8 +436,8 @@ def test_mlflow_server_that_never_answers_is_one_line_within_the_bound(tmp_path,
     pytest.importorskip("mlflow")
     cmd = [sys.executable, "train.py", "logger=mlflow", f"logger.mlflow.tracking_uri={silent_server}", "debug=fast",
            f"hydra.run.dir={tmp_path / 'run'}", *TINY]
-    proc = subprocess.run(cmd, cwd=ROOT, env=_env(tmp_path), capture_output=True, text=True,
-                          timeout=_within_bound(1))
+    proc = zygote.run(cmd, cwd=ROOT, env=_env(tmp_path), capture_output=True, text=True,
+                      timeout=_within_bound(1))
     assert proc.returncode == 2, proc.stderr[-2000:]
     [line] = proc.stderr.strip().splitlines()
     assert line.startswith(f"error: logger.mlflow.tracking_uri: {silent_server}: no answer within 2 s, 2 tries "
@@ -452,8 +453,8 @@ def test_mlflow_server_that_stops_answering_mid_run_costs_one_wait_and_one_line(
     run_dir = tmp_path / "run"
     cmd = [sys.executable, "train.py", "logger=mlflow", f"logger.mlflow.tracking_uri={uri}",
            "sample.max_new_tokens=0", f"hydra.run.dir={run_dir}", *TINY]
-    proc = subprocess.run(cmd, cwd=ROOT, env=_env(tmp_path), capture_output=True, text=True,
-                          timeout=_within_bound(1))
+    proc = zygote.run(cmd, cwd=ROOT, env=_env(tmp_path), capture_output=True, text=True,
+                      timeout=_within_bound(1))
     assert proc.returncode == 0, proc.stderr[-3000:]
     [line] = [x for x in proc.stderr.splitlines() if x.strip()]
     assert line.startswith("warning: mlflow: ") and " not logged (" in line, line
@@ -476,8 +477,8 @@ def test_hub_that_never_answers_ends_init_from_hf_in_one_line_within_the_bound(t
     """huggingface_hub's client has no timeout of its own: without zoo's bound this waited forever."""
     pytest.importorskip("transformers")
     cmd = [sys.executable, "train.py", "init_from=hf:gpt2", "debug=fast", f"hydra.run.dir={tmp_path / 'run'}"]
-    proc = subprocess.run(cmd, cwd=ROOT, env=_env(tmp_path, HF_ENDPOINT=silent_server), capture_output=True,
-                          text=True, timeout=_within_bound(2))
+    proc = zygote.run(cmd, cwd=ROOT, env=_env(tmp_path, HF_ENDPOINT=silent_server), capture_output=True,
+                      text=True, timeout=_within_bound(2))
     assert proc.returncode == 2, proc.stderr[-2000:]
     [line] = proc.stderr.strip().splitlines()
     assert line.startswith("error: init_from: cannot load 'hf:gpt2' ("), line
@@ -488,8 +489,8 @@ def test_hub_that_never_answers_ends_a_hub_tokenizer_in_zoo_prepare_in_one_line(
     (tmp_path / "a.txt").write_text("some text\n\nmore text\n")
     cmd = [sys.executable, "-m", "zoo.prepare", str(tmp_path / "a.txt"), "--tokenizer", "hf:gpt2",
            "--out", str(tmp_path / "corpus")]
-    proc = subprocess.run(cmd, cwd=ROOT, env=_env(tmp_path, HF_ENDPOINT=silent_server), capture_output=True,
-                          text=True, timeout=_within_bound(2))
+    proc = zygote.run(cmd, cwd=ROOT, env=_env(tmp_path, HF_ENDPOINT=silent_server), capture_output=True,
+                      text=True, timeout=_within_bound(2))
     assert proc.returncode == 2, proc.stderr[-2000:]
     [line] = proc.stderr.strip().splitlines()
     assert line.startswith("error: tokenizer: cannot load Hugging Face tokenizer 'hf:gpt2' ("), line
@@ -530,7 +531,7 @@ def test_wandb_online_with_a_server_that_never_answers_is_one_error_line_within_
     cmd = [sys.executable, "train.py", "logger=wandb", "debug=fast", f"hydra.run.dir={tmp_path / 'run'}"]
     env = _env(tmp_path, WANDB_MODE="online", WANDB_BASE_URL=silent_server, WANDB_API_KEY="0" * 40,
                WANDB_DIR=str(tmp_path))
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=_within_bound(6))
+    proc = zygote.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=_within_bound(6))
     assert proc.returncode == 2, proc.stderr[-2000:]
     errors = [ln for ln in proc.stderr.splitlines() if ln.startswith("error:")]
     assert len(errors) == 1 and errors[0].startswith("error: logger.wandb: cannot start the run on W&B ("), \
@@ -541,8 +542,8 @@ def test_wandb_online_with_a_server_that_never_answers_is_one_error_line_within_
 def test_a_hub_dataset_that_never_answers_ends_zoo_prepare_in_one_line(tmp_path, silent_server):
     pytest.importorskip("datasets")
     cmd = [sys.executable, "-m", "zoo.prepare", "--dataset", "someone/some-corpus", "--out", str(tmp_path / "c")]
-    proc = subprocess.run(cmd, cwd=ROOT, env=_env(tmp_path, HF_ENDPOINT=silent_server), capture_output=True,
-                          text=True, timeout=_within_bound(4))
+    proc = zygote.run(cmd, cwd=ROOT, env=_env(tmp_path, HF_ENDPOINT=silent_server), capture_output=True,
+                      text=True, timeout=_within_bound(4))
     assert proc.returncode == 2, proc.stderr[-2000:]
     [line] = [ln for ln in proc.stderr.splitlines() if "error" in ln.lower()]  # beside the progress bar
     assert line.startswith("error: --dataset: cannot load 'someone/some-corpus' ("), line

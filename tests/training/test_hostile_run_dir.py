@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests import zygote
 from tests.helpers import TINY, compose_cfg
 from zoo.io import RUN_ENTRIES
 from zoo.training.runner import main, run
@@ -49,7 +50,7 @@ def _snapshot(directory: Path) -> dict:
 
 
 def _copy(src: Path, dst: Path) -> Path:
-    subprocess.run(["cp", "-a", str(src), str(dst)], check=True)
+    zygote.run(["cp", "-a", str(src), str(dst)], check=True)
     return dst
 
 
@@ -193,19 +194,19 @@ def test_a_marker_that_is_a_link_or_a_directory_is_no_marker(tmp_path, outside, 
 def _mount(target: Path, *args: str):
     """mount(8) on `target` for the block's duration; the test is skipped where mounting is not allowed."""
     target.mkdir(parents=True, exist_ok=True)
-    proc = subprocess.run(["mount", *args, str(target)], capture_output=True, text=True)
+    proc = zygote.run(["mount", *args, str(target)], capture_output=True, text=True)
     if proc.returncode != 0:
         pytest.skip(f"cannot mount here ({proc.stderr.strip()}): run as root to test full and read-only disks")
     try:
         yield target
     finally:
-        subprocess.run(["umount", "-l", str(target)], check=True)
+        zygote.run(["umount", "-l", str(target)], check=True)
 
 
 @contextlib.contextmanager
 def _read_only(directory: Path):
     with _mount(directory, "--bind", str(directory)):
-        subprocess.run(["mount", "-o", "remount,bind,ro", str(directory)], check=True)
+        zygote.run(["mount", "-o", "remount,bind,ro", str(directory)], check=True)
         yield directory
 
 
@@ -281,8 +282,8 @@ def test_a_file_size_limit_is_a_full_disk(tmp_path):
         resource.setrlimit(resource.RLIMIT_FSIZE, (100_000, 100_000))  # the small files fit, a checkpoint not
 
     run_dir = tmp_path / "run"
-    proc = subprocess.run([sys.executable, "train.py", *TINY, *QUIET, f"hydra.run.dir={run_dir}"], cwd=ROOT,
-                          capture_output=True, text=True, timeout=300, preexec_fn=limit)
+    proc = zygote.run([sys.executable, "train.py", *TINY, *QUIET, f"hydra.run.dir={run_dir}"], cwd=ROOT,
+                      capture_output=True, text=True, timeout=300, preexec_fn=limit)
     assert proc.returncode == 2, proc.stderr[-2000:]
     _one_line(proc.stderr, "could not write", "best.ckpt': File too large", "no checkpoint was written")
 
@@ -290,8 +291,8 @@ def test_a_file_size_limit_is_a_full_disk(tmp_path):
 # --- train.py: what Hydra would write before zoo's code runs ------------------------------------------------
 
 def _train_py(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "train.py", *TINY, *QUIET, *args], cwd=ROOT, capture_output=True,
-                          text=True, timeout=300)
+    return zygote.run([sys.executable, "train.py", *TINY, *QUIET, *args], cwd=ROOT, capture_output=True,
+                      text=True, timeout=300)
 
 
 @pytest.mark.parametrize("case", ["file", "file-overwrite", "below-a-file", "sweep-file", "hydra-link", "multirun-link",

@@ -4,7 +4,6 @@ formula, the one-line errors, the command line, resume, every lineage, learning,
 import csv
 import json
 import math
-import subprocess
 import sys
 from pathlib import Path
 
@@ -12,6 +11,7 @@ import pytest
 import torch
 from torch import nn
 
+from tests import zygote
 from tests.helpers import FLOAT32, TINY, cases, compose_cfg, interrupt_at_batch, lineages, tiny_cfg
 from zoo.build import ConfigError, build_model, meta_model
 from zoo.optim import Combined, resolve, state_numbers
@@ -247,15 +247,15 @@ SMALL = ["model.d_model=32", "model.n_layers=1", "model.n_heads=2", "trainer.max
 
 
 def test_train_py_optim_muon_runs_and_bad_values_are_one_line(tmp_path):
-    proc = subprocess.run([sys.executable, "train.py", "optim=muon", *SMALL, f"hydra.run.dir={tmp_path}"], cwd=ROOT,
-                          capture_output=True, text=True, timeout=600)
+    proc = zygote.run([sys.executable, "train.py", "optim=muon", *SMALL, f"hydra.run.dir={tmp_path}"], cwd=ROOT,
+                      capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
     s = json.loads((tmp_path / "summary.json").read_text())
     assert s["status"] == "completed" and s["optim"]["name"] == "muon" and math.isfinite(s["final"]["val_loss"])
     for arg, error in (("optim=lion", "error: optim: unknown option 'lion'; valid: adamw, muon"),
                        ("optim.nesterov=5", "error: optim.nesterov: got 5; valid: true or false")):
-        proc = subprocess.run([sys.executable, "train.py", "optim=muon", arg], cwd=ROOT, capture_output=True,
-                              text=True, timeout=600)
+        proc = zygote.run([sys.executable, "train.py", "optim=muon", arg], cwd=ROOT, capture_output=True,
+                          text=True, timeout=600)
         assert proc.returncode == 2 and proc.stderr.strip() == error, proc.stderr[-2000:]
 
 
@@ -375,8 +375,8 @@ def test_the_report_names_each_runs_optimizer_where_runs_differ(tmp_path):
 
 @pytest.mark.slow  # two processes: half a minute, most of it starting them
 def test_muon_trains_under_ddp_on_cpu(tmp_path):
-    proc = subprocess.run([sys.executable, "train.py", "trainer=ddp", "optim=muon", *SMALL, "trainer.max_steps=4",
-                           f"hydra.run.dir={tmp_path}"], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    proc = zygote.run([sys.executable, "train.py", "trainer=ddp", "optim=muon", *SMALL, "trainer.max_steps=4",
+                       f"hydra.run.dir={tmp_path}"], cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
     s = json.loads((tmp_path / "summary.json").read_text())
     assert s["status"] == "completed" and s["steps"] == 4 and s["optim"]["name"] == "muon"

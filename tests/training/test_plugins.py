@@ -4,12 +4,12 @@ the budget sizing it by asking it."""
 import json
 import math
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from tests import zygote
 from tests.helpers import TINY
 from zoo.registry import FFN, load_plugins
 
@@ -57,9 +57,9 @@ def test_a_part_in_one_file_trains_from_the_command_line_with_budget_params(tmp_
     plugin.write_text(RELU_SQUARED.format(name="relu_squared"))
     run_dir = tmp_path / "run"
     env = {**os.environ, "ZOO_PLUGINS": str(plugin), "PYTHONPATH": str(ROOT)}
-    proc = subprocess.run([sys.executable, "train.py", "ffn=relu_squared", "budget=params", "logger=none",
-                           "debug=fast", *TINY, f"hydra.run.dir={run_dir}"],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    proc = zygote.run([sys.executable, "train.py", "ffn=relu_squared", "budget=params", "logger=none",
+                       "debug=fast", *TINY, f"hydra.run.dir={run_dir}"],
+                      cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     s = json.loads((run_dir / "summary.json").read_text())
     assert s["status"] == "completed" and s["architecture"]["ffn"] == "relu_squared"
@@ -93,8 +93,8 @@ def test_a_plugin_module_on_the_import_path_registers_its_parts(tmp_path, monkey
 def test_a_plugin_that_does_not_import_is_one_line_before_anything_runs(tmp_path, plugin, says):
     (tmp_path / "broken.py").write_text("1 / 0\n")
     env = {**os.environ, "ZOO_PLUGINS": plugin.format(tmp=tmp_path), "PYTHONPATH": str(ROOT)}
-    proc = subprocess.run([sys.executable, "train.py", f"hydra.run.dir={tmp_path / 'run'}"], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=600)
+    proc = zygote.run([sys.executable, "train.py", f"hydra.run.dir={tmp_path / 'run'}"], cwd=ROOT, env=env,
+                      capture_output=True, text=True, timeout=600)
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr[-3000:]
     assert proc.stderr.startswith(f"error: ZOO_PLUGINS: cannot import '{plugin.format(tmp=tmp_path)}': ")
     assert says in proc.stderr and not (tmp_path / "run").exists()

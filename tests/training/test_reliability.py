@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests import zygote
 from tests.helpers import TINY, TINY_TASK, compose_cfg
 from zoo.registry import FFN
 from zoo.training.cli import check_group_choices
@@ -100,8 +101,8 @@ def test_unknown_group_option_is_one_line_listing_choices(arg):
 
 
 def test_unknown_group_option_through_train_py():
-    proc = subprocess.run([sys.executable, "train.py", "-m", "ffn=relu,swish"], cwd=ROOT, capture_output=True,
-                          text=True, timeout=600)
+    proc = zygote.run([sys.executable, "train.py", "-m", "ffn=relu,swish"], cwd=ROOT, capture_output=True,
+                      text=True, timeout=600)
     assert proc.returncode == 2
     valid = ", ".join(FFN.names())  # the registered FFNs: each is an option of the ffn group
     assert proc.stderr.strip() == f"error: ffn: unknown option 'swish'; valid: {valid}"
@@ -299,7 +300,7 @@ def test_failed_and_diverged_runs_do_not_stop_the_sweep_and_the_report_counts_th
     cmd = [sys.executable, "train.py", "-m", *TINY, "logger=csv", "model.d_model=32,33", "optim.lr=1e-3,1e6",
            "norm=post_ln", "model.init_std=3.0", "optim.warmup_steps=0", "trainer.gradient_clip_val=null",
            "trainer.max_steps=20", "trainer.val_check_interval=10", f"hydra.sweep.dir={tmp_path}"]
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    proc = zygote.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
     summaries = [json.loads(p.read_text()) for p in sorted(tmp_path.glob("*/summary.json"))]
     statuses = sorted(s["status"] for s in summaries)
@@ -358,7 +359,7 @@ def test_quick_exit_still_runs_finalizers_and_exit_handlers(tmp_path):
         "import gc; gc.disable()\n"  # so only the exit's collection can find the cycle
         "Cycle()\n"
         "atexit.register(lambda: open(path + '/handler.txt', 'w').write('ran'))\n")
-    subprocess.run([sys.executable, str(script)], check=True, timeout=60, cwd=Path(__file__).parents[2])
+    zygote.run([sys.executable, str(script)], check=True, timeout=60, cwd=Path(__file__).parents[2])
     assert (tmp_path / "finalized.txt").read_text() == "yes"
     assert (tmp_path / "handler.txt").read_text() == "ran"
 
@@ -399,8 +400,8 @@ def test_resume_gc_collects_what_loading_left_and_freezes_the_rest_once(tmp_path
         "resume_gc()\n"
         "print('second', gc.get_freeze_count() == frozen)\n"
         "keep.clear(); gc.unfreeze()\n")
-    out = subprocess.run([sys.executable, str(script)], check=True, timeout=60, capture_output=True, text=True,
-                         cwd=ROOT).stdout.split("\n")
+    out = zygote.run([sys.executable, str(script)], check=True, timeout=60, capture_output=True, text=True,
+                     cwd=ROOT).stdout.split("\n")
     assert out[:3] == ["finalized", "enabled True True", "second True"], out
 
 
@@ -425,6 +426,7 @@ def test_train_py_imports_with_the_collector_off_and_trains_with_it_on(tmp_path,
         "zoo.training.main = train\n"  # what train.py's main() calls, after its imports
         "sys.argv = ['train.py', *sys.argv[1:]]\n"
         "runpy.run_path('train.py', run_name='__main__')\n")
+    # a new interpreter, not tests/zygote.py's fork: what it checks happens while the imports run
     out = subprocess.run([sys.executable, str(probe), *mode, "debug=fast", f"hydra.run.dir={tmp_path / 'run'}",
                           f"hydra.sweep.dir={tmp_path / 'sweep'}"], timeout=120, capture_output=True, text=True,
                          cwd=ROOT, env={**os.environ, "WANDB_MODE": "offline"})

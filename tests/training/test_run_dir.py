@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests import zygote
 from tests.helpers import TINY, compose_cfg
 from zoo.training.runner import main, run
 
@@ -35,7 +36,7 @@ def finished(tmp_path_factory) -> Path:
 
 
 def _copy_run(src: Path, dst: Path) -> Path:
-    subprocess.run(["cp", "-a", f"{src}/.", str(dst)], check=True)
+    zygote.run(["cp", "-a", f"{src}/.", str(dst)], check=True)
     return dst
 
 
@@ -95,8 +96,8 @@ def test_a_second_run_in_a_busy_directory_stops_and_writes_nothing(finished, tmp
             capsys.readouterr()
             code, err = main(compose_cfg(TINY + QUIET + extra), run_dir), capsys.readouterr().err.strip()
         else:
-            proc = subprocess.run([sys.executable, "train.py", *TINY, *QUIET, *extra, f"hydra.run.dir={run_dir}"],
-                                  cwd=ROOT, capture_output=True, text=True, timeout=300)
+            proc = zygote.run([sys.executable, "train.py", *TINY, *QUIET, *extra, f"hydra.run.dir={run_dir}"],
+                              cwd=ROOT, capture_output=True, text=True, timeout=300)
             code, err = proc.returncode, proc.stderr.strip()
         assert code == 2
         assert err == f"error: hydra.run.dir: '{run_dir}' is in use by a running process (pid {holder.pid}); " \
@@ -246,7 +247,7 @@ def test_a_crafted_checkpoint_cannot_touch_files_outside_its_run(interrupted, tm
     craft(ckpt, victim, marker, run_dir)
     torch.save(ckpt, path)
     cmd = [sys.executable, "train.py", *TINY, *QUIET, *LONGER, f"hydra.run.dir={run_dir}", "ckpt_path=last"]
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    proc = zygote.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert _snapshot(victim) == before and not marker.exists()
     summary = json.loads((run_dir / "summary.json").read_text())
@@ -308,7 +309,7 @@ def test_no_weights_only_warning_when_interrupted_or_resumed(interrupted, tmp_pa
     source, out = interrupted
     run_dir = _copy_run(source, tmp_path / "run")
     cmd = [sys.executable, "train.py", *TINY, *QUIET, *LONGER, f"hydra.run.dir={run_dir}", "ckpt_path=last"]
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    proc = zygote.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "resuming from" in proc.stdout  # the banner says it resumed
     warning = "`weights_only` was not set"

@@ -6,6 +6,7 @@ import math
 import pytest
 import torch
 
+from tests import zygote
 from tests.helpers import compose_cfg
 from zoo.commands import config_dir
 from zoo.config.schema import KINDS
@@ -204,7 +205,6 @@ def test_sample_entry_point(train, capsys):
 
 
 def test_ddp_two_processes_on_cpu(tmp_path):
-    import subprocess
     import sys
     from pathlib import Path
 
@@ -212,7 +212,7 @@ def test_ddp_two_processes_on_cpu(tmp_path):
     cmd = [sys.executable, "train.py", "trainer=ddp", "model.d_model=32", "model.n_layers=1", "model.n_heads=2",
            "trainer.max_steps=4", "trainer.val_check_interval=2", "data.eval_batches=2", "data.batch_size=4",
            "data.context=16", "logger=none", f"hydra.run.dir={tmp_path}"]
-    proc = subprocess.run(cmd, cwd=root, capture_output=True, text=True, timeout=600)
+    proc = zygote.run(cmd, cwd=root, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
     s = json.loads((tmp_path / "summary.json").read_text())
     assert s["status"] == "completed" and s["steps"] == 4

@@ -2,11 +2,12 @@
 same one line as the model's typed keys: `<key>: got <value>; valid: <what it takes>`, exit code 2."""
 
 import json
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from tests import zygote
 
 ROOT = Path(__file__).resolve().parents[2]
 CONF = ROOT / "conf"
@@ -64,7 +65,7 @@ from train import check_arguments
 out = [check_arguments(groups + [f"{{key}}={{value}}"]) for groups, key, value, _ in {CASES!r}]
 print(json.dumps({{"errors": out, "torch": "torch" in sys.modules}}))
 """
-    proc = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    proc = zygote.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert result["torch"] is False
@@ -78,7 +79,7 @@ print(json.dumps({{"errors": out, "torch": "torch" in sys.modules}}))
     (["data=tokens", "data.path=/no/such/dir"], "error: data.path: no prepared corpus at '/no/such/dir'"),
 ])
 def test_train_py_answers_in_one_line_with_exit_code_2(args, error):
-    proc = subprocess.run([sys.executable, "train.py", *args], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    proc = zygote.run([sys.executable, "train.py", *args], cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 2 and proc.stderr.startswith(error) and proc.stderr.count("\n") == 1, proc.stderr
 
 
