@@ -1,16 +1,18 @@
 """Run `python train.py ...` as a test's subprocess would, without paying for its imports each time.
 
 Most of a shrunk run's time is spent importing lightning, torch and the libraries they bring (docs/benchmarks.md,
-"What the suite's work is"), and the suite runs a few hundred of them. A warm interpreter (one per pytest process)
-imports zoo's training stack once; each command is then a fork of it that runs the script as `__main__` with the
-command's argv, working directory, environment, standard streams and import path, and exits with its exit code
-after its exit handlers, as the fresh interpreter would. What differs is only what was imported before the script
-began, so a test about imports (train.py's torch-free pre-flight, tests/test_preflight.py) runs a fresh interpreter.
+"What the suite's work is"), and the suite runs a few hundred of them. A warm interpreter (up to two per pytest
+process) imports zoo's training stack once; each command is then a fork of it that runs the script as `__main__`
+with the command's argv, working directory, environment, standard streams and import path, and exits with its exit
+code after its exit handlers, as the fresh interpreter would. What differs is only what was imported before the
+script began, so a test about imports (train.py's torch-free pre-flight, tests/test_preflight.py) runs a fresh
+interpreter.
 
 `run` takes subprocess.run's arguments. It forks `python <script>.py ...` and `python -m zoo...` run with
 capture_output=True and text=True, and hands anything else to subprocess.run: another program, other arguments
-(standard input, bytes), an environment that differs in a variable a module may read when it is imported, or every
-command when ZOO_FRESH_INTERPRETER=1 (the suite as it ran before, each command in a new interpreter).
+(standard input, bytes, `-X importtime`), or every command when ZOO_FRESH_INTERPRETER=1 (the suite as it ran before,
+each command in a new interpreter). An environment that differs from a warm interpreter's in a variable a module may
+read when it is imported (OMP_NUM_THREADS, HF_HOME) gets a warm interpreter of its own.
 """
 
 from __future__ import annotations
