@@ -4,6 +4,7 @@ import json
 import math
 import os
 import re
+import subprocess
 import sys
 import textwrap
 from pathlib import Path
@@ -134,8 +135,8 @@ def test_sections_train_with_python_m_zoo_train_from_any_directory(tmp_path, mon
     assert processes.TRAIN == (sys.executable, "-m", "zoo", "train")
     monkeypatch.delenv("PYTHONPATH", raising=False)
     env = processes.child_env()
-    where = zygote.run([sys.executable, "-c", "import zoo; print(zoo.__file__)"], cwd=tmp_path, env=env,
-                       capture_output=True, text=True, timeout=300)
+    where = subprocess.run([sys.executable, "-c", "import zoo; print(zoo.__file__)"], cwd=tmp_path, env=env,
+                           capture_output=True, text=True, timeout=300)
     assert where.stdout.strip() == str(ROOT / "zoo" / "__init__.py"), where
     bad = zygote.run([*processes.TRAIN, "ffn=nope"], cwd=tmp_path, env=env, capture_output=True, text=True,
                      timeout=300)

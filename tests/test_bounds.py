@@ -7,6 +7,7 @@ import json
 import os
 import re
 import socket
+import subprocess
 import sys
 import textwrap
 from pathlib import Path
@@ -55,8 +56,8 @@ def _run_bounded(code: str, tmp_path: Path) -> str:
         "    out = 'error: ' + str(e)",
         "print(out)"])
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "ZOO_CACHE": str(tmp_path / "cache")}
-    proc = zygote.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=TIMEOUT_S,
-                      env=env, cwd=tmp_path)
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=TIMEOUT_S,
+                          env=env, cwd=tmp_path)
     assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
     lines = proc.stdout.strip().splitlines()
     assert len(lines) == 1, proc.stdout

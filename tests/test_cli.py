@@ -6,7 +6,6 @@ from pathlib import Path
 
 import pytest
 
-from tests import zygote
 from zoo.training.cli import check_group_choices, check_keys
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -17,14 +16,14 @@ CONF = ROOT / "conf"
 def _options_cached():
     """The checks answer without torch once the components' options are cached in zoo/__pycache__, which the
     first run after an edit of zoo/ writes (it imports the components once): be that first run here."""
-    zygote.run([sys.executable, "-c", "from zoo.config.schema import option_specs; option_specs()"], cwd=ROOT,
-               check=True, timeout=600)
+    subprocess.run([sys.executable, "-c", "from zoo.config.schema import option_specs; option_specs()"], cwd=ROOT,
+                   check=True, timeout=600)
 
 
 def _train(*args: str) -> subprocess.CompletedProcess:
     # -X importtime lists every module imported: the checks must answer without torch
     cmd = [sys.executable, "-X", "importtime", "train.py", *args]
-    return zygote.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
 
 
 @pytest.mark.parametrize("args,expected", [

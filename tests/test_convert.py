@@ -1,6 +1,7 @@
 """zoo.convert: HF GPT-2 / BERT / Llama / BART / T5 -> zoo models with equal logits (random weights, no downloads)."""
 
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -10,7 +11,6 @@ import torch
 transformers = pytest.importorskip("transformers")
 transformers.utils.logging.set_verbosity_error()
 
-from tests import zygote  # noqa: E402
 from zoo import count_params  # noqa: E402
 from zoo.convert import (  # noqa: E402
     ConversionError,
@@ -338,7 +338,7 @@ def test_import_does_not_need_transformers():
             "print(c.convert.__name__)")
     root = Path(__file__).resolve().parents[1]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")]))}
-    out = zygote.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600, cwd=root, env=env)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600, cwd=root, env=env)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "convert"
 

@@ -6,7 +6,6 @@ import math
 import pytest
 import torch
 
-from tests import zygote
 from tests.helpers import TINY, compose_cfg, save_pretrained_tokenizer
 from zoo.eval import main
 
@@ -24,6 +23,7 @@ def test_sampling_from_a_checkpoint_does_not_import_lightning(run_dir):
     """python -m zoo.sample reads the checkpoint and samples without Lightning's seconds of import (zoo.eval
     still imports it, for its data modules), nor torch._dynamo's 1-1.6 s (nothing compiles: neither zoo's
     softmax nor building the model on the meta device to check the weights' shapes may import it)."""
+    import subprocess
     import sys
 
     code = ("import runpy, sys\n"
@@ -35,7 +35,7 @@ def test_sampling_from_a_checkpoint_does_not_import_lightning(run_dir):
             "print('lightning imported:', any(m.split('.')[0] in ('lightning', 'pytorch_lightning')\n"
             "                                 for m in sys.modules))\n"
             "print('torch._dynamo imported:', 'torch._dynamo' in sys.modules)")
-    out = zygote.run([sys.executable, "-c", code], check=True, timeout=120, capture_output=True, text=True)
+    out = subprocess.run([sys.executable, "-c", code], check=True, timeout=120, capture_output=True, text=True)
     assert out.stdout.strip().endswith("lightning imported: False\ntorch._dynamo imported: False"), \
         out.stdout + out.stderr
 

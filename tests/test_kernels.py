@@ -14,7 +14,6 @@ import torch
 import torch.nn.functional as F
 from torch.profiler import profile
 
-from tests import zygote
 from tests.helpers import case_id, cases, make, tiny_cfg
 from zoo import build_model
 from zoo.component import ConfigError, option_fields
@@ -127,7 +126,7 @@ def test_components_import_neither_the_hardware_nor_the_kernels():
     """The components hold their formulas: zoo.layers and zoo.models import no CPU probe and no kernel."""
     code = ("import sys, zoo.layers, zoo.models, zoo.build; print(sorted(m for m in sys.modules "
             "if m in ('zoo.hardware', 'zoo.native') or m.startswith('zoo.kernels')))")
-    out = zygote.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
 
 
@@ -391,8 +390,8 @@ def test_a_kernel_is_built_once_per_machine_and_a_failed_build_is_said_once_per_
         print(apply_kernels(model, 'auto', precision='32-true'))""")
 
     def run(**env) -> subprocess.CompletedProcess:
-        return zygote.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True,
-                          env={**os.environ, "ZOO_CACHE": str(tmp_path), **env})
+        return subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True,
+                              env={**os.environ, "ZOO_CACHE": str(tmp_path), **env})
 
     first = run()
     assert first.stdout.splitlines()[0] == "True True" and first.stderr.count("building rmsnorm.cpp") == 1

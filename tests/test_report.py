@@ -537,7 +537,7 @@ def test_objectives_declare_directions_and_training_does_not_import_the_report()
         higher_is_better("val_bleu")
     code = ("import sys, zoo.training, zoo.training.runner, zoo.training.callbacks; "
             "assert 'zoo.report' not in sys.modules, 'zoo.training imports zoo.report'")
-    out = zygote.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
 
 
@@ -577,9 +577,9 @@ def render(page: Path) -> tuple[dict[str, int], list[str]]:
     rendered DOM, console messages). The report itself has no scripts, so any console message is its own."""
     probe = page.with_name("probe_" + page.name)
     probe.write_text(page.read_text().replace("</body>", PROBE + "</body>"))
-    out = zygote.run([shutil.which("chromium"), "--headless", "--no-sandbox", "--disable-gpu",
-                      "--enable-logging=stderr", "--v=0", "--virtual-time-budget=5000", "--dump-dom",
-                      probe.as_uri()], capture_output=True, text=True, timeout=300)
+    out = subprocess.run([shutil.which("chromium"), "--headless", "--no-sandbox", "--disable-gpu",
+                          "--enable-logging=stderr", "--v=0", "--virtual-time-budget=5000", "--dump-dom",
+                          probe.as_uri()], capture_output=True, text=True, timeout=300)
     body = re.search(r"<body([^>]*)>", out.stdout)
     assert body, f"chromium rendered nothing: {out.stderr[-2000:]}"
     counts = {k: int(v) for k, v in re.findall(r'data-(\w+)="(\d+)"', body.group(1))}

@@ -1,6 +1,7 @@
 """The config's typed schema (zoo/config/schema.py): one home for every default, typed errors in one line."""
 
 import dataclasses
+import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -57,8 +58,8 @@ def test_a_preset_key_the_chosen_option_lacks_is_one_line():
 
 def test_typed_errors_answer_without_torch_once_the_options_are_cached():
     option_specs()  # this process has the registries loaded: it reads them and keeps the copy train.py reads
-    proc = zygote.run([sys.executable, "-X", "importtime", "train.py", "attention.window=abc"], cwd=ROOT,
-                      capture_output=True, text=True, timeout=600)
+    proc = subprocess.run([sys.executable, "-X", "importtime", "train.py", "attention.window=abc"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=600)
     assert proc.returncode == 2 and "error: model.attention.window: got 'abc'" in proc.stderr, proc.stderr[-2000:]
     assert not any(line.rstrip().endswith(" torch") for line in proc.stderr.splitlines()), "torch was imported"
 

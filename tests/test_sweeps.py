@@ -425,7 +425,7 @@ def test_the_disk_estimate_leaves_the_sweeps_own_process_without_torch():
         ctx.set_forkserver_preload(["zoo.build", "no_such_module"])
         disk, unloaded = _core._ask_fork_server(ctx, [cloudpickle.dumps(cfg)] * 3, ["zoo.build", "no_such_module"])
         print(disk, unloaded, "torch" in sys.modules, sep="\\n")""")
-    proc = zygote.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base=None):
         here = _core.disk_estimate([cloudpickle.dumps(compose("config", overrides=["checkpoints=last",

@@ -213,8 +213,8 @@ def test_a_missing_extra_is_one_line_before_torch_with_no_options_cache(case, tm
             "import zoo.config.schema as schema\n"
             "schema._cache_path = lambda: Path('/nonexistent/zoo-options.json')  # no copy\n"
             "from zoo.cli import main\ncode = main(sys.argv[1:])\nprint(code, 'torch' in sys.modules)")
-    proc = zygote.run([sys.executable, "-c", code, *argv], cwd=tmp_path, capture_output=True, text=True,
-                      timeout=600, env={**__import__("os").environ, "PYTHONPATH": str(ROOT)})
+    proc = subprocess.run([sys.executable, "-c", code, *argv], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=600, env={**__import__("os").environ, "PYTHONPATH": str(ROOT)})
     assert proc.stdout.split() == ["2", "False"], proc.stdout + proc.stderr[-2000:]
     assert proc.stderr.splitlines() == [expected.format(root=ROOT)]
     assert list(tmp_path.iterdir()) == []
@@ -233,8 +233,8 @@ def test_a_missing_file_checkpoint_or_extra_is_one_line_before_torch(case, tmp_p
     argv, blocked, expected = PREFLIGHT[case]
     code = (f"import sys\nif {blocked!r}: sys.modules[{blocked!r}] = None  # as if not installed\n"
             "from zoo.cli import main\ncode = main(sys.argv[1:])\nprint(code, 'torch' in sys.modules)")
-    proc = zygote.run([sys.executable, "-c", code, *argv], cwd=tmp_path, capture_output=True, text=True,
-                      timeout=600, env={**__import__("os").environ, "PYTHONPATH": str(ROOT)})
+    proc = subprocess.run([sys.executable, "-c", code, *argv], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=600, env={**__import__("os").environ, "PYTHONPATH": str(ROOT)})
     assert proc.stdout.split() == ["2", "False"], proc.stdout + proc.stderr[-2000:]
     assert proc.stderr.splitlines() == [expected.format(root=ROOT)]
     assert list(tmp_path.iterdir()) == []  # no outputs/, no multirun/

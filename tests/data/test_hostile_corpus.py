@@ -81,17 +81,17 @@ def one_line(err: pytest.ExceptionInfo) -> str:
 def tmpfs(path: Path, size: str = "64k"):
     """A small file system of its own at `path` (root only: else the case is skipped)."""
     path.mkdir(parents=True)
-    if os.geteuid() != 0 or zygote.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
-                                       capture_output=True).returncode:
+    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
+                                           capture_output=True).returncode:
         pytest.skip("a small or read-only file system needs root and mount -t tmpfs")
     try:
         yield path
     finally:
-        zygote.run(["umount", "-l", str(path)], check=True)
+        subprocess.run(["umount", "-l", str(path)], check=True)
 
 
 def read_only(path: Path) -> None:
-    zygote.run(["mount", "-o", "remount,ro", str(path)], check=True)
+    subprocess.run(["mount", "-o", "remount,ro", str(path)], check=True)
 
 
 def fill(fs: Path) -> None:

@@ -50,7 +50,7 @@ def _snapshot(directory: Path) -> dict:
 
 
 def _copy(src: Path, dst: Path) -> Path:
-    zygote.run(["cp", "-a", str(src), str(dst)], check=True)
+    subprocess.run(["cp", "-a", str(src), str(dst)], check=True)
     return dst
 
 
@@ -194,19 +194,19 @@ def test_a_marker_that_is_a_link_or_a_directory_is_no_marker(tmp_path, outside, 
 def _mount(target: Path, *args: str):
     """mount(8) on `target` for the block's duration; the test is skipped where mounting is not allowed."""
     target.mkdir(parents=True, exist_ok=True)
-    proc = zygote.run(["mount", *args, str(target)], capture_output=True, text=True)
+    proc = subprocess.run(["mount", *args, str(target)], capture_output=True, text=True)
     if proc.returncode != 0:
         pytest.skip(f"cannot mount here ({proc.stderr.strip()}): run as root to test full and read-only disks")
     try:
         yield target
     finally:
-        zygote.run(["umount", "-l", str(target)], check=True)
+        subprocess.run(["umount", "-l", str(target)], check=True)
 
 
 @contextlib.contextmanager
 def _read_only(directory: Path):
     with _mount(directory, "--bind", str(directory)):
-        zygote.run(["mount", "-o", "remount,bind,ro", str(directory)], check=True)
+        subprocess.run(["mount", "-o", "remount,bind,ro", str(directory)], check=True)
         yield directory
 
 

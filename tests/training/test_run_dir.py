@@ -36,7 +36,7 @@ def finished(tmp_path_factory) -> Path:
 
 
 def _copy_run(src: Path, dst: Path) -> Path:
-    zygote.run(["cp", "-a", f"{src}/.", str(dst)], check=True)
+    subprocess.run(["cp", "-a", f"{src}/.", str(dst)], check=True)
     return dst
 
 

@@ -2,6 +2,7 @@
 same one line as the model's typed keys: `<key>: got <value>; valid: <what it takes>`, exit code 2."""
 
 import json
+import subprocess
 import sys
 from pathlib import Path
 
@@ -65,7 +66,7 @@ from train import check_arguments
 out = [check_arguments(groups + [f"{{key}}={{value}}"]) for groups, key, value, _ in {CASES!r}]
 print(json.dumps({{"errors": out, "torch": "torch" in sys.modules}}))
 """
-    proc = zygote.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    proc = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert result["torch"] is False
