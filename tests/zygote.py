@@ -47,10 +47,11 @@ def _child(request: dict) -> int:
     import random
     import runpy
 
-    null = os.open(os.devnull, os.O_RDONLY)
-    os.dup2(null, 0)
-    for fd, path in ((1, request["stdout"]), (2, request["stderr"])):
-        os.dup2(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), fd)
+    for fd, path, flags in ((0, os.devnull, os.O_RDONLY), (1, request["stdout"], os.O_WRONLY | os.O_CREAT),
+                            (2, request["stderr"], os.O_WRONLY | os.O_CREAT)):
+        opened = os.open(path, flags)
+        os.dup2(opened, fd)
+        os.close(opened)  # only 0, 1 and 2 open, as in a new interpreter
     os.chdir(request["cwd"])
     os.environ.clear()
     os.environ.update(request["env"])
