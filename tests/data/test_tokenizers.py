@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 
 from zoo.data import (
@@ -182,6 +183,26 @@ def test_char_replace_drops_unknown_characters(fitted):
     assert tok.encode("日本", errors="replace") == []
     with pytest.raises(ValueError, match="errors must be"):
         tok.encode("x", errors="ignore")
+
+
+@pytest.mark.parametrize("name", ALL)
+@pytest.mark.parametrize("text", ["", "a", UNICODE, "\ud800 lone surrogate", "\U0010ffff top code point"],
+                         ids=["empty", "one", "unicode", "surrogate", "top"])
+def test_encode_array_is_encode_as_int64(fitted, excerpt, name, text):
+    """char's table lookup against its per-character encode: the ids, and the same refusal of what it never saw
+    (strict) or the same drop (replace)."""
+    tok = fitted[name]
+    for sample in (text, excerpt, excerpt + text):
+        for errors in ("strict", "replace"):
+            try:
+                expected = tok.encode(sample, errors=errors)
+            except Exception as e:  # char: what it never saw; bpe: a lone surrogate
+                with pytest.raises(type(e)) as err:
+                    tok.encode_array(sample, errors=errors)
+                assert str(err.value) == str(e)
+                continue
+            ids = tok.encode_array(sample, errors=errors)
+            assert ids.dtype == np.int64 and ids.tolist() == expected
 
 
 def test_unfitted_tokenizer_errors():

@@ -212,8 +212,8 @@ class TextData(WindowData):
             self.tokenizer = cached_bpe(train, self._bpe_cache_path(), cfg.vocab_size)
         else:  # char fits the whole text (as nanoGPT does), so validation has no unseen characters
             self.tokenizer = build_tokenizer(name).fit(text)
-        self.train_tokens = TokenSplit([np.array(self.tokenizer.encode(train), dtype=np.int64)])
-        self.val_tokens = TokenSplit([np.array(self.tokenizer.encode(val, errors="replace"), dtype=np.int64)])
+        self.train_tokens = TokenSplit([self.tokenizer.encode_array(train)])
+        self.val_tokens = TokenSplit([self.tokenizer.encode_array(val, errors="replace")])
         self.tokens_per_char = len(self.val_tokens) / len(val)
         self._make_val_windows(cfg)
 
