@@ -14,6 +14,7 @@ children live on, and their multiprocessing sentinels would fire early); the nex
 
 from __future__ import annotations
 
+import gc
 import logging
 import multiprocessing
 import os
@@ -368,6 +369,9 @@ def _child(payload: bytes, composed: bytes | None, num: int, overrides: list[str
            own_console: bool) -> None:
     """One job, in its own process: the joblib launcher's execute_job, then the JobReturn down the pipe."""
     JOB_CODES.clear()  # a forked child starts with the launcher's list: send back its own code alone
+    # What the fork server imported stays alive for the whole job: frozen, the job's garbage collections skip it
+    # (a shrunk job: 0.8 s of CPU instead of 1.3) and leave its memory shared with the server instead of copied.
+    gc.freeze()
     try:
         hydra_context, config, task_function, singleton_state = pickle.loads(payload)
         setup_globals()
