@@ -1,7 +1,7 @@
 """Run `python train.py ...` as a test's subprocess would, without paying for its imports each time.
 
 Most of a shrunk run's time is spent importing lightning, torch and the libraries they bring (docs/benchmarks.md,
-"What the suite's work is"), and the suite runs a few hundred of them. A warm interpreter (up to two per pytest
+"What the suite's work is"), and the suite runs a few hundred of them. A warm interpreter (up to three per pytest
 process) imports zoo's training stack once; each command is then a fork of it that runs the script as `__main__`
 with the command's argv, working directory, environment, standard streams and import path, and exits with its exit
 code after its exit handlers, as the fresh interpreter would. What differs is only what was imported before the
@@ -18,6 +18,7 @@ read when it is imported (OMP_NUM_THREADS, HF_HOME) gets a warm interpreter of i
 from __future__ import annotations
 
 import atexit
+import gc
 import json
 import os
 import select
@@ -34,9 +35,10 @@ ROOT = Path(__file__).resolve().parents[1]
 # What `python train.py` imports before it trains (the sweep launcher's fork server preloads the same).
 PRELOAD = ["zoo.cli.train", "zoo.training.runner"]
 # Variables read when a run reads them, not when a module is imported: a command may set them, and so may the
-# tests that train in pytest's own process (Lightning's seed, torch's CUDA and inductor settings, pytest's test name).
-RUNTIME_ENV = {"WANDB_MODE", "WANDB_SILENT", "WANDB_DIR", "HYDRA_FULL_ERROR", "ZOO_PLUGINS", "PATH", "ZOO_CACHE",
-               "ZOO_NET_TIMEOUT_S", "PYTEST_CURRENT_TEST", "PL_GLOBAL_SEED", "PL_SEED_WORKERS",
+# tests that train in pytest's own process (Lightning's seed, torch's CUDA and inductor settings, W&B's service,
+# pytest's test name).
+RUNTIME_ENV = {"WANDB_MODE", "WANDB_SILENT", "WANDB_DIR", "WANDB_SERVICE", "HYDRA_FULL_ERROR", "ZOO_PLUGINS", "PATH",
+               "ZOO_CACHE", "ZOO_NET_TIMEOUT_S", "PYTEST_CURRENT_TEST", "PL_GLOBAL_SEED", "PL_SEED_WORKERS",
                "CUBLAS_WORKSPACE_CONFIG", "_TORCHINDUCTOR_PYOBJECT_TENSOR_DATA_PTR",
                # the network bound zoo.net gives MLflow and W&B (read at each request; the hub's, at its import)
                *(k for k in library_settings(1.0) if not k.startswith("HF_HUB_"))}
@@ -101,6 +103,8 @@ def serve() -> None:
 
     for name in PRELOAD:
         importlib.import_module(name)
+    gc.collect()  # as train.py's resume_gc does once loaded: each fork's collections then skip what was imported,
+    gc.freeze()  # and leave its memory pages shared instead of copying them
     out = sys.stdout
     out.write(json.dumps({"environ": dict(os.environ)}) + "\n")  # with what the imports set themselves
     out.flush()
@@ -155,7 +159,8 @@ class _Server:
 
 
 _servers: list[_Server] = []  # the most recently used last
-MAX_SERVERS = 2  # each holds the training stack in memory
+MAX_SERVERS = 3  # each holds the training stack in memory (about 0.5 GB): the docs' environment, the tests', one
+
 
 
 def _server_for(env: dict[str, str]) -> _Server:

@@ -341,8 +341,12 @@ STARTUP_S = 120  # a generous margin for the interpreter, torch and Lightning to
 
 
 def _env(tmp_path: Path, **extra: str) -> dict:
+    """The environment of a command under test: no user's settings, and a hub cache of this pytest process's (one
+    for all: the hub reads HF_HOME when it is imported, so a value per test would need a warm interpreter per test,
+    tests/zygote.py; the silent servers leave nothing in it)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("MLFLOW_", "HF_HUB_", "WANDB_"))}
-    return {**env, "PYTHONPATH": str(ROOT), "HF_HOME": str(tmp_path / "hf"), "OMP_NUM_THREADS": "1", **QUICK, **extra}
+    return {**env, "PYTHONPATH": str(ROOT), "HF_HOME": str(tmp_path.parent / "hf"), "OMP_NUM_THREADS": "1", **QUICK,
+            **extra}
 
 
 def _within_bound(requests: int) -> float:
