@@ -393,10 +393,11 @@ def _copy(files: list[str], src: Path, dst: Path) -> None:
 
 
 def _a_second_of_its_own(cwd: Path) -> None:
-    """Hydra names a run's directory by the second it starts (`outputs/<date>/<time>`): a run started in the second
-    of a run already in the checkout would find that run's directory, and zoo refuses it. A reader typing the
-    commands never starts two in one second; the test waits for the next second, as they would."""
-    while (cwd / "outputs" / time.strftime("%Y-%m-%d") / time.strftime("%H-%M-%S")).exists():
+    """Hydra names a run's directory by the second it starts (`outputs/<date>/<time>`, debug=fast's
+    `outputs/debug/<date>/<time>`): a run started in the second of a run already in the checkout would find that
+    run's directory, and zoo refuses it. A reader typing the commands never starts two in one second; the test waits
+    for the next second, as they would."""
+    while any(cwd.glob(f"outputs/**/{time.strftime('%Y-%m-%d')}/{time.strftime('%H-%M-%S')}")):
         time.sleep(1.01 - time.time() % 1)
 
 
