@@ -161,3 +161,23 @@ def test_count_params_of_llama_2_7b_is_exact_and_allocates_nothing():
     total, growth_kb = int(out[0]), int(out[1])
     assert total == 6_738_415_616
     assert growth_kb < 20 * 1024
+
+
+@pytest.mark.parametrize("over", [{}, {"parametrization": "mup", "mup_base_d_model": 16}], ids=["standard", "mup"])
+def test_build_model_builds_a_config_once_and_still_refuses_what_building_finds(monkeypatch, over):
+    """A config not yet resolved is checked by its own build, not built on the meta device first as well (muP's
+    reference widths are built there either way); a constraint only building finds is still refused."""
+    import zoo.block
+
+    built, original = [], zoo.block.TransformerBlock.__init__
+
+    def counted(self, *args, **kwargs):
+        built.append(torch.empty(0).device.type)  # where blocks are built: "meta" for a check's build
+        original(self, *args, **kwargs)
+
+    monkeypatch.setattr(zoo.block.TransformerBlock, "__init__", counted)
+    build_model(tiny_cfg(**over))
+    assert built.count("cpu") == 2  # the model's two blocks, once
+    assert ("meta" in built) == bool(over)  # only muP's reference widths
+    with pytest.raises(ConfigError, match="n_heads"):
+        build_model(tiny_cfg(d_model=30, **over))  # 30 is not a multiple of 4 heads

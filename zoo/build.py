@@ -79,6 +79,11 @@ def resolve_config(model_cfg: ModelInput) -> ModelSpec:
     """DEFAULTS overlaid with model_cfg, validated: the typed, frozen ModelSpec (returned as is when given one)."""
     if isinstance(model_cfg, ModelSpec):
         return model_cfg
+    return checked(_spec(model_cfg))
+
+
+def _spec(model_cfg: ModelInput) -> ModelSpec:
+    """resolve_config's spec before the checks that only building it can make (`checked`)."""
     user = _plain(model_cfg)
     unknown = sorted(set(user) - set(DEFAULTS))
     if unknown:
@@ -94,7 +99,7 @@ def resolve_config(model_cfg: ModelInput) -> ModelSpec:
     _validate(cfg)
     parts = _parts(cfg)  # takes the component nodes out of cfg
     _check_refusals(cfg["name"], parts)
-    return checked(ModelSpec(**cfg, **parts))
+    return ModelSpec(**cfg, **parts)
 
 
 def checked(spec: ModelSpec) -> ModelSpec:
@@ -229,9 +234,12 @@ def _check_refusals(name: str, parts: dict[str, Any]) -> None:
 
 
 def build_model(model_cfg: ModelInput, seed: int = 0) -> nn.Module:
-    """Build and initialise a model from registry names and numbers (see the module docstring)."""
-    cfg = resolve_config(model_cfg)
+    """Build and initialise a model from registry names and numbers (see the module docstring). A config not yet
+    resolved is checked by this build itself (each component checks its constraints as it is built, which is what
+    resolve_config's build on the meta device is for), then muP's reference widths: built once, not twice."""
+    cfg = model_cfg if isinstance(model_cfg, ModelSpec) else _spec(model_cfg)
     model = MODEL.get(cfg.name)(cfg)
+    check_parametrization(cfg)
     init_weights(model, cfg, seed)
     return model
 
