@@ -159,8 +159,7 @@ class _Server:
 
 
 _servers: list[_Server] = []  # the most recently used last
-MAX_SERVERS = 3  # each holds the training stack in memory (about 0.5 GB): the docs' environment, the tests', one
-
+MAX_SERVERS = 3  # each holds the training stack in memory (0.5 GB): the docs' environment, the tests', one more
 
 
 def _server_for(env: dict[str, str]) -> _Server:
