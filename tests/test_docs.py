@@ -392,13 +392,14 @@ def _copy(files: list[str], src: Path, dst: Path) -> None:
         os.utime(dst / parent)  # its directories too (the run's and the sweep's: what _latest sorts by)
 
 
-def _a_second_of_its_own(cwd: Path) -> None:
-    """Hydra names a run's directory by the second it starts (`outputs/<date>/<time>`, debug=fast's
-    `outputs/debug/<date>/<time>`): a run started in the second of a run already in the checkout would find that
-    run's directory, and zoo refuses it. A reader typing the commands never starts two in one second; the test waits
-    for the next second, as they would."""
+def _run_in(cwd: Path, argv: list[str], env: dict) -> subprocess.CompletedProcess:
+    """A command in a checkout, started in a second no run of the checkout has. Hydra names a run's directory by the
+    second it starts (`outputs/<date>/<time>`, debug=fast's `outputs/debug/<date>/<time>`): a run started in the
+    second of a run already there would find that run's directory, and zoo refuses it. A reader typing the commands
+    never starts two in one second; the test waits for the next second, as they would."""
     while any(cwd.glob(f"outputs/**/{time.strftime('%Y-%m-%d')}/{time.strftime('%H-%M-%S')}")):
         time.sleep(1.01 - time.time() % 1)
+    return zygote.run(argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=TIMEOUT)
 
 
 def run_once(argv: list[str], cwd: Path, env: dict, shared: Path) -> subprocess.CompletedProcess:
@@ -416,8 +417,7 @@ def run_once(argv: list[str], cwd: Path, env: dict, shared: Path) -> subprocess.
     with FileLock(f"{entry}.lock"):
         if not (entry / "run.json").is_file():
             before = _files(cwd)
-            _a_second_of_its_own(cwd)
-            proc = zygote.run(argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=TIMEOUT)
+            proc = _run_in(cwd, argv, env)
             written = sorted(rel for rel, stamp in _files(cwd).items() if before.get(rel) != stamp)
             # a run that changed a file it did not create (a shared mlflow.db) depends on the page: not shared
             shareable = not any(rel in before for rel in written)
@@ -429,8 +429,7 @@ def run_once(argv: list[str], cwd: Path, env: dict, shared: Path) -> subprocess.
             return proc
         run = json.loads((entry / "run.json").read_text())
         if not run["shared"]:
-            _a_second_of_its_own(cwd)
-            return zygote.run(argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=TIMEOUT)
+            return _run_in(cwd, argv, env)
         _copy(run["written"], entry / "files", cwd)
         here = {name: run[name].replace(run["cwd"], str(cwd)) for name in ("stdout", "stderr")}  # paths it printed
         return subprocess.CompletedProcess(argv, run["returncode"], here["stdout"], here["stderr"])
@@ -492,7 +491,7 @@ def variants(command: Command) -> int:
 def slow(c: Command) -> bool:
     """Benchmark commands run with the slow tests: the full benchmark compiles models for minutes even with --quick,
     and each section's --quick run (5-15 s each) repeats what tests/test_bench.py checks section by section. So do
-    the big studies (BIG_STUDY), and the ladders of the studies' page: each trains its study three times over (15-25 s
+    the big studies (BIG_STUDY), and the ladders of the studies' page: each trains its study three times over (15-26 s
     shrunk), README.md's `study=ffn ladder=cpu3` runs a ladder in the default run, and tests/test_ladder.py composes
     every study's."""
     bench = c.text.startswith("python -m zoo.bench") and "--help" not in c.text
@@ -537,8 +536,7 @@ def test_documented_command_runs_as_written(command: Command, workdir: Path, sha
         if _shareable(argv, env, _env(workdir)):  # the same training on several pages: one run (run_once)
             proc = run_once(argv, workdir, env, shared_runs)
         else:
-            _a_second_of_its_own(workdir)
-            proc = zygote.run(argv, cwd=workdir, env=env, capture_output=True, text=True, timeout=TIMEOUT)
+            proc = _run_in(workdir, argv, env)
         shown = f"{command.where}: `{' '.join(argv)}` exited {proc.returncode}\n{proc.stdout[-2000:]}\n" \
                 f"{proc.stderr[-3000:]}"
         if command.output:  # a console block: the documented output, and the exit code it implies
