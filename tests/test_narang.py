@@ -6,6 +6,7 @@ or it is the very model of the row the reason names)."""
 
 from __future__ import annotations
 
+import functools
 import re
 from pathlib import Path
 
@@ -37,8 +38,15 @@ def paper_row(row: str) -> str:
 
 def spec(args: list[str], vocab: int) -> dict:
     """The composed model, sized as training sizes it (its vocabulary, the context as max_seq_len), resolved and
-    validated by building it on the meta device (resolve_config); flattened: {'ffn.name': 'relu', ...}."""
-    model = OmegaConf.to_container(compose_cfg(args).model, resolve=True)
+    validated by building it on the meta device (resolve_config); flattened: {'ffn.name': 'relu', ...}. Composed once
+    per file for each command line (most of this file's time is Hydra composing: the vanilla of each application is
+    every row's base); a copy, so no test changes another's."""
+    return dict(_spec(tuple(args), vocab))
+
+
+@functools.cache
+def _spec(args: tuple[str, ...], vocab: int) -> dict:
+    model = OmegaConf.to_container(compose_cfg(list(args)).model, resolve=True)
     model.update(vocab_size=vocab, max_seq_len=64)
     return flatten_config(resolve_config(model).as_dict())
 
