@@ -79,3 +79,21 @@ def test_what_it_cannot_fork_runs_in_a_new_interpreter(probe, monkeypatch):
     assert not server.serves({**os.environ, "OMP_NUM_THREADS": "7"})
     assert server.serves({**os.environ, "WANDB_MODE": "disabled"})
     assert not zygote._warm(["python", "-X", "importtime", "train.py"]) and not zygote._warm(["ls"])
+
+
+def test_one_warm_interpreter_serves_the_checkout_on_pythonpath_or_not_with_a_new_interpreters_path(probe,
+                                                                                                  monkeypatch):
+    """The docs' commands set PYTHONPATH to the checkout, the other tests do not: zoo comes from there either way, so
+    one warm interpreter serves both, and each command's sys.path is the one a new interpreter makes of its own."""
+    probe.joinpath("probe.py").write_text("import sys\nprint(sys.path)\n")
+    monkeypatch.setattr(zygote, "_servers", [])
+    root = str(zygote.ROOT)
+    for pythonpath in (None, root, f"{root}{os.pathsep}{probe}", f"{probe}{os.pathsep}{root}"):
+        env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "ZOO_FRESH_INTERPRETER")}
+        env.update({} if pythonpath is None else {"PYTHONPATH": pythonpath})
+        fresh, warm = _both(["python", str(probe / "probe.py")], probe / "work", env, monkeypatch)
+        assert warm.returncode == fresh.returncode == 0, warm.stderr
+        assert warm.stdout == fresh.stdout
+    assert len(zygote._servers) == 2  # no PYTHONPATH and the checkout alone: one; with another entry: its own
+    for server in zygote._servers:
+        server.close()

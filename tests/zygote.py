@@ -44,6 +44,20 @@ RUNTIME_ENV = {"WANDB_MODE", "WANDB_SILENT", "WANDB_DIR", "WANDB_SERVICE", "HYDR
                *(k for k in library_settings(1.0) if not k.startswith("HF_HUB_"))}
 
 
+def _pythonpath() -> list[str]:
+    """PYTHONPATH's entries as a new interpreter puts them on sys.path: absolute (against the working directory)."""
+    return [os.path.abspath(p) for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+
+
+SERVED_PYTHONPATH: list[str] = []  # the warm interpreter's own PYTHONPATH entries (serve)
+
+
+def _beyond_root(env: dict[str, str]) -> list[str]:
+    """PYTHONPATH's entries but the checkout's root: zoo is imported from there with it or without it, so a warm
+    interpreter serves either (each command gets its own import path: _child)."""
+    return [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and os.path.abspath(p) != str(ROOT)]
+
+
 def _child(request: dict) -> int:
     """In the fork: become the command's process, run its script or module as `__main__`, return its exit code."""
     import random
@@ -63,6 +77,9 @@ def _child(request: dict) -> int:
     sys.argv = [module or args[0], *args[2 if module else 1:]]
     # sys.path[0]: the script's directory (links resolved, as python does), or the working directory for -m
     sys.path[0] = os.getcwd() if module else os.path.dirname(os.path.realpath(args[0]))
+    # the command's PYTHONPATH in place of the warm interpreter's: after sys.path[0], before the rest, once each
+    ours = _pythonpath()
+    sys.path[1:] = [*dict.fromkeys(ours), *(p for p in sys.path[1:] if p not in SERVED_PYTHONPATH and p not in ours)]
     code: int = 0
     try:
         if module:
@@ -101,6 +118,7 @@ def serve() -> None:
     """The warm interpreter: read one JSON request a line from stdin, fork it, answer its pid, then its exit code."""
     import importlib
 
+    SERVED_PYTHONPATH[:] = _pythonpath()
     for name in PRELOAD:
         importlib.import_module(name)
     gc.collect()  # as train.py's resume_gc does once loaded: each fork's collections then skip what was imported,
@@ -139,7 +157,8 @@ class _Server:
     def serves(self, env: dict[str, str]) -> bool:
         """Whether `env` is this interpreter's environment as far as its imports could have read it: equal but for
         RUNTIME_ENV and what those imports set themselves (the same in a new interpreter that imports them)."""
-        return all(k in RUNTIME_ENV or env.get(k) == self.env.get(k) or env.get(k) == self.imported_env.get(k)
+        return all(k in RUNTIME_ENV or env.get(k) == self.env.get(k) or env.get(k) == self.imported_env.get(k) or
+                   (k == "PYTHONPATH" and _beyond_root(env) == _beyond_root(self.env))
                    for k in env.keys() | self.env.keys())
 
     def answer(self, deadline: float | None) -> dict:
