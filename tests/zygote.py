@@ -12,7 +12,8 @@ interpreter.
 capture_output=True and text=True, and hands anything else to subprocess.run: another program, other arguments
 (standard input, bytes, `-X importtime`), or every command when ZOO_FRESH_INTERPRETER=1 (the suite as it ran before,
 each command in a new interpreter). An environment that differs from a warm interpreter's in a variable a module may
-read when it is imported (OMP_NUM_THREADS, HF_HOME) gets a warm interpreter of its own.
+read when it is imported (OMP_NUM_THREADS, HF_HOME) gets a warm interpreter of its own; PYTHONPATH with the
+checkout or without it is served by one (zoo comes from the checkout either way), each command with its own path.
 """
 
 from __future__ import annotations
