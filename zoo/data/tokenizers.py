@@ -241,14 +241,17 @@ class CharTokenizer(Tokenizer):
 
     def _encode_array(self, text: str, errors: str) -> np.ndarray:
         """One table lookup for the whole text (a corpus of millions of characters: milliseconds, not a Python int
-        per character); a text with a character the tokenizer never saw takes `_encode_text`'s way."""
+        per character). Characters it never saw: dropped (replace), or `_encode_text`'s error naming them."""
         codes = np.frombuffer(text.encode("utf-32-le", "surrogatepass"), dtype=np.uint32)
         points = [ord(c) for c in self.chars]
         table = np.full(max(points) + 2, -1, dtype=np.int32)  # its last entry stands for every code point above
         table[points] = np.arange(N_SPECIAL, N_SPECIAL + len(points))
         ids = table[np.minimum(codes, len(table) - 1)]
-        if (ids < 0).any():
-            return super()._encode_array(text, errors)
+        unseen = ids < 0
+        if unseen.any():
+            if errors == "strict":
+                self._encode_text(text, errors)  # raises, naming them
+            ids = ids[~unseen]
         return ids.astype(np.int64)
 
     def _decode_run(self, ids: list[int]) -> str:
