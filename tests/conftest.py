@@ -16,7 +16,7 @@ if workers := int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0")):
 
 # Each test file's seconds in the last recorded run (`python -m pytest --record-durations`): the order below.
 DURATIONS = Path(__file__).with_name("durations.json")
-UNMEASURED_S = 0.05  # a file not in DURATIONS yet: 50 ms a test, the suite's median
+UNMEASURED_S = 0.09  # a file not in DURATIONS yet: 90 ms a test, the mean outside the docs in the last record
 
 
 def _group(item: pytest.Item) -> str:
