@@ -70,3 +70,26 @@ def test_the_preflight_composes_once(monkeypatch, args, configs, error):
     answer = train.preflight(args)
     assert answer is None if error is None else answer is not None and answer.startswith(error), answer
     assert (len(commands), len(ours), len(hydras)) == (1, configs, configs)
+
+
+
+@pytest.mark.parametrize("args,answers", [
+    ([], True), (["trainer.max_steps=3"], True), (["-m", "seed=0,1"], True),
+    (["hydra.mode=MULTIRUN", "seed=0,1"], True), (["hydra.mode=RUN"], True), (["study=ffn"], True),
+    (["experiment=nanogpt_cpu_fast"], True),
+    (["-m", "ffn=gelu,swiglu"], False),  # each choice of a swept group may set it
+    (["hydra/launcher=nope"], False),  # composed without that override: Hydra's to report
+], ids=["defaults", "value", "sweep", "mode-multirun", "mode-run", "study", "experiment", "swept-group", "bad"])
+def test_the_known_mode_is_hydras(args, answers):
+    """train.py hands Hydra the run mode the pre-flight's composition holds, sparing Hydra's get_mode its own
+    composition: it is the mode get_mode reads, or nothing where it may not be (Hydra then reads it itself)."""
+    from zoo.cli import train
+    from zoo.training.preflight import hydra_args
+
+    composed = train.composition(args)
+    known = train.known_mode(composed)
+    if not answers:
+        assert known is None
+        return
+    hydra = composed().hydra
+    assert known == (hydra.get_mode(config_name="config", overrides=list(hydra_args(args).overrides)),)

@@ -11,11 +11,14 @@ Component options can be written short: `norm.type=rmsnorm` means `model.norm.ty
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from functools import cache, partial
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from hydra import version
+from hydra._internal.hydra import Hydra
 from hydra._internal.utils import _run_hydra, get_args_parser
 from hydra.core.hydra_config import HydraConfig
 from hydra.experimental.callback import Callback
@@ -35,7 +38,7 @@ from zoo.training.cli import (  # no torch: fast answers
     expand,
     help_text,
 )
-from zoo.training.preflight import Composed, compose_command
+from zoo.training.preflight import Composed, Composition, compose_command
 from zoo.training.safety import check_argv  # no torch either
 
 if TYPE_CHECKING:
@@ -90,24 +93,57 @@ def check_arguments(args: list[str], composed: Composed | None = None) -> str | 
         or check_keys(args, conf, composed) or check_run_dir_free(args) or check_output_dirs(args)
 
 
-def preflight(args: list[str]) -> str | None:
+def composition(args: list[str]) -> Composed:
+    """The command's one composition for the pre-flight (zoo.training.preflight.compose_command), made when the first
+    check that reads it asks, then kept."""
+    return cache(partial(compose_command, args, __file__, config_search_path()))
+
+
+def preflight(args: list[str], composed: Composed | None = None) -> str | None:
     """Every check before Hydra starts, torch not loaded (tests/test_preflight.py): the command line's mistakes,
     then a class the config names that is not allowed, before Hydra instantiates hydra.callbacks, the launcher or
-    the sweeper. The first problem as one line, else None. The config is composed once for all of them
-    (zoo.training.preflight.compose_command), when the first check that reads it asks."""
-    composed = cache(partial(compose_command, args, __file__, config_search_path()))
+    the sweeper. The first problem as one line, else None. The config is composed once for all of them."""
+    composed = composed or composition(args)
     return check_arguments(args, composed) or check_argv(args, __file__, config_search_path(), composed=composed)
 
 
-def run_hydra(args: list[str]) -> None:
+def known_mode(composed: Composed) -> tuple[RunMode | None] | None:
+    """hydra.mode as Hydra's get_mode would read it, from the pre-flight's composition: (mode,), or None where that
+    composition cannot say (it failed, or it left out an override, or a group is swept: each choice may set it)."""
+    done = composed()
+    if not isinstance(done, Composition) or not done.complete or len(done.configs) != 1:
+        return None
+    try:
+        return (done.configs[0].hydra.mode,)
+    except Exception:  # unset (MISSING): get_mode's None
+        return (None,)
+
+
+@contextmanager
+def _mode_given(mode: tuple[RunMode | None] | None) -> Iterator[None]:
+    # Hydra composes the whole config once only to read hydra.mode (Hydra.get_mode), then again to run it: a
+    # tenth of a short run's CPU. The pre-flight's composition already holds it.
+    if mode is None:
+        yield
+        return
+    original = Hydra.get_mode
+    Hydra.get_mode = lambda self, config_name, overrides: mode[0]  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        Hydra.get_mode = original  # type: ignore[method-assign]
+
+
+def run_hydra(args: list[str], mode: tuple[RunMode | None] | None = None) -> None:
     """Hydra's main on these arguments, as @hydra.main runs it on sys.argv. The arguments are passed rather than
     read from sys.argv, which stays as the user typed it (`zoo train ...`): a process Lightning starts for
     another DDP rank repeats sys.argv, and must land here again. _run_hydra is what @hydra.main calls (Hydra's
-    own, private; the same since Hydra 1.1)."""
+    own, private; the same since Hydra 1.1). `mode`: hydra.mode already known (known_mode), as (mode,)."""
     version.setbase("1.3")  # what @hydra.main(version_base="1.3") sets
     parser = get_args_parser()
-    _run_hydra(args=parser.parse_args(args), args_parser=parser, task_function=task,
-               config_path=config_search_path(), config_name="config")
+    with _mode_given(mode):
+        _run_hydra(args=parser.parse_args(args), args_parser=parser, task_function=task,
+                   config_path=config_search_path(), config_name="config")
 
 
 def main(argv: list[str] | None = None, command: str = "zoo train", doc: str = __doc__) -> int:
@@ -122,7 +158,8 @@ def main(argv: list[str] | None = None, command: str = "zoo train", doc: str = _
             if text := help_text(args, config_dir(), doc, command):
                 print(text)
                 return EXIT_OK
-        error = preflight(args)
+        composed = composition(args)
+        error = preflight(args, composed)
     except ConfigError as e:  # no configs at all
         error = str(e)
     if error:
@@ -131,7 +168,7 @@ def main(argv: list[str] | None = None, command: str = "zoo train", doc: str = _
     if asks_for_sweep(args):
         resume_gc()  # a launcher may run every job elsewhere: this process never reaches task()'s own call
     JOB_CODES.clear()
-    run_hydra(args)
+    run_hydra(args, known_mode(composed))
     if JOB_CODES and all(c == EXIT_ERROR for c in JOB_CODES):  # a sweep refused whole: say so in the code
         print(f"error: all {len(JOB_CODES)} jobs of the sweep were refused (each said why above)", file=sys.stderr)
         return EXIT_ERROR
