@@ -211,6 +211,7 @@ from hydra.core.hydra_config import HydraConfig
 @hydra.main(version_base="1.3", config_path=None, config_name=None)
 def main(cfg):
     job = HydraConfig.get()
+    by_server = b"forkserver" in Path(f"/proc/{os.getppid()}/cmdline").read_bytes()  # forked by the fork server
     if job.job.num == cfg.kill:
         os.kill(os.getpid(), signal.SIGKILL)
     if job.job.num == cfg.get("kill_server"):
@@ -218,7 +219,8 @@ def main(cfg):
         assert b"forkserver" in Path(f"/proc/{server}/cmdline").read_bytes()
         os.kill(server, signal.SIGKILL)
         time.sleep(2)
-    (Path(job.runtime.output_dir) / "done").write_text(str(os.getpid()))
+    term = signal.getsignal(signal.SIGTERM)
+    (Path(job.runtime.output_dir) / "done").write_text(f"{os.getpid()} {by_server} {term!r}")
     return job.job.num
 
 
@@ -263,11 +265,13 @@ def _run_killing(cmd: list[str], job_dir: Path) -> subprocess.CompletedProcess:
     return subprocess.CompletedProcess(cmd, proc.returncode, out, "")
 
 
-@pytest.mark.parametrize("start", ["forkserver", "spawn", "forkserver killed"])
+@pytest.mark.parametrize("start", ["auto", "forkserver", "spawn", "forkserver killed"])
 def test_parallel_launcher_survives_a_killed_job(tmp_path, start):
     """The launcher alone: of 5 jobs, 2 at a time, job 1's process is SIGKILLed; the other 4 run, each in its
-    own process, and the multirun exits 0 and runs its end callback. Also when job 0 kills the fork server
-    (its sentinels then fire while its children still run): job 0 still delivers, later jobs get a new server."""
+    own process with SIGTERM's default handler (not the launcher's), and the multirun exits 0 and runs its end
+    callback. Also when job 0 kills the fork server (its sentinels then fire while its children still run): job 0
+    still delivers, later jobs get a new server. auto: forked from the sweep's process (a warm interpreter, which
+    has torch and one thread)."""
     sweep = tmp_path / "sweep"
     env, _ = _kill_job(tmp_path, 1)
     (tmp_path / "hooks" / "tiny_app.py").write_text(TINY_APP)
@@ -281,6 +285,8 @@ def test_parallel_launcher_survives_a_killed_job(tmp_path, start):
     assert (sweep / "ended").is_file()
     done = {p.parent.name: p.read_text() for p in sweep.glob("*/done")}
     assert sorted(done) == ["0", "2", "3", "4"] and len(set(done.values())) == 4  # one process per job
+    assert {d.split(" ", 2)[2] for d in done.values()} == {"<Handlers.SIG_DFL: 0>"}
+    assert {d.split(" ")[1] for d in done.values()} == {str(start.startswith("forkserver"))}
     assert (sweep / "1" / ".hydra" / "overrides.yaml").is_file()
     # With the server killed, job 1 (started beside job 0) races it: its SIGKILL is reported if the server saw
     # it first; once the server is gone multiprocessing can only give 255, the status lost with it.
@@ -369,7 +375,7 @@ def test_optuna_search_with_the_parallel_launcher_survives_a_killed_trial(tmp_pa
     ({"n_jobs": -2}, "n_jobs: -2 is not a number of parallel jobs; valid: a positive integer, or -1 for one per CPU"),
     ({"n_jobs": "two"}, "n_jobs: 'two' is not a number of parallel jobs; valid: a positive integer, or -1 for one "
                         "per CPU"),
-    ({"start_method": "fork"}, "start_method: unknown 'fork'; valid: forkserver, spawn"),
+    ({"start_method": "fork"}, "start_method: unknown 'fork'; valid: auto, forkserver, spawn"),
     ({"preload": "torch"}, "preload: 'torch' is not a list of module names; valid: a list such as "
                            "[zoo.training.runner]")])
 def test_parallel_launcher_refuses_bad_settings(kwargs, error, capsys):
@@ -406,6 +412,30 @@ def test_a_parallel_sweeps_console_names_the_job_of_every_line(tmp_path):
         assert f"/{ffn}" in console and "completed: 4 steps" in console and "--- sample" in console
 
 
+START_METHOD = """
+import os, sys
+from hydra_plugins.zoo_launcher._core import start_method
+print(start_method("auto"), start_method("spawn"))
+"""
+
+
+@pytest.mark.parametrize(("before", "chosen"), [
+    ("", "forkserver"),  # a new interpreter: the fork server imports torch once for the jobs
+    ("import torch", "fork"),  # has torch and one thread: a fork is what the server would give
+    ("import torch, pyarrow", "fork"),  # and jemalloc's background thread (the report's pandas), which forks well
+    ("import torch; torch.set_num_threads(2); torch.randn(1 << 20).exp().sum()", "forkserver"),  # OpenMP's pool
+    ("import torch, threading, time; threading.Thread(target=time.sleep, args=(5,), daemon=True).start()",
+     "forkserver"),  # another thread, which may hold a lock a fork would find held
+])
+def test_auto_forks_the_jobs_only_from_a_process_with_torch_and_one_thread(before, chosen):
+    """A fork of a process whose OpenMP pool has started hangs at the child's first parallel op: auto forks only
+    where the kernel counts no other thread (but jemalloc's). An explicit method is kept."""
+    proc = subprocess.run([sys.executable, "-c", before + "\n" + START_METHOD], cwd=ROOT, capture_output=True,
+                          text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.split() == [chosen, "spawn"]
+
+
 def test_the_disk_estimate_leaves_the_sweeps_own_process_without_torch():
     """The launcher's disk estimate counts parameters with torch, which the fork server has imported for the jobs:
     computed there, it says the same as computed here, and the sweep's own process never imports torch. The same
@@ -434,20 +464,22 @@ def test_the_disk_estimate_leaves_the_sweeps_own_process_without_torch():
     assert proc.stdout.splitlines() == [here, "['no_such_module']", "False"]
 
 
-def test_a_preload_the_fork_server_cannot_import_is_one_warning(tmp_path):
+@pytest.mark.parametrize("start", ["forkserver", "auto"])
+def test_a_preload_the_fork_server_cannot_import_is_one_warning(tmp_path, start):
     """multiprocessing's fork server passes over a preload module it cannot import without a word, and every job
-    then imports the training stack itself: the sweep says so once, and runs."""
+    then imports the training stack itself: the sweep says so once, and runs. The same where the jobs are forked
+    from the sweep's process (auto, in a warm interpreter), which imports the preload itself."""
     (tmp_path / "tiny_app.py").write_text(TINY_APP)
     cmd = [sys.executable, "tiny_app.py", "-m", "hydra/launcher=parallel", "hydra.launcher.n_jobs=2",
            f"hydra.searchpath=[file://{ROOT / 'conf'}]", "+kill=-1", "+x=0,1", f"hydra.sweep.dir={tmp_path / 'sweep'}",
-           "hydra.launcher.preload=[hydra,zoo.trainig.runner]"]
+           "hydra.launcher.preload=[hydra,zoo.trainig.runner]", f"hydra.launcher.start_method={start}"]
     proc = zygote.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=300)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-3000:]
     warnings = [ln for ln in out.splitlines() if "hydra.launcher.preload" in ln]
     assert len(warnings) == 1 and warnings[0].endswith(
-        "hydra.launcher.preload: the fork server could not import zoo.trainig.runner; each job imports what it needs "
-        "itself, seconds of CPU each"), out[-3000:]
+        "hydra.launcher.preload: the jobs' processes could not import zoo.trainig.runner; each job imports what it "
+        "needs itself, seconds of CPU each"), out[-3000:]
     assert sorted(p.parent.name for p in (tmp_path / "sweep").glob("*/done")) == ["0", "1"]
 
 

@@ -8,13 +8,16 @@ composed once by the launcher, set hydra.job.num and id, run_job) and sends the 
 
 Processes come from multiprocessing's fork server, which imports `preload` (zoo's training stack) once: a job
 then starts in a fraction of a second instead of the ~4 s of CPU a fresh interpreter spends importing torch and
-Lightning. A job has ended when its pipe closes: that holds even if the fork server itself was killed (its
-children live on, and their multiprocessing sentinels would fire early); the next job restarts the server.
+Lightning. Where the sweep's own process has imported torch already and runs no other thread, the jobs are
+forked from it instead (start_method auto: what the server would give them, without its 3-4 s of imports). A job
+has ended when its pipe closes: that holds even if the fork server itself was killed (its children live on, and
+their multiprocessing sentinels would fire early); the next job restarts the server.
 """
 
 from __future__ import annotations
 
 import gc
+import importlib
 import logging
 import multiprocessing
 import os
@@ -77,13 +80,16 @@ def launch(launcher, job_overrides, initial_job_idx: int) -> list[JobReturn]:
     # Each job's config, composed once here: for the disk estimate, then sent to its job, which would otherwise
     # compose it again in a fresh process (a third of a second of CPU each: Hydra's caches start empty there).
     configs = [_compose(launcher, overrides) for overrides in job_overrides]
-    ctx = multiprocessing.get_context(launcher.start_method)
-    if launcher.start_method == "forkserver":
+    method = start_method(launcher.start_method)
+    ctx = multiprocessing.get_context(method)
+    if method == "forkserver":
         ctx.set_forkserver_preload(list(launcher.preload))  # read when the server (re)starts
+    elif method == "fork":
+        _import(launcher.preload)  # here, once, as the server would: each job's fork has them
     disk, unloaded = _ask_fork_server(ctx, configs, launcher.preload)
     if unloaded:  # multiprocessing passes over a preload it cannot import without a word
-        log.warning(f"hydra.launcher.preload: the fork server could not import {', '.join(unloaded)}; each job "
-                    "imports what it needs itself, seconds of CPU each")
+        log.warning(f"hydra.launcher.preload: the jobs' processes could not import {', '.join(unloaded)}; each "
+                    "job imports what it needs itself, seconds of CPU each")
     if disk:
         log.info(disk)
 
@@ -153,6 +159,39 @@ def launch(launcher, job_overrides, initial_job_idx: int) -> list[JobReturn]:
     return results
 
 
+# Threads a fork leaves nothing broken by: jemalloc's background purger (pyarrow's allocator, which the report's
+# pandas imports), whose own fork handlers reset it in the child.
+FORK_SAFE_THREADS = frozenset({"jemalloc_bg_thd"})
+
+
+def start_method(chosen: str) -> str:
+    """auto: fork where this process has imported torch already and runs no other thread, else forkserver. A fork of
+    such a process is what the fork server gives a job (a process that imported the training stack and has no
+    other thread: no OpenMP pool, which a forked child would find unusable and hang on, and no lock held by a
+    thread the child lacks), without a new interpreter importing the stack again (3-4 s of CPU a sweep). The
+    threads are the kernel's (/proc/self/task), which include OpenMP's; elsewhere, the fork server."""
+    if chosen != "auto":
+        return chosen
+    try:
+        me = str(threading.get_native_id())
+        others = [(Path("/proc/self/task") / t / "comm").read_text().strip()
+                  for t in os.listdir("/proc/self/task") if t != me]
+    except OSError:
+        return "forkserver"
+    return "fork" if "torch" in sys.modules and set(others) <= FORK_SAFE_THREADS else "forkserver"
+
+
+def _import(modules: list[str]) -> None:
+    for name in modules:
+        try:
+            importlib.import_module(name)
+        except Exception:  # the disk estimate's process names it (_answer), as the fork server's would
+            pass
+
+
+_OUTER_HANDLERS: dict[int, object] = {}  # the handlers before the launcher's own: a forked job gets them back
+
+
 @contextmanager
 def _interrupted_by_signals():
     """While the jobs run, SIGINT and SIGTERM raise KeyboardInterrupt here. SIGINT even where this process
@@ -166,11 +205,13 @@ def _interrupted_by_signals():
         yield
         return
     previous = {sig: signal.signal(sig, interrupt) for sig in (signal.SIGINT, signal.SIGTERM)}
+    _OUTER_HANDLERS.update(previous)
     try:
         yield
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+        _OUTER_HANDLERS.clear()
 
 
 def _compose(launcher, overrides) -> bytes | None:
@@ -308,9 +349,10 @@ def progress(output_dir: str) -> str | None:
 
 
 def _ask_fork_server(ctx, configs: list[bytes | None], preload: list[str]) -> tuple[str | None, list[str]]:
-    """(disk_estimate, the preload modules the fork server lacks), from a process of the fork server: it has imported
-    torch for the jobs already, which this process has not (a second of CPU for one line). Under spawn, here."""
-    if ctx.get_start_method() != "forkserver":
+    """(disk_estimate, the preload modules the jobs' processes lack), from a process like a job's: the fork server's
+    has imported torch for the jobs already, which this process has not (a second of CPU for one line); a fork
+    leaves this process without anything the estimate computed. Under spawn, here."""
+    if ctx.get_start_method() == "spawn":
         return disk_estimate(configs), []
     recv, send = ctx.Pipe(duplex=False)
     proc = ctx.Process(target=_answer, args=(configs, preload, send), name="disk estimate")
@@ -369,6 +411,8 @@ def _child(payload: bytes, composed: bytes | None, num: int, overrides: list[str
            own_console: bool) -> None:
     """One job, in its own process: the joblib launcher's execute_job, then the JobReturn down the pipe."""
     JOB_CODES.clear()  # a forked child starts with the launcher's list: send back its own code alone
+    for sig, handler in _OUTER_HANDLERS.items():  # forked from the launcher (auto): not its KeyboardInterrupt
+        signal.signal(sig, handler)  # type: ignore[arg-type]
     # What the fork server imported stays alive for the whole job: frozen, the job's garbage collections skip it
     # (a shrunk job: 0.8 s of CPU instead of 1.3) and leave its memory shared with the server instead of copied.
     gc.freeze()

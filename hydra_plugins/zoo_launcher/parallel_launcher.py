@@ -15,8 +15,9 @@ from omegaconf import DictConfig
 log = logging.getLogger(__name__)
 
 
-# forkserver: each job is forked from a server that imported `preload` once; spawn: a new interpreter per job.
-START_METHODS = ("forkserver", "spawn")
+# forkserver: each job is forked from a server that imported `preload` once; spawn: a new interpreter per job;
+# auto: forked from this process where that is what the server would give (_core.start_method), else forkserver.
+START_METHODS = ("auto", "forkserver", "spawn")
 
 
 def _refuse(key: str, what: str, valid: str) -> None:
@@ -30,7 +31,7 @@ class ParallelLauncher(Launcher):
     A job whose process dies without a result (killed by a signal, or a hard crash) is logged, its
     directory keeps what the job wrote, and the other jobs run to the end."""
 
-    def __init__(self, n_jobs: int = -1, start_method: str = "forkserver", preload: Sequence[str] | None = None):
+    def __init__(self, n_jobs: int = -1, start_method: str = "auto", preload: Sequence[str] | None = None):
         # Checked before any job starts: the sweep directory holds nothing yet.
         if isinstance(n_jobs, bool) or not isinstance(n_jobs, int) or not (n_jobs >= 1 or n_jobs == -1):
             _refuse("n_jobs", f"{n_jobs!r} is not a number of parallel jobs",
