@@ -51,9 +51,10 @@ def test_the_preflight_answers_without_torch(warm_options, args, error):
     (["trainer.max_steps=3", "model.attention.n_kv_heads=2", "attention=gqa"], 1, None),
     (["-m", "ffn=gelu,swiglu", "seed=0,1"], 2, None),  # one config per choice of the swept group, none per seed
     (["-m", "study=ffn"], 1 + 6, None),  # and one per choice its hydra.sweeper.params sweep (ffn: six of them)
+    (["-m", "study=ffn", "ffn=gelu,swiglu"], 2, None),  # the command line's choices replace the params' (Hydra's)
     # a Hydra override that does not compose: Hydra's to report; the keys are checked on the config without it
     (["hydra/launcher=nope", "model.d_modl=3"], 2, "model.d_modl: unknown key (did you mean model.d_model?)"),
-], ids=["good", "sweep", "study", "bad-hydra-override"])
+], ids=["good", "sweep", "study", "study-narrowed", "bad-hydra-override"])
 def test_the_preflight_composes_once(monkeypatch, args, configs, error):
     """Every check reads one composition (zoo.training.preflight.compose_command), made once per command: counted
     at the one composing function and at Hydra's own, which every other way of composing goes through."""

@@ -164,6 +164,9 @@ def check_argv(argv: list[str], app_file: str, config_path: str = "conf", config
             # one config per choice.
             params = plain_mapping(cfg.hydra.sweeper, resolve=False).get("params") or {}
             in_config = OverridesParser.create().parse_overrides([f"{k}={v}" for k, v in params.items()])
+            # a key the command line sets too sweeps the command line's values alone (Hydra's sweeper)
+            given = {o.get_key_element() for o in parsed}
+            in_config = [o for o in in_config if o.get_key_element() not in given]
             if too_many := too_many_jobs(in_config + parsed, "hydra.sweeper.params and the command line"):
                 return too_many
             if search := check_search(plain_mapping(cfg.hydra.sweeper, resolve=True), in_config + parsed):
