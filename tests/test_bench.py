@@ -538,6 +538,29 @@ def test_ttt_times_both_programs_to_the_target(tmp_path, given):
     assert rows["zoo, defaults"]["median s"] == "-" and scores["zoo, defaults"]["own estimate, final"] == "1.6500"
 
 
+def test_ttt_margin_times_zoo_to_the_target_less_it_and_nanogpt_to_the_target(tmp_path, capsys):
+    """--ttt-margin: zoo's uniform model (float32's stand-in, log(vocabulary) on the yardstick) reaches a target
+    just above its score, but not that target less a margin that puts it below; nanoGPT is still timed to the
+    target itself. A negative margin is refused in one line."""
+    text = _ttt_text(tmp_path)
+    nano, _ = _fake_nanogpt(tmp_path, text)
+    stand_in = tmp_path / "zoo_train.py"
+    stand_in.write_text(_ZOO_STAND_IN)
+    content = text.read_text()
+    uniform = math.log(len(set(content[:int(len(content) * 0.9)])) + 20)
+    for margin, reached in ((0.0, True), (0.02, False)):
+        md = sections.ttt.section_ttt(bench.Session(quick(nanogpt=nano, text=text, ttt_target=9.0, ttt_pairs=1,
+                                                          ttt_margin=9.0 - uniform - 0.01 + margin,
+                                                          ttt_runs=("float32",))),
+                                      train=(sys.executable, str(stand_in)))
+        rows = {r["contender"]: r for r in rows_of(md, "| contender | time to target s (each round) |")}
+        assert rows["nanoGPT"]["step reached"] == "250", md
+        assert (rows["zoo, float32"]["step reached"] == "500") is reached, md
+        assert f"less a margin of {9.0 - uniform - 0.01 + margin:g}" in md
+    assert bench.main(["--only", "ttt", "--ttt-margin", "-0.1", "--out", "-"]) == 2
+    assert capsys.readouterr().err == "error: --ttt-margin: got -0.1; valid: a loss difference >= 0\n"
+
+
 def test_ttt_runs_names_zoos_contenders(tmp_path, capsys):
     """--ttt-runs keeps nanoGPT and just the zoo contenders named; an unknown name is refused in one line."""
     text = _ttt_text(tmp_path)

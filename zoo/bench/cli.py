@@ -55,6 +55,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--ttt-pairs", type=int, default=None, help="ttt: rounds of every contender (default 3)")
     p.add_argument("--ttt-target", type=float, default=None,
                    help="ttt: the yardstick loss to reach (default: nanoGPT's final model's there)")
+    p.add_argument("--ttt-margin", type=float, default=None,
+                   help="ttt: time zoo's contenders to the target less this (nanoGPT to the target; default 0)")
     p.add_argument("--ttt-runs", default=None,
                    help=f"ttt: zoo's contenders, comma-separated, of {','.join(TTT_RUNS)} (default: all)")
     p.add_argument("--device", default="cpu", help="cpu, or cuda / cuda:N for the mfu section on a GPU")
@@ -110,6 +112,10 @@ def settings_from_args(a: argparse.Namespace) -> Settings:
         over["ttt_pairs"] = a.ttt_pairs
     if a.ttt_target is not None:
         over["ttt_target"] = a.ttt_target
+    if a.ttt_margin is not None:
+        if not a.ttt_margin >= 0:
+            raise ConfigError(f"--ttt-margin: got {a.ttt_margin}; valid: a loss difference >= 0")
+        over["ttt_margin"] = a.ttt_margin
     if a.ttt_runs:
         over["ttt_runs"] = _names("--ttt-runs", a.ttt_runs, list(TTT_RUNS))
     over["train_args"] = tuple(shlex.split(a.train_args))

@@ -58,6 +58,7 @@ class Settings:
     text: Path | None = None  # the ttt section's corpus: a text file (nanoGPT's tinyshakespeare for its figures)
     ttt_pairs: int = 3
     ttt_target: float | None = None  # None: nanoGPT's own final val loss on the file (median of its rounds)
+    ttt_margin: float = 0.0  # zoo's contenders are timed to the target less this; nanoGPT to the target
     ttt_steps: int | None = None  # None: the recipe's 2000; a smoke run shortens both sides
     ttt_runs: tuple[str, ...] | None = None  # zoo's contenders (keys of sections.ttt.TTT_RUNS); None: all of them
     convert_llama: str = "1b"  # a key of CONVERT_LLAMAS
