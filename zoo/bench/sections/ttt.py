@@ -315,7 +315,7 @@ def section_ttt(sess: Session, train: Sequence[str] = TRAIN) -> str:
         f"{shlex.join(NANOGPT_CPU_ARGS)}`, data made by its own prepare.py from `{s.text.name}`) and for zoo's "
         f"`{train_command()}` with `data=text_file data.path=<the file>` and ({zoo_cmds}): the same 4-layer model, "
         "batch and context on the same file (the last 10% is validation for both), nanoGPT's schedule "
-        "(2000 steps, evaluating every 250) but for the fast preset's own (its parts, optimizer, steps and "
+        "(2000 steps, evaluating every 250) but for the fast preset's own (its parts, optimizer, batch, steps and "
         "evaluations are in conf/experiment/nanogpt_cpu_fast.yaml and nanogpt_cpu_margin.yaml). "
         "torch.compile's on-disk cache (`TORCHINDUCTOR_CACHE_DIR`) is empty at the section's start, so a compiled "
         "contender's first round includes compiling from scratch and its later rounds reuse the cache, as a "
