@@ -439,6 +439,19 @@ def test_auto_forks_the_jobs_only_from_a_process_with_torch_and_one_thread(befor
     assert proc.stdout.split() == [chosen, "spawn"]
 
 
+def test_auto_sends_the_jobs_to_the_fork_server_when_a_preload_starts_a_thread(tmp_path):
+    """auto imports the preload in the sweep's process before forking the jobs from it: a preload module whose
+    import starts a thread leaves a fork unsafe again, so the jobs go to the fork server after all."""
+    (tmp_path / "spins.py").write_text("import threading, time\n"
+                                       "threading.Thread(target=time.sleep, args=(5,), daemon=True).start()\n")
+    code = ("import torch\nfrom hydra_plugins.zoo_launcher._core import jobs_start_method\n"
+            "print(jobs_start_method('auto', ['json']), jobs_start_method('auto', ['spins']))")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{tmp_path}", "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.split() == ["fork", "forkserver"]
+
+
 def test_the_disk_estimate_leaves_the_sweeps_own_process_without_torch():
     """The launcher's disk estimate counts parameters with torch, which the fork server has imported for the jobs:
     computed there, it says the same as computed here, and the sweep's own process never imports torch. The same

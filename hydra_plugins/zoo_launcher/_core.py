@@ -80,12 +80,10 @@ def launch(launcher, job_overrides, initial_job_idx: int) -> list[JobReturn]:
     # Each job's config, composed once here: for the disk estimate, then sent to its job, which would otherwise
     # compose it again in a fresh process (a third of a second of CPU each: Hydra's caches start empty there).
     configs = [_compose(launcher, overrides) for overrides in job_overrides]
-    method = start_method(launcher.start_method)
+    method = jobs_start_method(launcher.start_method, launcher.preload)
     ctx = multiprocessing.get_context(method)
     if method == "forkserver":
         ctx.set_forkserver_preload(list(launcher.preload))  # read when the server (re)starts
-    elif method == "fork":
-        _import(launcher.preload)  # here, once, as the server would: each job's fork has them
     disk, unloaded = _ask_fork_server(ctx, configs, launcher.preload)
     if unloaded:  # multiprocessing passes over a preload it cannot import without a word
         log.warning(f"hydra.launcher.preload: the jobs' processes could not import {', '.join(unloaded)}; each "
@@ -179,6 +177,16 @@ def start_method(chosen: str) -> str:
     except OSError:
         return "forkserver"
     return "fork" if "torch" in sys.modules and set(others) <= FORK_SAFE_THREADS else "forkserver"
+
+
+def jobs_start_method(chosen: str, preload: list[str]) -> str:
+    """start_method's choice, with `preload` imported here where the jobs are forked from this process (once, as the
+    server would: each fork has them); an import that started a thread sends them to the server after all."""
+    method = start_method(chosen)
+    if method == "fork":
+        _import(preload)
+        method = start_method(chosen)
+    return method
 
 
 def _import(modules: list[str]) -> None:
