@@ -39,7 +39,7 @@ from hydra.core.singleton import Singleton
 from hydra.core.utils import JobReturn, JobStatus, configure_log, filter_overrides, run_job, setup_globals
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from zoo.commands import JOB_CODES
+from zoo.commands import EXIT_ERROR, JOB_CODES
 from zoo.io import CONSOLE_LOG
 
 log = logging.getLogger(__name__)
@@ -56,6 +56,7 @@ class _Job:
     result: JobReturn | None = None
     announced: bool = False
     varying: tuple[str, ...] = ()  # the override keys whose values differ between the jobs launched together
+    codes: tuple[int, ...] = ()  # the exit codes its task returned (zoo.commands.JOB_CODES), sent before its result
 
     def label(self) -> str:
         return f"#{self.num} : {' '.join(filter_overrides(self.overrides))}"
@@ -129,7 +130,7 @@ def launch(launcher, job_overrides, initial_job_idx: int) -> list[JobReturn]:
                             lost.append(job)
                             job.result = _lost(job)
                         elif own_console:
-                            log.info(f"{job.tag()} {outcome(job.output_dir)}")
+                            log.info(f"{job.tag()} {outcome(job.output_dir, job.codes)}")
                         results[job.pos] = job.result
                 if own_console and not ready:  # a quiet spell: where each running job is
                     for job in running:
@@ -260,6 +261,7 @@ def _receive(job: _Job) -> None:
     if kind == "dir":
         job.output_dir = value
     elif kind == "codes":  # the job's exit code: a sweep whose every job was refused exits 2 (zoo.cli.train)
+        job.codes = tuple(value)
         JOB_CODES.extend(value)
     elif kind == "return":
         try:
@@ -317,10 +319,14 @@ def _console_to(output_dir: str) -> None:
     os.environ[OWN_CONSOLE_ENV] = str(Path(output_dir) / CONSOLE)  # the job's sample goes there (zoo.training.console)
 
 
-def outcome(output_dir: str | None) -> str:
-    """A finished job in words, from its summary.json: 'completed in 93 s: val_loss 2.0812', or why not."""
+def outcome(output_dir: str | None, codes: tuple[int, ...] = ()) -> str:
+    """A finished job in words, from its summary.json: 'completed in 93 s: val_loss 2.0812', or why not. A job
+    whose task refused its input (exit code 2) says the error line it wrote to its console instead: the
+    summary.json in its directory, if any, may be an earlier run's that the refusal left as it was."""
     from zoo.io import read_json
 
+    if EXIT_ERROR in codes:
+        return f"refused: {_last_error(Path(output_dir) / CONSOLE) if output_dir else 'see the sweep console'}"
     try:
         summary = read_json(Path(output_dir) / "summary.json")  # bounded: one zoo.io.FileFormatError at most
         if not isinstance(summary, dict):
@@ -334,6 +340,18 @@ def outcome(output_dir: str | None) -> str:
     took = summary.get("wall_time_s")
     text = f"{status} in {took:.0f} s" if isinstance(took, (int, float)) else status
     return f"{text}: {final}" if final else text
+
+
+def _last_error(console: Path) -> str:
+    """The last 'error: ' line a job wrote to its console (the end of the file: it grows with each rerun)."""
+    try:
+        with console.open("rb") as f:
+            f.seek(max(0, f.seek(0, os.SEEK_END) - 65536))
+            lines = f.read().decode("utf-8", "replace").splitlines()
+    except OSError:
+        lines = []
+    return next((line.removeprefix("error: ") for line in reversed(lines) if line.startswith("error: ")),
+                f"see {console}")
 
 
 def progress(output_dir: str) -> str | None:

@@ -78,7 +78,10 @@ class SweepEnd(Callback):
             except (OSError, ValueError):
                 statuses.append("unreadable")
         counts = ", ".join(f"{statuses.count(s)} {s}" for s in dict.fromkeys(statuses)) or "no run finished"
-        print(f"sweep: {len(statuses)} runs in {root} ({counts})\ncompare them: {command('report')} "
+        # a refused job leaves its directory as it was: an earlier run's summary.json there is counted above
+        refused = f"; {JOB_CODES.count(EXIT_ERROR)} of this sweep's {len(JOB_CODES)} jobs refused (each said why " \
+            "above)" if EXIT_ERROR in JOB_CODES else ""
+        print(f"sweep: {len(statuses)} runs in {root} ({counts}){refused}\ncompare them: {command('report')} "
               f"{shlex.quote(str(root))}", flush=True)
 
 
