@@ -78,6 +78,7 @@ def bound_network() -> float:
         os.environ.setdefault(key, value)  # subprocesses (W&B's service, a sweep's jobs) inherit them
     _bound_hub(timeout, {k for k in user_set if k.startswith("HF_HUB_")})
     _bound_datasets()
+    _bound_wandb_telemetry(timeout)
     return timeout
 
 
@@ -148,3 +149,12 @@ def _bound_datasets() -> None:
         return
     config.STREAMING_READ_MAX_RETRIES = config.STREAMING_OPEN_MAX_RETRIES = RETRIES
     config.STREAMING_READ_RETRY_INTERVAL = config.STREAMING_OPEN_RETRY_INTERVAL = 1
+
+
+def _bound_wandb_telemetry(timeout: float) -> None:
+    """W&B's own usage telemetry posts to the run's server with a fixed 10 s timeout, and its exit waits for that
+    post: a server that never answers held the process 10-12 s after zoo's error line. Only when wandb is loaded
+    already (build_loggers loads it first for a W&B logger)."""
+    proxy = sys.modules.get("wandb.analytics.opentelemetry.opentelemetry_proxy")
+    if proxy is not None and hasattr(proxy, "_HTTP_CLIENT_TIMEOUT_SECONDS"):
+        proxy._HTTP_CLIENT_TIMEOUT_SECONDS = timeout

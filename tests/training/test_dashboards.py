@@ -507,7 +507,10 @@ def test_network_bound_reaches_each_library_and_leaves_the_users_own_settings(mo
                                         if not k.startswith(("MLFLOW_", "WANDB_", "ZOO_NET"))})
     monkeypatch.setenv("ZOO_NET_TIMEOUT_S", "7")
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "99")  # the user's: kept
+    telemetry = pytest.importorskip("wandb.analytics.opentelemetry.opentelemetry_proxy")
+    monkeypatch.setattr(telemetry, "_HTTP_CLIENT_TIMEOUT_SECONDS", 10)  # W&B's own; its exit waits on it
     assert net.bound_network() == 7
+    assert telemetry._HTTP_CLIENT_TIMEOUT_SECONDS == 7
     assert os.environ["MLFLOW_HTTP_REQUEST_TIMEOUT"] == "99"
     assert os.environ["MLFLOW_HTTP_REQUEST_MAX_RETRIES"] == str(net.RETRIES)
     assert os.environ["WANDB_INIT_TIMEOUT"] == "28" and os.environ["WANDB__FILE_STREAM_RETRY_MAX"] == "1"

@@ -54,6 +54,8 @@ def build_loggers(nodes: Mapping[str, Mapping[str, Any]], seed: int, run_dir: Pa
     for key, cfg in nodes.items():
         target = str(cfg.get("_target_", ""))
         extra: dict[str, Any] = {}
+        if target.endswith("WandbLogger"):
+            import wandb  # noqa: F401  (the logger loads it anyway; loaded first, its telemetry gets the bound)
         if target.endswith(REMOTE):
             bound_network()
         if target.endswith("WandbLogger"):
