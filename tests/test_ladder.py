@@ -180,6 +180,13 @@ def test_ladder_verdicts_on_known_gaps(tmp_path):
     assert "| flips " in md and "ladder.png" in md
 
 
+def test_no_two_of_forty_ladder_variants_are_drawn_alike():
+    """A study's ladder climbs more than matplotlib's ten colors (narang's: 27 rows and the vanilla)."""
+    from zoo.report.plots import arm_style
+
+    assert len({arm_style(i)[:2] for i in range(40)}) == 40  # color and marker: the legend tells them apart
+
+
 def test_a_four_size_ladder_fits_the_irreducible_term(tmp_path):
     sizes = {f"r{i}": p for i, p in enumerate((1e5, 3e5, 1e6, 3e6, 1e7))}
     _write_ladder(tmp_path, {"a": lambda c: 1.5 + 40.0 * c ** -0.15, "b": lambda c: 1.5 + 45.0 * c ** -0.15},

@@ -104,6 +104,12 @@ def plot_final(rows: list[Row], metric: str, path: Path) -> str:
     return f"Final {metric}: mean per variant, error bars = 95% CI (Student t), dots = seeds."
 
 
+def arm_style(i: int) -> tuple[str, str, Any]:
+    """The i-th variant's color, marker and fit's dash: matplotlib's ten colors, then the same ten with another
+    marker and dash, so that no two of up to 40 variants look alike (a study's ladder climbs more than ten)."""
+    return f"C{i % 10}", "os^D"[i // 10 % 4], ("--", ":", "-.", (0, (6, 2, 1, 2, 1, 2)))[i // 10 % 4]
+
+
 def plot_ladder(ladder: Ladder, path: Path) -> str:
     """Final metric against training compute, log-log: per variant the mean at each size with its 95% interval,
     the seeds as dots, and the fitted power law."""
@@ -112,24 +118,24 @@ def plot_ladder(ladder: Ladder, path: Path) -> str:
     fig = _figure(7.5, 4.8)
     ax = fig.add_subplot()
     for i, arm in enumerate(ladder.arms):
-        color, xs, ys, errs = f"C{i % 10}", [], [], []
+        (color, marker, dash), xs, ys, errs = arm_style(i), [], [], []
         for rung in ladder.rungs:
             runs = ladder.cells.get((arm, rung), [])
             pts = [(c, v) for r in runs if (c := compute(r)) and (v := r.final(ladder.metric)) is not None]
             if not pts:
                 continue
-            ax.scatter([p[0] for p in pts], [p[1] for p in pts], color=color, s=10, alpha=0.5)
+            ax.scatter([p[0] for p in pts], [p[1] for p in pts], color=color, marker=marker, s=10, alpha=0.5)
             ci = confidence_interval([p[1] for p in pts])
             xs.append(float(np.mean([p[0] for p in pts])))
             ys.append(float(np.mean([p[1] for p in pts])))
             errs.append((ci[1] - ci[0]) / 2 if ci else 0.0)
         if not xs:
             continue
-        ax.errorbar(xs, ys, yerr=errs, color=color, fmt="o", capsize=5, label=arm)
+        ax.errorbar(xs, ys, yerr=errs, color=color, fmt=marker, capsize=5, label=arm)
         fit = ladder.fits.get(arm)
         if fit is not None and len(xs) > 1:
             grid = np.geomspace(min(xs), max(xs), 50)
-            ax.plot(grid, fit(grid), color=color, lw=1, ls="--")
+            ax.plot(grid, fit(grid), color=color, lw=1, ls=dash)
     ax.set_xscale("log")
     ax.set_yscale("log")
     plain = FormatStrFormatter("%.2f")  # losses read as numbers, not as powers of ten
@@ -137,7 +143,7 @@ def plot_ladder(ladder: Ladder, path: Path) -> str:
     ax.yaxis.set_minor_formatter(plain)
     ax.set_xlabel("training compute (FLOPs)")
     ax.set_ylabel(f"final {ladder.metric}")
-    ax.set_title(f"final {ladder.metric} against compute: mean and 95% CI per size, dashed: fitted power law",
+    ax.set_title(f"final {ladder.metric} against compute: mean and 95% CI per size, lines: fitted power law",
                  fontsize=9)
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize=8)
