@@ -55,7 +55,7 @@ def build_loggers(nodes: Mapping[str, Mapping[str, Any]], seed: int, run_dir: Pa
         target = str(cfg.get("_target_", ""))
         extra: dict[str, Any] = {}
         if target.endswith("WandbLogger"):
-            import wandb  # noqa: F401  (the logger loads it anyway; loaded first, its telemetry gets the bound)
+            import wandb  # noqa: F401  # optional: wandb (loaded before zoo.net bounds its telemetry; the logger loads it anyway)
         if target.endswith(REMOTE):
             bound_network()
         if target.endswith("WandbLogger"):
