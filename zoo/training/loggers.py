@@ -56,12 +56,11 @@ def build_loggers(nodes: Mapping[str, Mapping[str, Any]], seed: int, run_dir: Pa
         extra: dict[str, Any] = {}
         if target.endswith("WandbLogger"):
             import wandb  # noqa: F401  # optional: wandb (loaded before zoo.net bounds its telemetry; the logger loads it anyway)
+            extra = _wandb_naming(cfg, seed)  # names only: no request
         if target.endswith(REMOTE):
             bound_network()
-        if target.endswith("WandbLogger"):
-            extra = _wandb_naming(cfg, seed)
-        elif target.endswith("MLFlowLogger"):
-            extra = _mlflow_run(cfg, f"logger.{key}", seed)
+        if target.endswith("MLFlowLogger"):
+            extra = _mlflow_run(cfg, f"logger.{key}", seed)  # reads or makes the run on the server: after the bound
         logger = instantiate_allowed(dict(cfg), f"logger.{key}", save_dir=str(run_dir), **extra)
         if target.endswith(REMOTE):
             _start(logger, cfg, f"logger.{key}")
