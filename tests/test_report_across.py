@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_report import fake_run, tables
+from tests.test_report import PNG, fake_run, tables
 from zoo.report import main
 
 # Three seeds a row, spread 0.01 around the mean: a gap of 0.1 is far beyond seed noise (Welch p < 0.001), 0.005
@@ -75,6 +75,9 @@ def test_a_row_transfers_only_where_it_is_better_in_every_application(studies, t
     assert table["funnel"]["across applications"] == "incomplete"  # better in the other three
     assert "vanilla" not in table  # the baseline is no row
     assert capsys.readouterr().out.startswith("# Across applications: each row against narang=vanilla")
+    figure = (tmp_path / "across.png").read_bytes()  # the same effects drawn, one panel per application
+    assert figure.startswith(PNG) and len(figure) > 10000
+    assert out.read_text().rstrip().endswith("(across.png)")
 
 
 def test_a_row_without_a_verdict_somewhere_is_incomplete(tmp_path):
@@ -98,6 +101,10 @@ def test_the_default_file_is_across_md_here(studies, tmp_path, monkeypatch):
     (tmp_path / "reports").mkdir()  # --out a directory: across.md in it
     assert main(["--across", *studies[:2], "--baseline", "narang=vanilla", "--out", str(tmp_path / "reports")]) == 0
     assert (tmp_path / "reports" / "across.md").read_text() == (tmp_path / "across.md").read_text()
+    assert (tmp_path / "reports" / "across.png").read_bytes().startswith(PNG)
+    assert main(["--across", *studies[:2], "--baseline", "narang=vanilla", "--out", "narang.md"]) == 0
+    assert (tmp_path / "narang.md").read_text().rstrip().endswith("(narang.png)")  # the figure named as the file
+    assert (tmp_path / "narang.png").read_bytes().startswith(PNG)
 
 
 @pytest.mark.parametrize("spec,message", [
@@ -110,7 +117,7 @@ def test_a_bad_application_is_one_line_and_writes_nothing(studies, tmp_path, cap
     assert main(["--across", *spec(studies, tmp_path), "--baseline", "narang=vanilla", "--out", str(out)]) == 2
     err = capsys.readouterr().err
     assert message in err and err.startswith("error: ") and err.count("\n") == 1, err
-    assert not out.exists()
+    assert not out.exists() and not out.with_suffix(".png").exists()
 
 
 def test_a_baseline_absent_from_one_application_is_one_line_and_writes_nothing(studies, tmp_path, capsys):

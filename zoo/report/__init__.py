@@ -3,7 +3,7 @@ error bars and significance.
 
     python -m zoo.report multirun/2025-01-01/12-00-00                 # writes report.md, report.html, *.png
     python -m zoo.report DIR --metric val_loss --target 4.2 --baseline ffn=gelu --out reports/
-    python -m zoo.report --across DIR_A DIR_B DIR_C:exact_match --baseline narang=vanilla   # writes across.md
+    python -m zoo.report --across DIR_A DIR_B DIR_C:exact_match --baseline narang=vanilla   # writes across.md, .png
 
 Every run directory under DIR (one holding summary.json, metrics.csv or .hydra/overrides.yaml) is read.
 Runs are grouped into variants by the Hydra overrides that differ between runs, the seed excepted, so
@@ -19,7 +19,7 @@ Welch's two-sided t-test (unequal variances); a difference is called larger than
 
 --across compares several sweeps, one per application (each DIR with its metric, val_loss by default): one line
 per variant with its verdict against --baseline in each sweep's own report, and whether it transfers (better in
-every one).
+every one); across.png draws the effects, one panel per sweep.
 
 Modules: runs (finding and reading runs, the sweep's plan), stats, tables (rows, report.md/html), plots,
 callback (ReportAfterSweep, for hydra.callbacks), across (the verdicts across sweeps), cli (build_report,

@@ -1,7 +1,7 @@
 """Does a row transfer across applications? Each row's verdict against one baseline in several sweeps, one column
 per application (a sweep directory read with one metric), and whether it is better in every column:
 
-    python -m zoo.report --across DIR DIR:exact_match ... --baseline narang=vanilla    # writes across.md
+    python -m zoo.report --across DIR DIR:exact_match ... --baseline narang=vanilla    # writes across.md, .png
 
 Each column is what the sweep's own report says (build_report, then the verdict of its "Effects against" table:
 the same runs, variants, direction of the metric and Welch test), so the two never disagree. Rows are matched by
@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pandas as pd
 
+from zoo.report.plots import Effect, plot_across
 from zoo.report.runs import ReportError
-from zoo.report.stats import welch_test
-from zoo.report.tables import Report, Row, Variant, find_baseline, markdown_table, verdict
+from zoo.report.tables import Report, Row, Variant, find_baseline, markdown_table
 
 DEFAULT_METRIC = "val_loss"
 METRIC = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]*")  # what may follow DIR's last ':'
@@ -65,10 +65,15 @@ class Application:
         if row is None:
             why = self.report.skipped.get(label)
             return ("not run", f"not run: {why}") if why is not None else ("missing", "missing: no run")
-        a, b = row.variant.finals(self.metric), self.baseline.finals(self.metric)
-        said = verdict(a, b, self.report.higher)
-        w = welch_test(a, b)
-        return (said, f"{said} {w.diff:+.4g}") if w is not None else ("-", "-")
+        e = self.effect(label)
+        return (e.verdict, f"{e.verdict} {e.diff:+.4g}") if e is not None else ("-", "-")
+
+    def effect(self, label: str) -> Effect | None:
+        """The row's effect against the baseline; None where it did not run or has no verdict."""
+        row = self.rows.get(label)
+        if row is None:
+            return None
+        return Effect.of(row.variant.finals(self.metric), self.baseline.finals(self.metric), self.report.higher)
 
 
 def across(verdicts: list[str]) -> str:
@@ -104,16 +109,30 @@ TEXT = ("Each cell: the row's mean final metric minus {baseline}'s, over their c
         "within noise; **incomplete** where one has no verdict and none is worse or within noise.")
 
 
-def across_markdown(apps: list[Application], baseline: str) -> str:
-    """The table: one line per row that ran in any application (the baselines left out), one column each."""
+def row_labels(apps: list[Application]) -> list[str]:
+    """Every row that ran in any application, in order of first appearance, the baselines left out."""
     skip = {a.baseline.label for a in apps}
-    labels = list(dict.fromkeys(label for a in apps for label in a.rows if label not in skip))
+    return list(dict.fromkeys(label for a in apps for label in a.rows if label not in skip))
+
+
+def across_markdown(apps: list[Application], baseline: str, plot: str) -> str:
+    """The table: one line per row that ran in any application (the baselines left out), one column each; `plot`
+    names the figure beside it (plot_applications)."""
     body = []
-    for label in labels:
+    for label in row_labels(apps):
         cells = [a.cell(label) for a in apps]
         body.append([label, *(text for _, text in cells), across([v for v, _ in cells])])
     table = pd.DataFrame(body, columns=["variant", *(a.label for a in apps), "across applications"])
     columns = [f"- {a.label}: `{a.root}`, final `{a.metric}` ({'higher' if a.report.higher else 'lower'} is "
                f"better); {a.baseline.label}: {len(a.baseline.finals(a.metric))} completed seeds" for a in apps]
     return "\n".join([f"# Across applications: each row against {baseline}", "", markdown_table(table), "",
-                      *columns, "", TEXT.format(baseline=baseline)]) + "\n"
+                      *columns, "", TEXT.format(baseline=baseline), "", f"![{PLOT_TEXT}]({plot})"]) + "\n"
+
+
+PLOT_TEXT = "each row's effect in each application: difference of means and its 95% interval"
+
+
+def plot_applications(apps: list[Application], baseline: str, path: Path) -> None:
+    """across.png: the table's effects drawn one panel per application, one line per row."""
+    labels = row_labels(apps)
+    plot_across(labels, [(a.label, [a.effect(label) for label in labels]) for a in apps], baseline, path)

@@ -9,7 +9,14 @@ from pathlib import Path
 
 from zoo.commands import EXIT_ERROR, EXIT_OK, OneLineParser
 from zoo.io import WriteError, atomic_write_text
-from zoo.report.across import DEFAULT_METRIC, across_markdown, applications, parse_application
+from zoo.report.across import (
+    DEFAULT_METRIC,
+    Application,
+    across_markdown,
+    applications,
+    parse_application,
+    plot_applications,
+)
 from zoo.report.ladder import build_ladder
 from zoo.report.plots import plot_curves, plot_effects, plot_final, plot_ladder
 from zoo.report.runs import ReportError, Run, load_runs, match_jobs, metric_direction
@@ -105,14 +112,14 @@ def console_summary(report: Report) -> str:
     return text + ("\n\n" + "\n".join(report.sentences) if report.sentences else "")
 
 
-def build_across(specs: list[str], baseline: str) -> str:
-    """The cross-application table of `--across DIR[:METRIC] ...` (zoo.report.across): every report is built
+def build_across(specs: list[str], baseline: str) -> list[Application]:
+    """The applications of `--across DIR[:METRIC] ...` (zoo.report.across), its columns: every report is built
     first, so a bad directory, metric or baseline is refused before anything is written."""
     built = []
     for spec in specs:
         root, metric = parse_application(spec)
         built.append((root, metric, build_report(root, metric, None, baseline)))
-    return across_markdown(applications(built, baseline), baseline)
+    return applications(built, baseline)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -129,7 +136,8 @@ def main(argv: list[str] | None = None) -> int:
                    "multirun/study-narang_seq2seq/budget-None:exact_match: one line per variant with its verdict "
                    "against --baseline in each, and whether it transfers (better in every one); writes --out")
     p.add_argument("--out", type=Path, default=None,
-                   help="where to write the report (default: DIR); with --across, the file (default: across.md)")
+                   help="where to write the report (default: DIR); with --across, the file (default: across.md), "
+                   "its figure beside it as .png")
     args = p.parse_args(argv)
     if args.across is not None:
         return _main_across(p, args.across, args)
@@ -158,10 +166,13 @@ def _main_across(p: OneLineParser, specs: list[str], args: Namespace) -> int:
     out = args.out or Path("across.md")
     out = out / "across.md" if out.is_dir() else out
     try:
-        text = build_across(specs, args.baseline)
+        apps = build_across(specs, args.baseline)
+        plot = out.with_suffix(".png")
+        text = across_markdown(apps, args.baseline, plot.name)
+        plot_applications(apps, args.baseline, plot)  # first: across.md never names a figure that is not there
         atomic_write_text(out, text)
     except (ReportError, WriteError) as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_ERROR
-    print(text + f"\nwrote {out}")
+    print(text + f"\nwrote {out}, {plot}")
     return EXIT_OK

@@ -3,6 +3,7 @@ against compute."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -11,7 +12,7 @@ import numpy as np
 from zoo.io import atomic_write
 from zoo.report.ladder import Ladder, compute
 from zoo.report.stats import confidence_interval, welch_test
-from zoo.report.tables import Row, fmt
+from zoo.report.tables import Row, fmt, verdict
 
 MIN_EVALS = 3  # fewer evaluations than this make no curve: plot the training loss instead
 
@@ -153,28 +154,67 @@ def plot_ladder(ladder: Ladder, path: Path) -> str:
             "with its 95% CI (Student t), seeds as dots, the fitted power law dashed.")
 
 
+@dataclass(frozen=True)
+class Effect:
+    """A row's mean final metric minus the baseline's, the difference's 95% interval (Welch) and the verdict."""
+
+    diff: float
+    lo: float
+    hi: float
+    verdict: str  # better / worse / within noise, in the metric's direction
+
+    @classmethod
+    def of(cls, a: list[float], b: list[float], higher: bool) -> Effect | None:
+        """None where a group has fewer than two values (no noise to test against)."""
+        w = welch_test(a, b)
+        return None if w is None else cls(w.diff, *w.interval(), verdict(a, b, higher))
+
+
+EFFECT_COLORS = {"better": "C2", "worse": "C3"}  # within noise: grey
+EFFECT_TITLE = ("difference of means, 95% interval (Welch)\n"
+                "green: better beyond seed noise, red: worse, grey: within noise")
+
+
+def _effects_panel(ax: Any, effects: list[Effect | None], xlabel: str) -> None:
+    """One line per row, the first on top; a row with no effect (None) leaves its line empty."""
+    for y, e in enumerate(reversed(effects)):
+        if e is not None:
+            color = EFFECT_COLORS.get(e.verdict, "0.45")
+            ax.plot([e.lo, e.hi], [y, y], color=color, lw=2)
+            ax.plot([e.diff], [y], "o", color=color, ms=4)
+    ax.axvline(0.0, color="black", lw=1)
+    ax.set_xlabel(xlabel, fontsize=8)
+    ax.grid(axis="x", alpha=0.3)
+
+
 def plot_effects(rows: list[Row], ref: Row, metric: str, higher: bool, path: Path) -> str:
     """One line per variant: its difference from ref in mean final metric with the difference's 95% interval
     (Welch), a vertical line at no effect; green where it is better beyond noise, red where worse (study=narang's
     many rows read at a glance)."""
-    shown = [(r, w) for r in rows if r is not ref and (w := welch_test(r.variant.finals(metric),
-                                                                        ref.variant.finals(metric))) is not None]
+    shown = [(r, e) for r in rows if r is not ref and (e := Effect.of(r.variant.finals(metric),
+                                                                      ref.variant.finals(metric), higher))]
     fig = _figure(7.5, max(2.5, 0.28 * len(shown) + 1.4))
     ax = fig.add_subplot()
-    for y, (_, w) in enumerate(reversed(shown)):
-        lo, hi = w.interval()
-        beyond = w.p < 0.05
-        color = ("C2" if (w.diff > 0) == higher else "C3") if beyond else "0.45"
-        ax.plot([lo, hi], [y, y], color=color, lw=2)
-        ax.plot([w.diff], [y], "o", color=color, ms=4)
-    ax.axvline(0.0, color="black", lw=1)
+    _effects_panel(ax, [e for _, e in shown], f"Δ final {metric} against {ref.variant.label}")
     ax.set_yticks(range(len(shown)))
     ax.set_yticklabels([r.variant.label for r, _ in reversed(shown)], fontsize=8)
-    ax.set_xlabel(f"Δ final {metric} against {ref.variant.label}")
-    ax.set_title(f"effect on final {metric}: difference of means, 95% interval (Welch)\n"
-                 "green: better beyond seed noise, red: worse, grey: within noise", fontsize=9)
-    ax.grid(axis="x", alpha=0.3)
+    ax.set_title(f"effect on final {metric}: {EFFECT_TITLE}", fontsize=9)
     fig.tight_layout()
     atomic_write(path, lambda f: fig.savefig(f, format="png"), mode="wb")
     return (f"Each variant's effect on the final {metric} against {ref.variant.label}: the difference of the means "
             "and its 95% interval (Welch); green better and red worse beyond seed noise (p < 0.05), grey within it.")
+
+
+def plot_across(labels: list[str], columns: list[tuple[str, list[Effect | None]]], baseline: str, path: Path) -> None:
+    """The rows' effects side by side, one panel per application (zoo report --across): `columns` holds each
+    application's name and its effect for every label, in order (None: not run there, or no verdict)."""
+    fig = _figure(2.2 + 2.6 * len(columns), max(2.5, 0.26 * len(labels) + 1.6))
+    axes = fig.subplots(1, len(columns), sharey=True, squeeze=False)[0]
+    for ax, (name, effects) in zip(axes, columns, strict=True):
+        _effects_panel(ax, effects, f"Δ {name}")
+    axes[0].set_yticks(range(len(labels)))
+    axes[0].set_yticklabels(list(reversed(labels)), fontsize=8)
+    axes[0].set_ylim(-0.7, len(labels) - 0.3)
+    fig.suptitle(f"each row against {baseline}: {EFFECT_TITLE}", fontsize=9)
+    fig.tight_layout()
+    atomic_write(path, lambda f: fig.savefig(f, format="png"), mode="wb")
