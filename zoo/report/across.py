@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pandas as pd
 
-from zoo.report.plots import Effect, plot_across
+from zoo.report.plots import plot_across
 from zoo.report.runs import ReportError
-from zoo.report.tables import Report, Row, Variant, find_baseline, markdown_table
+from zoo.report.tables import Effect, Report, Row, Variant, find_baseline, markdown_table
 
 DEFAULT_METRIC = "val_loss"
 METRIC = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]*")  # what may follow DIR's last ':'

@@ -3,7 +3,6 @@ against compute."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -11,8 +10,8 @@ import numpy as np
 
 from zoo.io import atomic_write
 from zoo.report.ladder import Ladder, compute
-from zoo.report.stats import confidence_interval, welch_test
-from zoo.report.tables import Row, fmt, verdict
+from zoo.report.stats import confidence_interval
+from zoo.report.tables import Effect, Row, fmt
 
 MIN_EVALS = 3  # fewer evaluations than this make no curve: plot the training loss instead
 
@@ -152,22 +151,6 @@ def plot_ladder(ladder: Ladder, path: Path) -> str:
     atomic_write(path, lambda f: fig.savefig(f, format="png"), mode="wb")
     return (f"Final {ladder.metric} against training compute (log-log) per variant: mean over seeds at each size "
             "with its 95% CI (Student t), seeds as dots, the fitted power law dashed.")
-
-
-@dataclass(frozen=True)
-class Effect:
-    """A row's mean final metric minus the baseline's, the difference's 95% interval (Welch) and the verdict."""
-
-    diff: float
-    lo: float
-    hi: float
-    verdict: str  # better / worse / within noise, in the metric's direction
-
-    @classmethod
-    def of(cls, a: list[float], b: list[float], higher: bool) -> Effect | None:
-        """None where a group has fewer than two values (no noise to test against)."""
-        w = welch_test(a, b)
-        return None if w is None else cls(w.diff, *w.interval(), verdict(a, b, higher))
 
 
 EFFECT_COLORS = {"better": "C2", "worse": "C3"}  # within noise: grey

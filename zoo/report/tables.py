@@ -284,6 +284,22 @@ def verdict(a: list[float], b: list[float], higher: bool) -> str:
     return "better" if (w.diff > 0) == higher else "worse"
 
 
+@dataclass(frozen=True)
+class Effect:
+    """A row's mean final metric minus the baseline's, the difference's 95% interval (Welch) and the verdict."""
+
+    diff: float
+    lo: float
+    hi: float
+    verdict: str  # better / worse / within noise, in the metric's direction
+
+    @classmethod
+    def of(cls, a: list[float], b: list[float], higher: bool) -> Effect | None:
+        """None where a group has fewer than two values (no noise to test against)."""
+        w = welch_test(a, b)
+        return None if w is None else cls(w.diff, *w.interval(), verdict(a, b, higher))
+
+
 def _size(x: float | None, ref: float | None, what: str) -> str:
     """A count beside the reference's: '1.12M (+41% params)' where it differs by more than 1%, else the count."""
     if x is None or ref is None or not ref or abs(x - ref) <= 0.01 * abs(ref):
