@@ -150,7 +150,7 @@ def plot_ladder(ladder: Ladder, path: Path) -> str:
     fig.tight_layout()
     atomic_write(path, lambda f: fig.savefig(f, format="png"), mode="wb")
     return (f"Final {ladder.metric} against training compute (log-log) per variant: mean over seeds at each size "
-            "with its 95% CI (Student t), seeds as dots, the fitted power law dashed.")
+            "with its 95% CI (Student t), seeds as dots, the fitted power law as a line.")
 
 
 EFFECT_COLORS = {"better": "C2", "worse": "C3"}  # within noise: grey
