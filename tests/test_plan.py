@@ -95,3 +95,46 @@ def test_a_task_plan_reads_its_kinds_options():
     assert isinstance(run_plan.data, TaskOptions) and run_plan.data.task == "copy" and run_plan.context is None
     assert run_plan.data.eval_examples == 16 and data.is_task
     assert isinstance(run_plan, RunPlan) and run_plan.model.max_seq_len == data.required_len()
+
+
+@pytest.mark.parametrize("overrides, refusal", [
+    (["budget=flops"], "budget: unknown 'flops'; valid: params, active_params, null"),
+    (["model.n_heads=3"], "model.d_model: 32 is not divisible by n_heads=3"),
+    (["trainer.max_steps=0"], "trainer.max_steps: must be a positive integer, got 0"),
+    (["ffn=pkm", "budget=params"], "budget: no size of ffn 'pkm' fits with mha: at size 1 the model still has "),
+    (["ffn=swiglu", "budget=params"], None),
+], ids=["budget-name", "heads", "steps", "pkm-over-budget", "accepted"])
+def test_preflight_refuses_as_the_run_does(overrides, refusal):
+    """What a sweep's launcher checks of each job before starting any (zoo.config.sizing.preflight): the refusals the
+    plan makes before its data loads, and a budget no size of the FFN can meet, in the plan's words; a run the plan
+    accepts passes. The composed config is left as it was."""
+    from zoo.component import ConfigError
+    from zoo.config.sizing import preflight
+
+    asked = composed([*TINY, *overrides])
+    before = OmegaConf.to_container(OmegaConf.create(asked))
+    if refusal is None:
+        preflight(asked)
+        plan(asked, build_data)
+    else:
+        with pytest.raises(ConfigError) as early:
+            preflight(asked)
+        with pytest.raises(ConfigError) as late:
+            plan(asked, build_data)
+        assert str(early.value).startswith(refusal) and str(late.value).startswith(refusal)
+    assert asked == before
+
+
+@pytest.mark.parametrize("vocab_size, max_seq_len", [(1, 1), (65, 16), (50_000, 1024)])
+def test_a_budget_no_size_meets_is_refused_whatever_the_data(vocab_size, max_seq_len):
+    """pkm's values (n_keys^2 * d_model) outweigh the baseline's FFN at d_model=32: no key width meets the budget. The
+    embeddings and positions count alike in the baseline and the variant, so the verdict cannot depend on the data,
+    and the launcher may give it before any loads; a pkm with fewer keys fits."""
+    from zoo.config.budget import OverBudget, match_params
+
+    model = composed(TINY)["model"]
+    pkm = {**model, "ffn": {"name": "pkm"}, "vocab_size": vocab_size, "max_seq_len": max_seq_len}
+    with pytest.raises(OverBudget):
+        match_params(zoo.build.resolve_config(pkm))
+    smaller, record = match_params(zoo.build.resolve_config({**pkm, "ffn": {"name": "pkm", "n_keys": 8}}))
+    assert abs(record["deviation"]) <= 0.01 and smaller.ffn.options.k_dim == record["d_ff"]

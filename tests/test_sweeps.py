@@ -20,24 +20,36 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_parallel_multirun_with_a_failing_run_and_matched_parameters(tmp_path):
+    """Three heads do not divide d_model=32, and no size of pkm meets the budget (its values alone outweigh the
+    baseline's FFN): those jobs are refused, and start before the others (zoo.config.sizing.preflight), so the
+    sweep's console says why at its start; the rest run, with swiglu resized to gelu's parameters."""
     cmd = [sys.executable, "train.py", "-m", "hydra/launcher=parallel", "hydra.launcher.n_jobs=2", *TINY,
-           "logger=csv", "ffn=gelu,swiglu", "model.n_heads=2,3", "budget=params", f"hydra.sweep.dir={tmp_path}"]
+           "logger=csv", "ffn=gelu,swiglu,pkm", "model.n_heads=2,3", "budget=params", f"hydra.sweep.dir={tmp_path}"]
     proc = zygote.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = (proc.stdout + proc.stderr).splitlines()
+    assert any(ln.endswith("4 of 6 jobs fail zoo's checks that need no data; they start first, so each says why "
+                           "now and not after the others: #2, #3, #4, #5") for ln in lines), proc.stderr[-3000:]
+    started = [int(m[1]) for ln in lines if (m := re.search(r"\[#(\d) [^]]*\] started", ln))]
+    assert sorted(started[:4]) == [2, 3, 4, 5] and sorted(started[4:]) == [0, 1], started
+    [pkm] = [ln for ln in lines if "[#2 model.n_heads=2 ffn=pkm] refused: " in ln]
+    assert pkm.endswith("refused: budget: no size of ffn 'pkm' fits with mha: at size 1 the model still has "
+                        "41,220 total parameters, more than the baseline's 16,544 (the FFN's parameters that its "
+                        "size does not scale); valid: fewer of those (the FFN's other options), or budget=null"), pkm
     from omegaconf import OmegaConf
 
     # Hydra's layout, as any launcher leaves it: multirun.yaml, and per job <num>/.hydra/ with its job number
     assert (tmp_path / "multirun.yaml").is_file()
-    for num in range(4):
+    for num in range(6):
         hydra_yaml = OmegaConf.load(tmp_path / str(num) / ".hydra" / "hydra.yaml")
         assert hydra_yaml.hydra.job.num == num and hydra_yaml.hydra.job.id == f"train_{num}"
         assert (tmp_path / str(num) / ".hydra" / "overrides.yaml").is_file()
     runs = {tuple(sorted(o for o in s["overrides"] if o.startswith(("ffn=", "model.n_heads=")))): s
             for s in (json.loads(p.read_text()) for p in tmp_path.glob("*/summary.json"))}
-    assert len(runs) == 4
     assert {k: s["status"] for k, s in runs.items()} == {
         ("ffn=gelu", "model.n_heads=2"): "completed", ("ffn=swiglu", "model.n_heads=2"): "completed",
-        ("ffn=gelu", "model.n_heads=3"): "failed", ("ffn=swiglu", "model.n_heads=3"): "failed"}
+        ("ffn=gelu", "model.n_heads=3"): "failed", ("ffn=swiglu", "model.n_heads=3"): "failed",
+        ("ffn=pkm", "model.n_heads=2"): "failed", ("ffn=pkm", "model.n_heads=3"): "failed"}
     gelu, swiglu = runs["ffn=gelu", "model.n_heads=2"], runs["ffn=swiglu", "model.n_heads=2"]
     assert abs(swiglu["params"]["total"] - gelu["params"]["total"]) <= 0.01 * gelu["params"]["total"]
     from zoo.layers.ffn import default_d_ff
@@ -469,7 +481,7 @@ def test_the_disk_estimate_leaves_the_sweeps_own_process_without_torch():
             cfg = compose("config", overrides=["checkpoints=last", "ffn=swiglu"])
         ctx = multiprocessing.get_context("forkserver")
         ctx.set_forkserver_preload(["zoo.build", "no_such_module"])
-        disk, unloaded = _core._ask_fork_server(ctx, [cloudpickle.dumps(cfg)] * 3, ["zoo.build", "no_such_module"])
+        disk, unloaded, _ = _core._ask_fork_server(ctx, [cloudpickle.dumps(cfg)] * 3, ["zoo.build", "no_such_module"])
         print(disk, unloaded, "torch" in sys.modules, sep="\\n")""")
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]

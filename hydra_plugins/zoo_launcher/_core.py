@@ -85,7 +85,7 @@ def launch(launcher, job_overrides, initial_job_idx: int) -> list[JobReturn]:
     ctx = multiprocessing.get_context(method)
     if method == "forkserver":
         ctx.set_forkserver_preload(list(launcher.preload))  # read when the server (re)starts
-    disk, unloaded = _ask_fork_server(ctx, configs, launcher.preload)
+    disk, unloaded, refusals = _ask_fork_server(ctx, configs, launcher.preload)
     if unloaded:  # multiprocessing passes over a preload it cannot import without a word
         log.warning(f"hydra.launcher.preload: the jobs' processes could not import {', '.join(unloaded)}; each "
                     "job imports what it needs itself, seconds of CPU each")
@@ -101,7 +101,14 @@ def launch(launcher, job_overrides, initial_job_idx: int) -> list[JobReturn]:
     own_console = launcher.n_jobs > 1 and len(job_overrides) > 1
     values = [dict(o.split("=", 1) for o in job if "=" in o) for job in job_overrides]
     varying = tuple(k for k in dict.fromkeys(k for v in values for k in v) if len({v.get(k) for v in values}) > 1)
-    pending = deque(enumerate(job_overrides))
+    # Jobs zoo will refuse (a bad value, a budget no size meets) start first: each says why within seconds, and not
+    # after the hours the others take. Their numbers and directories stay theirs.
+    doomed = [i for i, why in enumerate(refusals) if why]
+    if doomed:
+        log.warning(f"{len(doomed)} of {len(job_overrides)} jobs fail zoo's checks that need no data; they start "
+                    f"first, so each says why now and not after the others: "
+                    f"{', '.join(f'#{initial_job_idx + i}' for i in doomed)}")
+    pending = deque(sorted(enumerate(job_overrides), key=lambda job: not refusals[job[0]]))
     running: list[_Job] = []
     results: list[JobReturn | None] = [None] * len(job_overrides)
     lost: list[_Job] = []
@@ -374,12 +381,13 @@ def progress(output_dir: str) -> str | None:
     return f"step {max(steps) + 1}/{total}{last}"
 
 
-def _ask_fork_server(ctx, configs: list[bytes | None], preload: list[str]) -> tuple[str | None, list[str]]:
-    """(disk_estimate, the preload modules the jobs' processes lack), from a process like a job's: the fork server's
-    has imported torch for the jobs already, which this process has not (a second of CPU for one line); a fork
-    leaves this process without anything the estimate computed. Under spawn, here."""
+def _ask_fork_server(ctx, configs: list[bytes | None],
+                     preload: list[str]) -> tuple[str | None, list[str], list[str | None]]:
+    """(disk_estimate, the preload modules the jobs' processes lack, each job's refusals), from a process like a
+    job's: the fork server's has imported torch for the jobs already, which this process has not (a second of CPU
+    for one line); a fork leaves this process without anything the estimate computed. Under spawn, here."""
     if ctx.get_start_method() == "spawn":
-        return disk_estimate(configs), []
+        return disk_estimate(configs), [], refusals(configs)
     recv, send = ctx.Pipe(duplex=False)
     proc = ctx.Process(target=_answer, args=(configs, preload, send), name="disk estimate")
     proc.start()
@@ -387,7 +395,7 @@ def _ask_fork_server(ctx, configs: list[bytes | None], preload: list[str]) -> tu
     try:
         return recv.recv()
     except (EOFError, OSError):  # it died: the sweep runs without the estimate
-        return None, []
+        return None, [], [None] * len(configs)
     finally:
         recv.close()
         proc.join()
@@ -395,8 +403,34 @@ def _ask_fork_server(ctx, configs: list[bytes | None], preload: list[str]) -> tu
 
 def _answer(configs: list[bytes | None], preload: list[str], conn: Connection) -> None:
     unloaded = [m for m in preload if m not in sys.modules]  # before disk_estimate imports its own
-    conn.send((disk_estimate(configs), unloaded))
+    conn.send((disk_estimate(configs), unloaded, refusals(configs)))
     conn.close()
+
+
+def refusals(configs: list[bytes | None]) -> list[str | None]:
+    """Per job (its config pickled, from _compose): the line zoo's checks that need no data refuse it with
+    (zoo.config.sizing.preflight), or None. None too where those checks cannot read the config (not a zoo run's, an
+    interpolation only the job resolves): the job finds out itself."""
+    from zoo.component import ConfigError
+    from zoo.config.sizing import preflight
+
+    found: list[str | None] = []
+    for config in configs:
+        if config is None:  # it did not compose: the job says why
+            found.append(None)
+            continue
+        try:
+            composed = pickle.loads(config)
+            with open_dict(composed):
+                del composed["hydra"]  # the job's task gets its config without it, as here
+            preflight(OmegaConf.to_container(composed, resolve=True))  # type: ignore[arg-type]
+        except ConfigError as e:
+            found.append(str(e))
+            continue
+        except Exception:
+            pass
+        found.append(None)
+    return found
 
 
 def disk_estimate(configs: list[bytes | None]) -> str | None:

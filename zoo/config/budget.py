@@ -16,6 +16,11 @@ from zoo.spec import ModelSpec, Part
 BUDGETS = {"params": "total", "active_params": "active"}
 
 
+class OverBudget(ConfigError):
+    """No size of the FFN brings the model down to the baseline's count. Whatever the vocabulary and context: the
+    embeddings and positions count alike in both, so a sweep can know it before any data loads (sizing.preflight)."""
+
+
 def _part(key: str, registry: Any, name: str, values: dict[str, Any]) -> Part[Any]:
     return Part(name, check_options(key, name, registry.options(name), values))
 
@@ -47,6 +52,11 @@ def match_params(spec: ModelSpec, tolerance: float = 0.01, count: str = "total")
         raise ConfigError(f"budget: ffn '{ffn}' keeps its {count} parameters whatever size its "
                           "resize(opts, size) is given; valid: an FFN whose parameters grow with its size")
     exact = 8 + (target - at(8)) / per_unit
+    if exact < 1:  # e.g. ffn=pkm, whose values (not scaled by its size) can match the baseline's FFN
+        raise OverBudget(f"budget: no size of ffn '{ffn}' fits with {spec.attention.name}: at size 1 the model "
+                         f"still has {round(at(8) - 7 * per_unit):,} {count} parameters, more than the baseline's "
+                         f"{target:,} (the FFN's parameters that its size does not scale); valid: fewer of those (the "
+                         f"FFN's other options), or budget=null")
     d_ff = max(8, 8 * round(exact / 8))  # a multiple of 8, as the defaults are, unless that misses by > 1%
     if abs(at(d_ff) - target) > tolerance * target:
         d_ff = max(1, round(exact))

@@ -13,9 +13,10 @@ from typing import Any, Protocol
 
 from zoo.build import checked, count_params, resolve_config
 from zoo.component import ConfigError
-from zoo.config.budget import BUDGETS, match_params
+from zoo.config.budget import BUDGETS, OverBudget, match_params
 from zoo.config.checks import check_memory, check_run
 from zoo.config.data import DataOptions, data_options
+from zoo.config.schema import json_copy
 from zoo.registry import MODEL, POSITION
 from zoo.spec import ModelSpec
 
@@ -41,18 +42,8 @@ def size_run(plain: dict[str, Any], load_data: LoadData, pretrained: Pretrained 
     check_run(plain)
     # init_from: the checkpoint's architecture and tokenizer
     init = pretrained.apply(plain, list(overrides)) if pretrained is not None else None
-    model_cfg = plain["model"]
-    vocab = model_cfg.get("vocab_size") or 1 + max(model_cfg.get("adaptive_cutoffs") or [0])  # the cutoffs fit
-    early = resolve_config({**model_cfg, "vocab_size": vocab,
-                            "max_seq_len": model_cfg.get("max_seq_len") or 1})  # names and shapes, before any data
-    # a lower bound (the vocabulary is not known yet), before any data
-    check_memory(early, plain["trainer"], optim=plain["optim"])
-    trainer = plain["trainer"]
-    if not isinstance(trainer.get("max_steps"), int) or trainer["max_steps"] <= 0:
-        raise ConfigError(f"trainer.max_steps: must be a positive integer, got {trainer.get('max_steps')!r}")
-    threads = plain.get("threads")
-    if threads is not None and (not isinstance(threads, int) or isinstance(threads, bool) or threads <= 0):
-        raise ConfigError(f"threads: must be a positive integer or null (torch's default), got {threads!r}")
+    early = _before_data(plain)
+    model_cfg, trainer = plain["model"], plain["trainer"]
     steps = trainer["max_steps"] * trainer.get("accumulate_grad_batches", 1)
     data: Any = load_data(data_options(plain["data"]), plain["seed"], steps)
     if data.is_task and not MODEL.get(model_cfg["name"]).generates and data.task.name == "addition":
@@ -75,8 +66,6 @@ def size_run(plain: dict[str, Any], load_data: LoadData, pretrained: Pretrained 
                           "learning rates of weights trained in the standard parametrization; valid: standard "
                           "with init_from")
     budget = plain.get("budget")
-    if budget is not None and not (isinstance(budget, str) and budget in BUDGETS):  # a list is not hashable
-        raise ConfigError(f"budget: unknown '{budget}'; valid: {', '.join(BUDGETS)}, null")
     record = None
     if budget is not None:  # config.yaml keeps the record in budget's place: a resume compares it
         spec, record = match_params(spec, count=BUDGETS[budget])
@@ -86,6 +75,46 @@ def size_run(plain: dict[str, Any], load_data: LoadData, pretrained: Pretrained 
         apply_token_rule(plain, spec, data)
     check_memory(spec, trainer, optim=plain["optim"])
     return data, spec, record
+
+
+def _before_data(plain: dict[str, Any]) -> ModelSpec:
+    """size_run's checks that need no data (after check_run and init_from): the model resolved with what the data
+    will set left at a placeholder, the trainer's steps and threads, and the budget's name."""
+    model_cfg = plain["model"]
+    vocab = model_cfg.get("vocab_size") or 1 + max(model_cfg.get("adaptive_cutoffs") or [0])  # the cutoffs fit
+    early = resolve_config({**model_cfg, "vocab_size": vocab,
+                            "max_seq_len": model_cfg.get("max_seq_len") or 1})  # names and shapes, before any data
+    # a lower bound (the vocabulary is not known yet), before any data
+    check_memory(early, plain["trainer"], optim=plain["optim"])
+    trainer = plain["trainer"]
+    if not isinstance(trainer.get("max_steps"), int) or trainer["max_steps"] <= 0:
+        raise ConfigError(f"trainer.max_steps: must be a positive integer, got {trainer.get('max_steps')!r}")
+    threads = plain.get("threads")
+    if threads is not None and (not isinstance(threads, int) or isinstance(threads, bool) or threads <= 0):
+        raise ConfigError(f"threads: must be a positive integer or null (torch's default), got {threads!r}")
+    budget = plain.get("budget")
+    if budget is not None and not (isinstance(budget, str) and budget in BUDGETS):  # a list is not hashable
+        raise ConfigError(f"budget: unknown '{budget}'; valid: {', '.join(BUDGETS)}, null")
+    return early
+
+
+def preflight(plain: dict[str, Any]) -> None:
+    """Raise the ConfigError that size_run would raise before it loads any data, or for a budget that no size of
+    the FFN can meet (OverBudget, whatever the data): what a launcher can know of each job of a sweep before it
+    starts any (hydra_plugins/zoo_launcher). plain: the run config as composed and resolved; left as it is. A run
+    from init_from takes its architecture from the checkpoint: only check_run here."""
+    plain = json_copy(plain)
+    check_run(plain)
+    if plain.get("init_from") is not None:
+        return
+    early = _before_data(plain)
+    if plain.get("budget") is not None:
+        try:
+            match_params(early, count=BUDGETS[plain["budget"]])
+        except OverBudget:
+            raise
+        except ConfigError:  # within 1% or not depends on the vocabulary: the run says, once its data has loaded
+            pass
 
 
 def apply_token_rule(plain: dict[str, Any], spec: ModelSpec, data: Any) -> None:
