@@ -492,6 +492,22 @@ def test_the_disk_estimate_leaves_the_sweeps_own_process_without_torch():
     assert proc.stdout.splitlines() == [here, "['no_such_module']", "False"]
 
 
+def test_the_launcher_judges_zoo_runs_alone_before_starting_them():
+    """refusals: each job's refusal by the checks a zoo run makes before its data loads; None for a job that passes
+    them, one whose config did not compose, and another Hydra app's (its jobs are not zoo's to judge)."""
+    import cloudpickle
+    from hydra import compose, initialize_config_dir
+
+    from hydra_plugins.zoo_launcher import _core
+
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base=None):
+        good, bad = (compose("config", overrides=[*TINY, *extra], return_hydra_config=True)
+                     for extra in ([], ["model.n_heads=3"]))
+        other = compose("config", overrides=["~model", "~data"], return_hydra_config=True)
+    configs = [None] + [cloudpickle.dumps(c) for c in (other, good, bad)]
+    assert _core.refusals(configs) == [None, None, None, "model.d_model: 32 is not divisible by n_heads=3"]
+
+
 @pytest.mark.parametrize("start", ["forkserver", "auto"])
 def test_a_preload_the_fork_server_cannot_import_is_one_warning(tmp_path, start):
     """multiprocessing's fork server passes over a preload module it cannot import without a word, and every job
@@ -504,6 +520,7 @@ def test_a_preload_the_fork_server_cannot_import_is_one_warning(tmp_path, start)
     proc = zygote.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=300)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-3000:]
+    assert "checks that need no data" not in out  # not a zoo run: not zoo's to judge
     warnings = [ln for ln in out.splitlines() if "hydra.launcher.preload" in ln]
     assert len(warnings) == 1 and warnings[0].endswith(
         "hydra.launcher.preload: the jobs' processes could not import zoo.trainig.runner; each job imports what it "

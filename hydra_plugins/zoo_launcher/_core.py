@@ -407,10 +407,13 @@ def _answer(configs: list[bytes | None], preload: list[str], conn: Connection) -
     conn.close()
 
 
+RUN_SECTIONS = ("model", "data", "trainer", "optim")  # what a zoo run's config has (conf/config.yaml)
+
+
 def refusals(configs: list[bytes | None]) -> list[str | None]:
     """Per job (its config pickled, from _compose): the line zoo's checks that need no data refuse it with
-    (zoo.config.sizing.preflight), or None. None too where those checks cannot read the config (not a zoo run's, an
-    interpolation only the job resolves): the job finds out itself."""
+    (zoo.config.sizing.preflight), or None. None too where the config is not a zoo run's (another Hydra app's: no
+    RUN_SECTIONS) or those checks cannot read it (an interpolation only the job resolves): the job finds out."""
     from zoo.component import ConfigError
     from zoo.config.sizing import preflight
 
@@ -423,7 +426,9 @@ def refusals(configs: list[bytes | None]) -> list[str | None]:
             composed = pickle.loads(config)
             with open_dict(composed):
                 del composed["hydra"]  # the job's task gets its config without it, as here
-            preflight(OmegaConf.to_container(composed, resolve=True))  # type: ignore[arg-type]
+            plain = OmegaConf.to_container(composed, resolve=True)
+            if all(isinstance(plain.get(k), dict) for k in RUN_SECTIONS):  # type: ignore[union-attr]
+                preflight(plain)  # type: ignore[arg-type]
         except ConfigError as e:
             found.append(str(e))
             continue
