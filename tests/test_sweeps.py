@@ -30,8 +30,11 @@ def test_parallel_multirun_with_a_failing_run_and_matched_parameters(tmp_path):
     lines = (proc.stdout + proc.stderr).splitlines()
     assert any(ln.endswith("4 of 6 jobs fail zoo's checks that need no data; they start first, so each says why "
                            "now and not after the others: #2, #3, #4, #5") for ln in lines), proc.stderr[-3000:]
-    started = [int(m[1]) for ln in lines if (m := re.search(r"\[#(\d) [^]]*\] started", ln))]
-    assert sorted(started[:4]) == [2, 3, 4, 5] and sorted(started[4:]) == [0, 1], started
+    # the order they were started in: their processes' ids, which each console's first line gives (the sweep's
+    # "started" lines come as each job reports in, not in that order)
+    pids = {num: int(re.search(r"--- zoo job started .* \(pid (\d+)\) ---", (tmp_path / str(num) / "console.log")
+                               .read_text())[1]) for num in range(6)}
+    assert max(pids[n] for n in (2, 3, 4, 5)) < min(pids[0], pids[1]), pids
     [pkm] = [ln for ln in lines if "[#2 model.n_heads=2 ffn=pkm] refused: " in ln]
     assert pkm.endswith("refused: budget: no size of ffn 'pkm' fits with mha: at size 1 the model still has "
                         "41,220 total parameters, more than the baseline's 16,544 (the FFN's parameters that its "
