@@ -16,10 +16,10 @@ from zoo.mup import FIXED, HIDDEN, VECTOR, param_groups, roles
 LR, WD = 1e-3, 0.1
 
 
-def ladder_cfg(parametrization: str, d_model: int, vocab_size: int, context: int) -> dict:
-    """The ladders' shape: 4 layers, heads of 32, width d_model, char vocabulary."""
+def ladder_cfg(parametrization: str, d_model: int, vocab_size: int, context: int, **over) -> dict:
+    """The ladders' shape: 4 layers, heads of 32, width d_model, char vocabulary; `over`: other model options."""
     return dict(vocab_size=vocab_size, d_model=d_model, n_heads=d_model // 32, n_layers=4, max_seq_len=context,
-                bias=False, parametrization=parametrization)
+                bias=False, parametrization=parametrization, **over)
 
 
 def adamw_steps(model, tokens: torch.Tensor, steps: int, lr: float = LR) -> None:
@@ -35,12 +35,19 @@ def adamw_steps(model, tokens: torch.Tensor, steps: int, lr: float = LR) -> None
 # ---- the rules
 
 
-@pytest.mark.parametrize("name", lineages())
-def test_mup_at_the_base_width_is_the_standard_model_bit_for_bit(name):
+HEADS = {"factorized": {"embed_dim": 8, "tie_embeddings": False}, "factorized_tied": {"embed_dim": 8},
+         "mixture": {"softmaxes": 3}, "mixture_untied": {"softmaxes": 3, "tie_embeddings": False},
+         "mixture_factorized": {"softmaxes": 3, "embed_dim": 8}}  # zoo/models/vocab.py's heads with muP roles
+
+
+@pytest.mark.parametrize("name, over", [(n, {}) for n in lineages()] + [("decoder_only", o) for o in HEADS.values()]
+                         + [("encoder_decoder", HEADS["mixture_factorized"])],
+                         ids=lambda v: v if isinstance(v, str) else "-".join(f"{k}={x}" for k, x in v.items()))
+def test_mup_at_the_base_width_is_the_standard_model_bit_for_bit(name, over):
     tokens = torch.randint(0, 37, (2, 9), generator=torch.Generator().manual_seed(0))
     models = []
     for p in ("standard", "mup"):
-        model = build_model(tiny_cfg(name, parametrization=p, mup_base_d_model=32), seed=3)
+        model = build_model(tiny_cfg(name, parametrization=p, mup_base_d_model=32, **over), seed=3)
         adamw_steps(model, tokens, steps=3)
         models.append(model)
     sp, mup = (m.state_dict() for m in models)
@@ -60,6 +67,27 @@ def test_roles_come_from_shapes():
     assert role["head.weight"] == role["embed.weight"] == role[block + "attn.norm.weight"] == VECTOR
     assert role[block + "attn.f.k_up.weight"] == role[block + "ffn.f.experts.0.up.bias"] == VECTOR  # fan-in fixed
     assert role[block + "attn.f.kv_norm.weight"] == FIXED  # the latent's size (4 x head size) does not grow
+
+
+def test_the_heads_out_of_the_width_into_a_fixed_size_are_readouts():
+    """zoo/models/vocab.py: factorized embeddings (embed_dim does not grow) and the mixture of softmaxes (K does
+    not): each layer from d_model into a fixed size is a readout, behind muP's output multiplier (1/2 here)."""
+    def model_and_roles(**over):
+        cfg = ladder_cfg("mup", 256, 65, 64, **over)
+        return build_model(cfg), roles(resolve_config(cfg))
+
+    model, role = model_and_roles(embed_dim=32, tie_embeddings=False)
+    assert (role["embed.table.weight"], role["embed.proj.weight"]) == (FIXED, VECTOR)  # (vocab, E), E -> width
+    assert (role["head.down.weight"], role["head.out.weight"], model.head.down.scale) == (VECTOR, FIXED, 0.5)
+    model, role = model_and_roles(embed_dim=32)  # tied: the embedding's projection behind the multiplier
+    h = torch.randn(3, 256)
+    assert torch.equal(model.head(h), h * 0.5 @ model.embed.proj.weight @ model.embed.table.weight.T)
+    model, role = model_and_roles(softmaxes=4, tie_embeddings=False)
+    assert (role["head.prior.weight"], role["head.latent.weight"], role["head.out.weight"]) == (VECTOR, HIDDEN, VECTOR)
+    assert (model.head.prior.scale, model.head.out.scale) == (0.5, 0.5)  # the latents grow: W is a readout
+    model, role = model_and_roles(softmaxes=4, embed_dim=32)
+    assert (role["head.prior.weight"], role["head.latent.weight"]) == (VECTOR, VECTOR)
+    assert (model.head.latent.scale, model.head.out.scale) == (0.5, 1.0)  # the latents are E wide: P_k are
 
 
 def test_mup_init_learning_rates_and_output_multiplier_at_twice_the_base():
@@ -168,11 +196,12 @@ def muon_steps(model, tokens: torch.Tensor, steps: int) -> None:
         opt.step()
 
 
-def coordinate_changes(parametrization: str, d_model: int, steps: int = 10, train=adamw_steps) -> dict[str, float]:
+def coordinate_changes(parametrization: str, d_model: int, steps: int = 10, train=adamw_steps,
+                       **over) -> dict[str, float]:
     """mean |output after `steps` AdamW steps (or `train`'s) - output at init| of the embedding, each block and
-    the logits, on one fixed batch (the `mup` package's coord check looks at the same)."""
+    the logits, on one fixed batch (the `mup` package's coord check looks at the same); `over`: model options."""
     tokens = batch(4, 32, seed=0)
-    model = build_model(ladder_cfg(parametrization, d_model, shakespeare()[1], 32), seed=0)
+    model = build_model(ladder_cfg(parametrization, d_model, shakespeare()[1], 32, **over), seed=0)
     layers = {"embedding": model.embed, **{f"block {i}": b for i, b in enumerate(model.decoder.blocks)},
               "logits": model.head}
     outputs = {}
@@ -217,6 +246,18 @@ def test_coordinate_check_muon_under_mup_is_flat_across_widths():
     AdamW the rest at muP's unscaled rates, and muP's init and output multiplier stay. Every layer's update is then
     the same size at every width, as with AdamW (under the standard parametrization the blocks' grow with it)."""
     changes = [coordinate_changes("mup", d, train=muon_steps) for d in WIDTHS]
+    slopes = {layer: log_slope(WIDTHS, [c[layer] for c in changes]) for layer in changes[0]}
+    assert all(abs(s) < 0.25 for s in slopes.values()), slopes
+
+
+@pytest.mark.parametrize("head", ["factorized", "factorized_tied", "mixture", "mixture_untied", "mixture_factorized"])
+def test_coordinate_check_of_factorized_embeddings_and_the_mixture_of_softmaxes_under_mup(head):
+    """The heads' muP roles keep every layer's update flat across widths (measured: |slope| <= 0.16). With their
+    layers plain linear layers and no multiplier (the fan-in rule alone), four of the five are not (measured: the
+    logits' slope 0.50 factorized_tied, 0.93 mixture, 1.06 mixture_untied; the blocks' -0.28 mixture_factorized);
+    untied factorized is flat either way (-0.22 at most)."""
+    over = {k: 32 if k == "embed_dim" else v for k, v in HEADS[head].items()}
+    changes = [coordinate_changes("mup", d, steps=20, **over) for d in WIDTHS]
     slopes = {layer: log_slope(WIDTHS, [c[layer] for c in changes]) for layer in changes[0]}
     assert all(abs(s) < 0.25 for s in slopes.values()), slopes
 

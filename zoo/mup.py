@@ -17,10 +17,11 @@ width_mult = d_model / model.mup_base_d_model, and the model at the base width e
 - vector-like (one dimension grows: embeddings, learned positions, biases, norm gains, the readout, a layer
   from a fixed size up to the width such as MLA's k_up) and fixed (none grows): init and learning rate as the
   standard parametrization.
-- the readout (the output head, zoo.models.stack.Readout): its input multiplied by 1 / width_mult (muP's
-  output multiplier; a bias is added after, as the `mup` package's MuReadout). Tied to the embedding, the
-  shared matrix keeps the embedding's init; untied, the head keeps N(0, init_std) at every width (MuReadout
-  after its rescaling, not its zero-init option).
+- the readout (the output head, zoo.models.stack.Readout, and any head's layer from the width into a size that
+  does not grow, a ScaledLinear: a factorized head's map to embed_dim, a mixture's prior): its input multiplied
+  by 1 / width_mult (muP's output multiplier; a bias is added after, as the `mup` package's MuReadout). Tied
+  to the embedding, the shared matrix keeps the embedding's init; untied, the head keeps N(0, init_std) at every
+  width (MuReadout after its rescaling, not its zero-init option).
 - attention scores: heads keep their size, so 1 / sqrt(head_dim) is the same at every width and muP's
   1 / head_dim is never needed. A width whose base cannot keep the head size (n_heads * base / d_model not an
   integer) is refused.

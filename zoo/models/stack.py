@@ -242,23 +242,34 @@ def value_tables(n_tables: int, n_layers: int) -> list[int | None]:
     return tables
 
 
-class Readout(nn.Linear):
-    """The output layer (hidden states -> logits): a linear layer whose input is multiplied by `scale`, muP's
-    output multiplier 1 / width_mult (zoo.mup), before the weight and any bias; 1 (skipped) in the standard
-    parametrization. The multiplier follows from the config, so a checkpoint's weights are the same either way.
-    Every lineage's logits come from here, in training, evaluation and generation, so model.logit_softcap (Gemma 2,
-    the speedrun) caps them all."""
+class ScaledLinear(nn.Linear):
+    """A head's linear layer out of the model's width into a size that does not grow with it (the vocabulary, a
+    fixed embed_dim, a mixture's K weights): muP's readout (zoo.mup), whose input is multiplied by `scale`, muP's
+    output multiplier 1 / width_mult, before the weight and any bias; 1 (skipped) in the standard
+    parametrization. The multiplier follows from the config, so a checkpoint's weights are the same either way."""
 
     readout = True  # zoo.mup.roles: the output multiplier, not the fan-in rule, keeps this layer's updates steady
 
     def __init__(self, cfg: ModelSpec, d_in: int, d_out: int, bias: bool):
         super().__init__(d_in, d_out, bias=bias)
         self.scale = output_scale(cfg)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return super().forward(x if self.scale == 1 else x * self.scale)
+
+
+class Readout(ScaledLinear):
+    """The output layer (hidden states -> logits), a ScaledLinear. Every lineage's logits come from here (or from
+    zoo/models/vocab.py's heads), in training, evaluation and generation, so model.logit_softcap (Gemma 2, the
+    speedrun) caps them all."""
+
+    def __init__(self, cfg: ModelSpec, d_in: int, d_out: int, bias: bool):
+        super().__init__(cfg, d_in, d_out, bias)
         self.softcap = cfg.logit_softcap  # model.logit_softcap: logits = c * tanh(logits / c), within (-c, c)
         # nGPT (a sphere placement): logits times a learned s_z per token, from 1 (stored at 1 / sqrt(d_in))
         self.s_z = EigenScale(d_out, 1.0, 1 / math.sqrt(d_in)) if on_sphere(cfg) else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        logits = super().forward(x if self.scale == 1 else x * self.scale)
+        logits = super().forward(x)
         logits = logits if self.s_z is None else logits * self.s_z()
         return logits if self.softcap is None else self.softcap * torch.tanh(logits / self.softcap)

@@ -38,7 +38,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from zoo.component import is_int, is_number, linear_flops, need
-from zoo.models.stack import Readout
+from zoo.models.stack import Readout, ScaledLinear
+from zoo.mup import output_scale
 from zoo.registry import MODEL
 from zoo.spec import ModelSpec
 
@@ -47,13 +48,7 @@ def check(cfg: ModelSpec) -> None:
     """The embedding and head options, each refused in one line where it cannot work."""
     k, e = cfg.softmaxes, cfg.embed_dim
     need(is_int(k) and k >= 1, "softmaxes", f"must be a positive integer, got {k!r} (1: one softmax)")
-    need(k == 1 or cfg.parametrization == "standard", "softmaxes",
-         "a mixture of softmaxes is not defined under parametrization=mup (muP's output multiplier is for one "
-         "linear readout); valid: 1 with mup")
     need(e is None or (is_int(e) and e >= 1), "embed_dim", f"must be a positive integer or null, got {e!r}")
-    need(e is None or cfg.parametrization == "standard", "embed_dim",
-         "factorized embeddings are not defined under parametrization=mup (its projection has no muP role); "
-         "valid: null with mup")
     check_adaptive(cfg)
     need(cfg.tie_encoder_decoder or MODEL.get(cfg.name).needs_source, "tie_encoder_decoder",
          f"only an encoder_decoder has two embeddings to untie, not {cfg.name}; valid: true")
@@ -125,13 +120,15 @@ def wide(x: torch.Tensor) -> torch.Tensor:
 
 
 class VocabProjection(nn.Module):
-    """x (..., width) -> logits (..., vocab) = x W^T + b, W its own (vocab, width) or a tied table's, read by
-    reference (not a parameter of this module); capped by model.logit_softcap as Readout's are."""
+    """x (..., width) -> logits (..., vocab) = (scale x) W^T + b, W its own (vocab, width) or a tied table's, read
+    by reference (not a parameter of this module); capped by model.logit_softcap as Readout's are. scale: muP's
+    output multiplier where `width` grows with d_model (zoo.mup), else 1."""
 
     readout = True  # the output layer (zoo.optim.muon leaves it to AdamW)
 
-    def __init__(self, cfg: ModelSpec, width: int, bias: bool, tied: nn.Module | None):
+    def __init__(self, cfg: ModelSpec, width: int, bias: bool, tied: nn.Module | None, scale: float = 1.0):
         super().__init__()
+        self.scale = scale
         self.tied: tuple[nn.Module, ...] = () if tied is None else (tied,)  # a tuple: not registered as a child
         self.weight = None if tied is not None else nn.Parameter(torch.empty(cfg.vocab_size, width))
         self.bias = nn.Parameter(torch.zeros(cfg.vocab_size)) if bias else None
@@ -144,7 +141,7 @@ class VocabProjection(nn.Module):
         return weight
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        logits = F.linear(x, self.table(), self.bias)
+        logits = F.linear(x if self.scale == 1 else x * self.scale, self.table(), self.bias)
         return logits if self.softcap is None else self.softcap * torch.tanh(logits / self.softcap)
 
     def flops(self) -> int:
@@ -174,7 +171,10 @@ class FactorizedEmbedding(nn.Module):
 class FactorizedHead(nn.Module):
     """h (..., d_model) -> logits: h mapped to embed_dim, then its products with a (vocab, embed_dim) table. Tied:
     the embedding's own projection, transposed, and its table (both read by reference), so input and output
-    share one factorization; untied: a map and a table of its own."""
+    share one factorization; untied: a map and a table of its own.
+
+    Under muP the map from d_model is the readout (embed_dim does not grow with width): a ScaledLinear, or tied,
+    the embedding's projection behind the same multiplier; the table after it is as wide at every width."""
 
     count_as = "head"
 
@@ -182,12 +182,14 @@ class FactorizedHead(nn.Module):
         super().__init__()
         assert cfg.embed_dim is not None
         self.tied: tuple[nn.Module, ...] = () if tied is None else (tied,)  # by reference, as VocabProjection
-        self.down = None if tied is not None else nn.Linear(d_in, cfg.embed_dim, bias=False)
+        self.down = None if tied is not None else ScaledLinear(cfg, d_in, cfg.embed_dim, bias=False)
         self.out = VocabProjection(cfg, cfg.embed_dim, bias, tied)
+        self.scale = output_scale(cfg)
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
-        z = self.down(h) if self.down is not None else h @ self.tied[0].proj.weight  # (..., embed_dim)
-        return self.out(z)
+        if self.down is not None:
+            return self.out(self.down(h))
+        return self.out((h if self.scale == 1 else h * self.scale) @ self.tied[0].proj.weight)  # tied
 
     def flops(self, t: int) -> int:
         return 2 * self.out.table().numel() + 2 * (self.down or self.tied[0].proj).weight.numel()
@@ -197,16 +199,20 @@ class MixtureOfSoftmaxes(nn.Module):
     """log P(x | h) = log sum_k pi_k softmax(W h_k)_x, h_k = tanh(P_k h), pi = softmax(w_pi h) (Yang et al. 2018).
 
     W is the output table (the token embedding when tied, as the paper's); the K latents are as wide as it. The
-    mixture is taken in float32 at least (a logsumexp over K), whatever the autocast."""
+    mixture is taken in float32 at least (a logsumexp over K), whatever the autocast. Under muP (zoo.mup), w_pi
+    is a readout (K does not grow with width), and so are P_k where model.embed_dim fixes the latents' width;
+    else P_k are hidden weights and W is the readout, the latents multiplied by muP's output multiplier."""
 
     count_as = "head"
 
     def __init__(self, cfg: ModelSpec, d_in: int, bias: bool, tied: nn.Module | None):
         super().__init__()
         self.k, width = cfg.softmaxes, cfg.embed_dim or cfg.d_model
-        self.prior = nn.Linear(d_in, self.k, bias=False)  # w_pi
-        self.latent = nn.Linear(d_in, self.k * width, bias=bias)  # P_1 .. P_K, one matrix
-        self.out = VocabProjection(cfg, width, bias, tied)
+        fixed = cfg.embed_dim is not None  # the latents' width does not grow with d_model
+        self.prior = ScaledLinear(cfg, d_in, self.k, bias=False)  # w_pi
+        self.latent = (ScaledLinear(cfg, d_in, self.k * width, bias) if fixed  # P_1 .. P_K, one matrix
+                       else nn.Linear(d_in, self.k * width, bias=bias))
+        self.out = VocabProjection(cfg, width, bias, tied, scale=1.0 if fixed else output_scale(cfg))
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
         log_prior = wide(self.prior(h)).log_softmax(-1)  # (..., K)

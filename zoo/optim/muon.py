@@ -5,8 +5,10 @@ LLM Training", 2025, for adjust_lr_fn=match_rms_adamw).
 Muon takes the weight of every linear layer but the output head: the attention and FFN projections (MLA's
 down- and up-projections, an MoE's router and each expert's matrices: the experts are separate linear layers, so
 Muon orthogonalises each expert's matrix on its own), the encoder_only head's dense transform. AdamW takes the
-rest: token embeddings (and the head tied to them), an untied head (`readout`, zoo.models.stack.Readout), learned
-position tables and position biases, norm gains, biases and any scalar or vector a part adds.
+rest: token embeddings (and the head tied to them), an untied head (`readout`: zoo.models.stack.Readout, and
+zoo.models.stack.ScaledLinear, a head's layer out of the width: a factorized head's map to embed_dim, a mixture
+of softmaxes' prior), learned position tables and position biases, norm gains, biases and any scalar or vector a
+part adds.
 """
 
 from __future__ import annotations
