@@ -170,6 +170,13 @@ def test_every_row_a_study_runs_builds_there(name):
         spec([f"study={name}", f"narang={row}"], STUDIES[name])
 
 
+def test_every_row_the_study_runs_builds_on_its_ladder():
+    """ladder=cpu3 trains under muP, which refused five rows (factorized embeddings, the mixture of softmaxes)
+    before their heads had muP roles. One size: muP's check builds the base and twice it whatever the size."""
+    for row in swept("narang"):
+        spec(["study=narang", "ladder=cpu3", "size=cpu_l", f"narang={row}"], STUDIES["narang"])
+
+
 def test_the_seq2seq_vocabulary_is_the_task_s():
     """STUDIES' 31 for seq2seq: the task alphabet's char tokenizer, as training builds it."""
     from zoo.data.tasks import TASK_ALPHABET
