@@ -45,6 +45,13 @@ SPLITS = {
                  position={"name": "t5"}, tie_embeddings=False),
         _block("decoder.blocks.0", {"attn": ("q", "kv_down", "k_up", "v_up", "out"), "ffn": (
             "router", *(f"experts.{e}.{m}" for e in range(2) for m in ("gate", "up", "down")))})),
+    # The heads' layers out of the width (muP's readouts) go to AdamW; the mixture's latents, as wide as the
+    # model, are hidden, and the factorized embedding's map up to the width is a linear layer's.
+    "mixture of softmaxes, untied": (
+        tiny_cfg(n_layers=1, softmaxes=2, tie_embeddings=False), [*_block("decoder.blocks.0", MHA_GELU),
+                                                                   "head.latent.weight"]),
+    "factorized, untied": (tiny_cfg(n_layers=1, embed_dim=8, tie_embeddings=False),
+                           ["embed.proj.weight", *_block("decoder.blocks.0", MHA_GELU)]),
 }
 
 
@@ -55,9 +62,10 @@ def test_muon_takes_the_hidden_matrices_and_adamw_the_rest(case):
     names = [n for n, _ in build_model(cfg).named_parameters()]
     assert split["muon"] == matrices
     assert split["adamw"] == [n for n in names if n not in matrices]
-    assert "embed.weight" in split["adamw"]
-    if not cfg.get("tie_embeddings", True):
-        assert "head.weight" in split["adamw"]  # the untied output head
+    assert {"embed.weight", "embed.table.weight"} & set(split["adamw"])  # the token table
+    if not cfg.get("tie_embeddings", True):  # the untied output head's table, and its layers out of the width
+        assert {"head.weight", "head.out.weight"} & set(split["adamw"])
+        assert not {"head.down.weight", "head.prior.weight"} & set(split["muon"])
 
 
 def _every_part() -> list[dict]:

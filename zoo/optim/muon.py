@@ -7,8 +7,8 @@ down- and up-projections, an MoE's router and each expert's matrices: the expert
 Muon orthogonalises each expert's matrix on its own), the encoder_only head's dense transform. AdamW takes the
 rest: token embeddings (and the head tied to them), an untied head (`readout`: zoo.models.stack.Readout, and
 zoo.models.stack.ScaledLinear, a head's layer out of the width: a factorized head's map to embed_dim, a mixture
-of softmaxes' prior), learned position tables and position biases, norm gains, biases and any scalar or vector a
-part adds.
+of softmaxes' prior and its latents where embed_dim fixes their width), learned position tables and position
+biases, norm gains, biases and any scalar or vector a part adds.
 """
 
 from __future__ import annotations
