@@ -187,6 +187,25 @@ def test_no_two_of_forty_ladder_variants_are_drawn_alike():
     assert len({arm_style(i)[:2] for i in range(40)}) == 40  # color and marker: the legend tells them apart
 
 
+@pytest.mark.parametrize("arms", [3, 12, 28])
+def test_every_ladder_variant_is_named_in_a_legend_inside_the_figure(arms, tmp_path, monkeypatch):
+    """narang's ladder (27 rows and the vanilla, names up to 34 characters) once lost its last entries off the
+    figure's bottom edge."""
+    from zoo.report import plots
+
+    names = [f"{'share_blocks_all_factorized_shared'[:6 + i]}_{i}" for i in range(arms)]
+    _write_ladder(tmp_path, {n: (lambda c, k=k: 3.0 * c ** -0.05 + 0.01 * k) for k, n in enumerate(names)},
+                  SIZES, seeds=2)
+    saved = []
+    monkeypatch.setattr(plots, "_save", lambda fig, path: (fig.tight_layout(), fig.canvas.draw(), saved.append(fig)))
+    plots.plot_ladder(build_report(tmp_path).ladder, tmp_path / "ladder.png")
+    (fig,) = saved
+    legend = fig.axes[0].get_legend()
+    assert sorted(t.get_text() for t in legend.get_texts()) == sorted(names)
+    box, page = legend.get_window_extent(), fig.bbox
+    assert page.x0 <= box.x0 and box.x1 <= page.x1 and page.y0 <= box.y0 and box.y1 <= page.y1
+
+
 def test_a_four_size_ladder_fits_the_irreducible_term(tmp_path):
     sizes = {f"r{i}": p for i, p in enumerate((1e5, 3e5, 1e6, 3e6, 1e7))}
     _write_ladder(tmp_path, {"a": lambda c: 1.5 + 40.0 * c ** -0.15, "b": lambda c: 1.5 + 45.0 * c ** -0.15},

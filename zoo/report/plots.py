@@ -26,6 +26,23 @@ def _figure(w: float, h: float) -> Any:  # a matplotlib Figure
     return fig
 
 
+def _save(fig: Any, path: Path) -> None:
+    fig.tight_layout()
+    atomic_write(path, lambda f: fig.savefig(f, format="png"), mode="wb")
+
+
+def _legend_columns(labels: list[str]) -> int:
+    """0 where the legend fits inside the axes; else its columns beside them, where it hides no curve and, for a
+    study's ladder of 28 variants, no entry falls off the figure (two columns past 16)."""
+    if len(labels) <= 4 and max((len(s) for s in labels), default=0) <= 24:
+        return 0
+    return 1 if len(labels) <= 16 else 2
+
+
+def _legend(ax: Any, columns: int) -> None:
+    ax.legend(fontsize=8, **({"loc": "upper left", "bbox_to_anchor": (1.01, 1), "ncol": columns} if columns else {}))
+
+
 def _band(ax: Any, histories: list[list[tuple[float, float]]], color: str, label: str) -> None:
     """Mean over runs on the union of their steps, and a min-max band when there are several."""
     grid = np.array(sorted({s for h in histories for s, _ in h}))
@@ -46,9 +63,8 @@ def plot_curves(rows: list[Row], metric: str, target: float, path: Path) -> str:
     than MIN_EVALS times (a short sweep's validation curve is one dot). Returns the figure's caption."""
     evals = max((len(r.history(metric)) for row in rows for r in row.variant.ok_runs(metric)), default=0)
     train = evals < MIN_EVALS and any(r.train_history for row in rows for r in row.variant.ok_runs(metric))
-    # Many or long variant names: the legend goes beside the axes, where it hides no curve.
-    outside = len(rows) > 4 or max((len(r.variant.label) for r in rows), default=0) > 24
-    fig = _figure(11 if outside else 7.5, 4.5)
+    columns = _legend_columns([r.variant.label for r in rows])
+    fig = _figure(7.5 + 3.5 * columns, 4.5)
     ax = fig.add_subplot()
     for i, row in enumerate(rows):
         runs = row.variant.ok_runs(metric)
@@ -67,9 +83,8 @@ def plot_curves(rows: list[Row], metric: str, target: float, path: Path) -> str:
         caption = f"Validation {metric} per variant: mean over seeds, band = min-max."
     ax.set_xlabel("step")
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8, **({"loc": "upper left", "bbox_to_anchor": (1.01, 1)} if outside else {}))
-    fig.tight_layout()
-    atomic_write(path, lambda f: fig.savefig(f, format="png"), mode="wb")
+    _legend(ax, columns)
+    _save(fig, path)
     return caption
 
 
@@ -99,8 +114,7 @@ def plot_final(rows: list[Row], metric: str, path: Path) -> str:
     ax.set_ylabel(f"final {metric}")
     ax.set_title(f"final {metric}\nmean and 95% CI (Student t) over seeds{zoom}", fontsize=9)
     ax.grid(axis="y", alpha=0.3)
-    fig.tight_layout()
-    atomic_write(path, lambda f: fig.savefig(f, format="png"), mode="wb")
+    _save(fig, path)
     return f"Final {metric}: mean per variant, error bars = 95% CI (Student t), dots = seeds."
 
 
@@ -115,7 +129,8 @@ def plot_ladder(ladder: Ladder, path: Path) -> str:
     the seeds as dots, and the fitted power law."""
     from matplotlib.ticker import FormatStrFormatter  # lazy: matplotlib (1.0 s), as _figure
 
-    fig = _figure(7.5, 4.8)
+    columns = _legend_columns(ladder.arms)
+    fig = _figure(7.5 + 3.5 * columns, 4.8)
     ax = fig.add_subplot()
     for i, arm in enumerate(ladder.arms):
         (color, marker, dash), xs, ys, errs = arm_style(i), [], [], []
@@ -146,9 +161,8 @@ def plot_ladder(ladder: Ladder, path: Path) -> str:
     ax.set_title(f"final {ladder.metric} against compute: mean and 95% CI per size, lines: fitted power law",
                  fontsize=9)
     ax.grid(alpha=0.3, which="both")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    atomic_write(path, lambda f: fig.savefig(f, format="png"), mode="wb")
+    _legend(ax, columns)
+    _save(fig, path)
     return (f"Final {ladder.metric} against training compute (log-log) per variant: mean over seeds at each size "
             "with its 95% CI (Student t), seeds as dots, the fitted power law as a line.")
 
@@ -182,8 +196,7 @@ def plot_effects(rows: list[Row], ref: Row, metric: str, higher: bool, path: Pat
     ax.set_yticks(range(len(shown)))
     ax.set_yticklabels([r.variant.label for r, _ in reversed(shown)], fontsize=8)
     ax.set_title(f"effect on final {metric}: {EFFECT_TITLE}", fontsize=9)
-    fig.tight_layout()
-    atomic_write(path, lambda f: fig.savefig(f, format="png"), mode="wb")
+    _save(fig, path)
     return (f"Each variant's effect on the final {metric} against {ref.variant.label}: the difference of the means "
             "and its 95% interval (Welch); green better and red worse beyond seed noise (p < 0.05), grey within it.")
 
@@ -199,5 +212,4 @@ def plot_across(labels: list[str], columns: list[tuple[str, list[Effect | None]]
     axes[0].set_yticklabels(list(reversed(labels)), fontsize=8)
     axes[0].set_ylim(-0.7, len(labels) - 0.3)
     fig.suptitle(f"each row against {baseline}: {EFFECT_TITLE}", fontsize=9)
-    fig.tight_layout()
-    atomic_write(path, lambda f: fig.savefig(f, format="png"), mode="wb")
+    _save(fig, path)
