@@ -188,22 +188,24 @@ def test_no_two_of_forty_ladder_variants_are_drawn_alike():
 
 
 @pytest.mark.parametrize("arms", [3, 12, 28])
-def test_every_ladder_variant_is_named_in_a_legend_inside_the_figure(arms, tmp_path, monkeypatch):
-    """narang's ladder (27 rows and the vanilla, names up to 34 characters) once lost its last entries off the
-    figure's bottom edge."""
+def test_every_figure_names_every_variant_in_a_legend_inside_it(arms, tmp_path, monkeypatch):
+    """narang's ladder (27 rows and the vanilla, names up to 34 characters; its curves 84 variants with the sizes)
+    once lost its last legend entries off the figure's edges."""
     from zoo.report import plots
 
     names = [f"{'share_blocks_all_factorized_shared'[:6 + i]}_{i}" for i in range(arms)]
     _write_ladder(tmp_path, {n: (lambda c, k=k: 3.0 * c ** -0.05 + 0.01 * k) for k, n in enumerate(names)},
                   SIZES, seeds=2)
-    saved = []
-    monkeypatch.setattr(plots, "_save", lambda fig, path: (fig.tight_layout(), fig.canvas.draw(), saved.append(fig)))
-    plots.plot_ladder(build_report(tmp_path).ladder, tmp_path / "ladder.png")
-    (fig,) = saved
-    legend = fig.axes[0].get_legend()
-    assert sorted(t.get_text() for t in legend.get_texts()) == sorted(names)
-    box, page = legend.get_window_extent(), fig.bbox
-    assert page.x0 <= box.x0 and box.x1 <= page.x1 and page.y0 <= box.y0 and box.y1 <= page.y1
+    saved, save = {}, plots._save
+    monkeypatch.setattr(plots, "_save", lambda fig, path: (save(fig, path), saved.setdefault(path.name, fig)))
+    write_report(build_report(tmp_path), tmp_path / "out")
+    expected = {"ladder.png": names, "curves.png": [f"ffn={n}, size={s}" for n in names for s in SIZES]}
+    for name, labels in expected.items():
+        fig = saved[name]
+        legend = fig.axes[0].get_legend()
+        assert set(labels) <= {t.get_text().split(" (n=")[0] for t in legend.get_texts()}, name  # and the target
+        box, page = legend.get_window_extent(), fig.bbox
+        assert page.x0 <= box.x0 and box.x1 <= page.x1 and page.y0 <= box.y0 and box.y1 <= page.y1, name
 
 
 def test_a_four_size_ladder_fits_the_irreducible_term(tmp_path):

@@ -3,6 +3,7 @@ against compute."""
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
@@ -31,12 +32,19 @@ def _save(fig: Any, path: Path) -> None:
     atomic_write(path, lambda f: fig.savefig(f, format="png"), mode="wb")
 
 
-def _legend_columns(labels: list[str]) -> int:
-    """0 where the legend fits inside the axes; else its columns beside them, where it hides no curve and, for a
-    study's ladder of 28 variants, no entry falls off the figure (two columns past 16)."""
-    if len(labels) <= 4 and max((len(s) for s in labels), default=0) <= 24:
-        return 0
-    return 1 if len(labels) <= 16 else 2
+LEGEND_ROW_IN = 0.19  # the height of one legend entry at fontsize 8, inches
+LEGEND_CHAR_IN = 0.062  # the width of one character of a label at fontsize 8, inches
+
+
+def _legend_columns(labels: list[str], height: float) -> tuple[int, float]:
+    """(0, 0.0) where the legend fits inside the axes; else its columns beside the axes, where it hides no curve,
+    as many as keep every entry on a figure this high (a ladder of 28 variants, its curves' 84), and their width in
+    inches, which the figure adds to its own."""
+    longest = max((len(s) for s in labels), default=0)
+    if len(labels) <= 4 and longest <= 24:
+        return 0, 0.0
+    columns = math.ceil(len(labels) / max(1, int((height - 0.5) / LEGEND_ROW_IN)))
+    return columns, columns * (0.6 + LEGEND_CHAR_IN * longest)
 
 
 def _legend(ax: Any, columns: int) -> None:
@@ -63,8 +71,9 @@ def plot_curves(rows: list[Row], metric: str, target: float, path: Path) -> str:
     than MIN_EVALS times (a short sweep's validation curve is one dot). Returns the figure's caption."""
     evals = max((len(r.history(metric)) for row in rows for r in row.variant.ok_runs(metric)), default=0)
     train = evals < MIN_EVALS and any(r.train_history for row in rows for r in row.variant.ok_runs(metric))
-    columns = _legend_columns([r.variant.label for r in rows])
-    fig = _figure(7.5 + 3.5 * columns, 4.5)
+    # the labels as _band writes them, and the target's line
+    columns, width = _legend_columns([f"{r.variant.label} (n=10)" for r in rows] + ["target"], 4.5)
+    fig = _figure(7.5 + width, 4.5)
     ax = fig.add_subplot()
     for i, row in enumerate(rows):
         runs = row.variant.ok_runs(metric)
@@ -129,8 +138,8 @@ def plot_ladder(ladder: Ladder, path: Path) -> str:
     the seeds as dots, and the fitted power law."""
     from matplotlib.ticker import FormatStrFormatter  # lazy: matplotlib (1.0 s), as _figure
 
-    columns = _legend_columns(ladder.arms)
-    fig = _figure(7.5 + 3.5 * columns, 4.8)
+    columns, width = _legend_columns(ladder.arms, 4.8)
+    fig = _figure(7.5 + width, 4.8)
     ax = fig.add_subplot()
     for i, arm in enumerate(ladder.arms):
         (color, marker, dash), xs, ys, errs = arm_style(i), [], [], []
