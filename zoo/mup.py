@@ -32,6 +32,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Collection
 
+import torch
 from torch import nn
 
 from zoo.component import ConfigError, need
@@ -51,6 +52,12 @@ def width_mult(cfg: ModelSpec) -> float:
 def output_scale(cfg: ModelSpec) -> float:
     """What the readout multiplies its input by: 1 / width_mult (muP's output multiplier)."""
     return 1 / width_mult(cfg)
+
+
+def scaled(x: torch.Tensor, scale: float) -> torch.Tensor:
+    """A readout's input times its output multiplier; x itself at 1 (the standard parametrization), so that the
+    standard model's arithmetic is unchanged."""
+    return x if scale == 1 else x * scale
 
 
 def check(cfg: ModelSpec) -> None:

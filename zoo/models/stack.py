@@ -14,7 +14,7 @@ from zoo.component import Context, build, declared, need
 from zoo.layers.attention import KVCache, attention_bias, cross_attention_mask
 from zoo.layers.ngpt import EigenScale
 from zoo.models import depth, funnel
-from zoo.mup import output_scale
+from zoo.mup import output_scale, scaled
 from zoo.registry import NORM, POSITION, RESIDUAL
 from zoo.spec import ModelSpec
 
@@ -255,7 +255,7 @@ class ScaledLinear(nn.Linear):
         self.scale = output_scale(cfg)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return super().forward(x if self.scale == 1 else x * self.scale)
+        return super().forward(scaled(x, self.scale))
 
 
 class Readout(ScaledLinear):

@@ -39,7 +39,7 @@ from torch import nn
 
 from zoo.component import is_int, is_number, linear_flops, need
 from zoo.models.stack import Readout, ScaledLinear
-from zoo.mup import output_scale
+from zoo.mup import output_scale, scaled
 from zoo.registry import MODEL
 from zoo.spec import ModelSpec
 
@@ -141,7 +141,7 @@ class VocabProjection(nn.Module):
         return weight
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        logits = F.linear(x if self.scale == 1 else x * self.scale, self.table(), self.bias)
+        logits = F.linear(scaled(x, self.scale), self.table(), self.bias)
         return logits if self.softcap is None else self.softcap * torch.tanh(logits / self.softcap)
 
     def flops(self) -> int:
@@ -189,7 +189,7 @@ class FactorizedHead(nn.Module):
     def forward(self, h: torch.Tensor) -> torch.Tensor:
         if self.down is not None:
             return self.out(self.down(h))
-        return self.out((h if self.scale == 1 else h * self.scale) @ self.tied[0].proj.weight)  # tied
+        return self.out(scaled(h, self.scale) @ self.tied[0].proj.weight)  # tied
 
     def flops(self, t: int) -> int:
         return 2 * self.out.table().numel() + 2 * (self.down or self.tied[0].proj).weight.numel()
